@@ -1,0 +1,55 @@
+"""The batch every model consumes, and the schema that tells a model which features exist.
+
+Notation: B local batch size, F_d dense features, F_s pooled sparse features, F_q sequence features.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSchema:
+    """Which features a data source produces; models size their embedding tables from it."""
+
+    num_dense: int
+    sparse_features: tuple[str, ...]
+    sparse_vocab_sizes: tuple[int, ...]
+    sequence_features: tuple[str, ...] = ()
+    sequence_vocab_sizes: tuple[int, ...] = ()
+    max_sequence_length: int = 0
+
+    def __post_init__(self) -> None:
+        assert len(self.sparse_features) == len(self.sparse_vocab_sizes)
+        assert len(self.sequence_features) == len(self.sequence_vocab_sizes)
+
+
+@dataclasses.dataclass
+class Batch:
+    """One local batch.
+
+    dense:     (B, F_d) float32
+    sparse:    KeyedJaggedTensor with keys ``schema.sparse_features`` (pooled: one or more ids per row and key)
+    labels:    (B,) float32 in {0, 1}
+    sequences: KeyedJaggedTensor with keys ``schema.sequence_features`` (ordered oldest→newest per row,
+               variable length up to ``schema.max_sequence_length``), or None when the source has none
+    """
+
+    dense: torch.Tensor
+    sparse: KeyedJaggedTensor
+    labels: torch.Tensor
+    sequences: Optional[KeyedJaggedTensor] = None
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return Batch(
+            dense=self.dense.to(device, non_blocking=non_blocking),
+            sparse=self.sparse.to(device, non_blocking=non_blocking),
+            labels=self.labels.to(device, non_blocking=non_blocking),
+            sequences=None if self.sequences is None else self.sequences.to(device, non_blocking=non_blocking),
+        )
