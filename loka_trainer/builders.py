@@ -1,0 +1,107 @@
+"""The `build_*` steps that turn a validated RunConfig into the trainer's parts, in the order they run.
+
+    streams -> model (zoo) -> model transforms (precision: FP8 / LoKA Dispatch) -> parallelize (TorchRec + FSDP2)
+            -> dense optimizer -> callbacks
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from loka_trainer.callbacks.base import Callback
+from loka_trainer.callbacks.logging import MetricsLogger, ProgressBar, TensorBoardLogger
+from loka_trainer.callbacks.probe import ProbeCallback
+from loka_trainer.callbacks.profiler import ProfilerCallback
+from loka_trainer.config import RunConfig
+from loka_trainer.data import build_stream, data_schema
+from loka_trainer.data.batch import Batch
+from loka_trainer.kernels.convert import apply_precision
+from loka_trainer.models.summary import count_parameters, dense_flops_per_example
+from loka_trainer.models.zoo import build_model
+from loka_trainer.sharding.dist import DistInfo
+from loka_trainer.sharding.parallelize import ParallelModel, parallelize
+
+DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+}
+DISPATCH_PLAN_FILE = "dispatch_plan.json"
+
+
+@dataclasses.dataclass
+class Streams:
+    train: object
+    eval: object
+
+
+def build_streams(run: RunConfig, dist_info: DistInfo) -> Streams:
+    kwargs = dict(rank=dist_info.rank, world_size=dist_info.world_size)
+    return Streams(train=build_stream(run.data, split="train", **kwargs),
+                   eval=build_stream(run.data, split="eval", **kwargs))
+
+
+def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: Batch, run_dir: Path,
+                         log: Callable[[str], None]) -> ParallelModel:
+    """Zoo model -> start-up summary -> precision transform (same on every rank) -> TorchRec + FSDP2."""
+    model = build_model(run.model, schema=data_schema(run.data), loka_mods=run.precision.mods)
+    params = count_parameters(model)
+    flops = dense_flops_per_example(model, sample_batch)
+    log(f"model {run.model.name}: {params['dense']:,} dense + {params['sparse']:,} sparse parameters, "
+        f"{flops / 1e6:.2f} MFLOP dense forward per example")
+    _apply_precision_on_all_ranks(model, run, dist_info, sample_batch=sample_batch, run_dir=run_dir, log=log)
+    parallel = parallelize(model, config=run.sharding, dist_info=dist_info, embedding_lr=run.trainer.embedding_lr)
+    fwd, bwd = parallel.comm_precision
+    if (fwd, bwd) != (run.sharding.qcomm_forward, run.sharding.qcomm_backward):
+        log(f"embedding all-to-all: requested {run.sharding.qcomm_forward}/{run.sharding.qcomm_backward}, "
+            f"{dist_info.backend} supports no BF16 collectives, so TorchRec falls back to {fwd}/{bwd}")
+    else:
+        log(f"embedding all-to-all precision forward/backward: {fwd}/{bwd}")
+    log(f"dense part: {parallel.num_fsdp_units} FSDP2 units, reduce dtype {run.sharding.fsdp_reduce_dtype}")
+    return parallel
+
+
+def _apply_precision_on_all_ranks(model: nn.Module, run: RunConfig, dist_info: DistInfo, *, sample_batch: Batch,
+                                  run_dir: Path, log: Callable[[str], None]) -> None:
+    """Rank 0 measures and writes the dispatch plan; the other ranks load that file, so all shard the same model."""
+    precision = run.precision
+    if dist_info.rank == 0 or precision.plan is not None or not precision.dispatch:
+        apply_precision(model, config=precision, device=dist_info.device, calibration_batch=sample_batch,
+                        run_dir=run_dir if dist_info.rank == 0 else None, log=log)
+    if precision.dispatch and precision.plan is None:
+        dist.barrier()
+        if dist_info.rank != 0:
+            from_rank0 = dataclasses.replace(precision, plan=str(run_dir / DISPATCH_PLAN_FILE))
+            apply_precision(model, config=from_rank0, device=dist_info.device, calibration_batch=sample_batch,
+                            run_dir=None, log=lambda _: None)
+
+
+def build_dense_optimizer(model: nn.Module, run: RunConfig) -> torch.optim.Optimizer:
+    """Optimizer over the dense units' parameters (FSDP2 DTensor shards); embeddings use their fused optimizer."""
+    params = [p for unit in model.dense_units() for p in unit.parameters()]
+    kwargs = {"lr": run.trainer.lr}
+    if run.trainer.weight_decay:
+        kwargs["weight_decay"] = run.trainer.weight_decay
+    return DENSE_OPTIMIZERS[run.trainer.dense_optimizer](params, **kwargs)
+
+
+def build_callbacks(run: RunConfig, run_dir: Path, *, extra: Optional[list[Callback]] = None) -> list[Callback]:
+    cbs = run.callbacks
+    callbacks: list[Callback] = [MetricsLogger(run_dir, run_info={"model": run.model.name,
+                                                                 "precision": run.precision.name})]
+    if cbs.tensorboard:
+        callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
+    if cbs.progress:
+        callbacks.append(ProgressBar())
+    if cbs.profiler.enabled:
+        callbacks.append(ProfilerCallback(run_dir / "tensorboard" / "profiler",
+                                          start_step=cbs.profiler.start_step, num_steps=cbs.profiler.num_steps))
+    if cbs.probe.enabled:
+        callbacks.append(ProbeCallback.from_config(cbs.probe, run_dir=run_dir))
+    return callbacks + list(extra or [])

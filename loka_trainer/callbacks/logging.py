@@ -1,0 +1,117 @@
+"""Built-in observers on rank 0: metrics.jsonl + summary.json, TensorBoard scalars, a progress bar.
+
+Run-directory contract (other tools and tests rely on it):
+- ``metrics.jsonl``: one JSON object per logged step (``step, loss, examples_per_s`` and train ``ne, auc``)
+  and per evaluation (``step, eval_auc, eval_logloss, eval_ne``); appended across resumes.
+- ``summary.json``: written at the end (model, precision, world_size, steps, final eval metrics, mean
+  examples_per_s over logged steps).
+- ``tensorboard/``: event files (scalars under ``train/`` and ``eval/``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from loka_trainer.callbacks.base import Callback, TrainState
+
+
+class MetricsLogger(Callback):
+    """Appends logged train metrics and eval results to `run_dir/metrics.jsonl`; writes `summary.json` at the end."""
+
+    def __init__(self, run_dir: Path, *, run_info: dict[str, Any]):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.summary_path = Path(run_dir) / "summary.json"
+        self.run_info = dict(run_info)
+        self.throughputs: list[float] = []
+        self.last_eval: dict[str, float] = {}
+
+    def on_step_end(self, state: TrainState) -> None:
+        if state.is_rank_zero and state.metrics:
+            self.throughputs.append(state.metrics["examples_per_s"])
+            self._append({"step": state.step + 1, **state.metrics})
+
+    def on_eval_end(self, state: TrainState) -> None:
+        if state.is_rank_zero:
+            self.last_eval = dict(state.eval_metrics)
+            self._append({"step": state.step + 1, **state.eval_metrics})
+
+    def on_train_end(self, state: TrainState) -> None:
+        if not state.is_rank_zero:
+            return
+        mean_throughput = sum(self.throughputs) / len(self.throughputs) if self.throughputs else float("nan")
+        summary = {**self.run_info, "world_size": state.world_size, "steps": state.step + 1,
+                   **self.last_eval, "examples_per_s": mean_throughput}
+        self.summary_path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(_finite_or_none(record)) + "\n")
+
+
+class TensorBoardLogger(Callback):
+    """Scalars under `run_dir/tensorboard`: train/<metric> per logged step, eval/<metric> per evaluation."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = Path(log_dir)
+        self.writer = None
+
+    def on_train_start(self, state: TrainState) -> None:
+        if state.is_rank_zero:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(self.log_dir))
+
+    def on_step_end(self, state: TrainState) -> None:
+        if self.writer is not None and state.metrics:
+            for key, value in state.metrics.items():
+                self.writer.add_scalar(f"train/{key}", value, state.step + 1)
+
+    def on_eval_end(self, state: TrainState) -> None:
+        if self.writer is not None:
+            for key, value in state.eval_metrics.items():
+                self.writer.add_scalar(f"eval/{key.removeprefix('eval_')}", value, state.step + 1)
+
+    def on_train_end(self, state: TrainState) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def on_exception(self, state: TrainState, exc: BaseException) -> None:
+        self.on_train_end(state)
+
+
+class ProgressBar(Callback):
+    """tqdm bar on rank 0: step, examples/s and the last logged loss."""
+
+    def __init__(self) -> None:
+        self.bar: Optional[Any] = None
+
+    def on_train_start(self, state: TrainState) -> None:
+        if state.is_rank_zero:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=state.total_steps, initial=state.step, desc="train", unit="step",
+                            dynamic_ncols=True)
+
+    def on_step_end(self, state: TrainState) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(1)
+        if state.metrics:
+            self.bar.set_postfix(loss=f"{state.metrics['loss']:.4f}",
+                                 ex_per_s=f"{state.metrics['examples_per_s']:.0f}")
+
+    def on_train_end(self, state: TrainState) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def on_exception(self, state: TrainState, exc: BaseException) -> None:
+        self.on_train_end(state)
+
+
+def _finite_or_none(record: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN: write null for non-finite floats."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

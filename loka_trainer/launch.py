@@ -1,0 +1,46 @@
+"""`train.py`'s body: compose + validate the config (no process group yet), then start ranks and train.
+
+    python train.py model=wukong precision=loka trainer.steps=300 hydra.run.dir=DIR
+    torchrun --nproc_per_node=2 train.py model=wukong ...
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+from loka_trainer.cli import compose_config, parse_argv, typed_config, write_run_config
+from loka_trainer.config import register_schemas, to_run_config
+from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
+
+
+def setup_logging(run_dir: Path, *, rank: int) -> None:
+    """Rank 0 logs to stdout and `run_dir/train.log`; other ranks only log warnings and errors."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout)]
+    if rank == 0:
+        handlers.append(logging.FileHandler(run_dir / "train.log"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, handlers=handlers, force=True,
+                        format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    argv = parse_argv(argv)
+    register_schemas()
+    cfg, run_dir = compose_config("config", argv)
+    run = typed_config(cfg, to_run_config)  # every bad input fails here, before any process group or data
+    rank = launch_env()[0]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(run_dir, rank=rank)
+    write_run_config(run_dir, cfg, argv, rank=rank)
+    dist_info = init_distributed(run.trainer.device)
+    log = logging.getLogger("loka_trainer").info
+    try:
+        from loka_trainer.trainer import Trainer
+
+        log(f"run dir: {run_dir.resolve()}  (world size {dist_info.world_size}, device {dist_info.device})")
+        Trainer(run, run_dir=run_dir, dist_info=dist_info).fit()
+        log(f"done: metrics {run_dir.resolve() / 'metrics.jsonl'}, summary {run_dir.resolve() / 'summary.json'}, "
+            f"TensorBoard: tensorboard --logdir {run_dir.resolve() / 'tensorboard'}")
+    finally:
+        shutdown_distributed()

@@ -1,0 +1,119 @@
+"""The one function that parallelizes a model: TorchRec shards the embeddings, FSDP2 shards the dense part.
+
+Contract with the model zoo: embeddings are TorchRec `EmbeddingBagCollection` / `EmbeddingCollection`
+modules, and ``model.dense_units()`` lists submodules that together hold every other parameter; each one becomes
+an FSDP2 unit. DMP's own data-parallel wrapper knows DDP, not FSDP2, so it is disabled
+(``init_data_parallel=False``) and ``fully_shard`` is applied to the dense units here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from loka_trainer.sharding.config import ShardingConfig
+from loka_trainer.sharding.dist import DistInfo
+
+COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+EMBEDDING_MODULE_TYPES = (EmbeddingBagCollection, EmbeddingCollection)
+
+
+@dataclasses.dataclass
+class ParallelModel:
+    """What `parallelize` returns: the DMP-wrapped model and what the trainer reports at start-up."""
+
+    model: DistributedModelParallel
+    comm_precision: tuple[str, str]  # effective (forward, backward) all-to-all precision
+    sharding_plan: str  # TorchRec's plan, printable
+    num_fsdp_units: int
+
+
+def effective_comm_precision(requested: str, *, device_type: str) -> str:
+    """The all-to-all precision TorchRec will really use: gloo (CPU) has no BF16, TorchRec falls back to FP16."""
+    return "fp16" if (requested == "bf16" and device_type == "cpu") else requested
+
+
+def embedding_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, EMBEDDING_MODULE_TYPES)]
+
+
+def check_dense_units_cover(model: nn.Module) -> None:
+    """Every parameter outside the embedding modules must sit in exactly one dense unit (else FSDP2 misses it)."""
+    embedding_params = {id(p) for _, m in embedding_modules(model) for p in m.parameters()}
+    unit_params: dict[int, int] = {}
+    for unit in model.dense_units():
+        for p in unit.parameters():
+            unit_params[id(p)] = unit_params.get(id(p), 0) + 1
+    for name, p in model.named_parameters():
+        if id(p) in embedding_params:
+            continue
+        count = unit_params.get(id(p), 0)
+        if count != 1:
+            raise ValueError(f"parameter {name} is in {count} dense units of {type(model).__name__}; "
+                             f"dense_units() must cover every non-embedding parameter exactly once")
+
+
+def parallelize(model: nn.Module, *, config: ShardingConfig, dist_info: DistInfo,
+                embedding_lr: float) -> ParallelModel:
+    """Shard `model` in place of the caller's copy. Embedding optimizer: fused row-wise Adagrad (in backward)."""
+    check_dense_units_cover(model)
+    for _, module in embedding_modules(model):
+        apply_optimizer_in_backward(RowWiseAdagrad, module.parameters(), {"lr": embedding_lr, "eps": 1e-8})
+    sharders = _sharders(config, dist_info.device)
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=dist_info.world_size, compute_device=dist_info.device.type),
+        constraints=_constraints(model, config.embedding),
+    )
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(module=model, device=dist_info.device, plan=plan, sharders=sharders,
+                                   init_data_parallel=False)
+    num_units = _fully_shard_dense(dmp.module, config, dist_info) if config.fsdp else 0
+    precision = tuple(effective_comm_precision(p, device_type=dist_info.device.type)
+                      for p in (config.qcomm_forward, config.qcomm_backward))
+    return ParallelModel(model=dmp, comm_precision=precision, sharding_plan=str(plan), num_fsdp_units=num_units)
+
+
+def _sharders(config: ShardingConfig, device: torch.device) -> list:
+    qcomms = QCommsConfig(forward_precision=COMM_TYPES[config.qcomm_forward],
+                          backward_precision=COMM_TYPES[config.qcomm_backward])
+    registry = get_qcomm_codecs_registry(qcomms, device=device)
+    return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry),
+            EmbeddingCollectionSharder(qcomm_codecs_registry=registry)]
+
+
+def _constraints(model: nn.Module, sharding_type: str) -> Optional[dict[str, ParameterConstraints]]:
+    if sharding_type == "auto":
+        return None
+    tables = [cfg.name for _, m in embedding_modules(model) for cfg in _table_configs(m)]
+    return {t: ParameterConstraints(sharding_types=[sharding_type]) for t in tables}
+
+
+def _table_configs(module: nn.Module) -> list:
+    if isinstance(module, EmbeddingBagCollection):
+        return module.embedding_bag_configs()
+    return module.embedding_configs()
+
+
+def _fully_shard_dense(model: nn.Module, config: ShardingConfig, dist_info: DistInfo) -> int:
+    mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
+    param_dtype = TORCH_DTYPES[config.fsdp_param_dtype] if config.fsdp_param_dtype else None
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=TORCH_DTYPES[config.fsdp_reduce_dtype])
+    units = model.dense_units()
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    return len(units)
