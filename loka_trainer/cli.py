@@ -36,9 +36,10 @@ if not OmegaConf.has_resolver("loka_run_name"):
     OmegaConf.register_new_resolver("loka_run_name", run_name, use_cache=True)
 
 
-def fail(message: str) -> NoReturn:
-    """One line on stderr, exit status 2."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+def fail(message: object) -> NoReturn:
+    """One line on stderr, exit status 2 (Hydra's search-path listing is noise for a user)."""
+    text = str(message).split("Config search path")[0]
+    print(f"error: {' '.join(text.split())}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -63,9 +64,7 @@ def typed_config(cfg: DictConfig, convert: Callable[[DictConfig], T]) -> T:
     """Run `convert` (typed objects + validation); any ValueError/TypeError is a one-line failure."""
     try:
         return convert(cfg)
-    except (ValueError, TypeError) as exc:
-        fail(exc)
-    except Exception as exc:  # OmegaConf validation errors on conversion
+    except Exception as exc:  # ValueError from validation, OmegaConf errors from conversion
         fail(exc)
 
 

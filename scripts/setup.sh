@@ -6,12 +6,14 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="${LOKA_VENV:-$root/.venv}"
-stamp="$venv/.loka-setup-v1"
+# Re-run the installs whenever this script or the requirements change.
+stamp="$venv/.loka-setup-$(cat "$0" "$root/requirements-cpu.txt" "$root/pyproject.toml" | sha1sum | cut -c1-12)"
 [ -f "$stamp" ] && exit 0
-python3 -m venv "$venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" torch==2.13.0
 "${pip[@]}" --no-deps fbgemm-gpu-cpu==1.8.0 torchrec==1.8.0
 "${pip[@]}" -r "$root/requirements-cpu.txt"
 "${pip[@]}" --no-deps -e "$root"
+rm -f "$venv"/.loka-setup-*
 touch "$stamp"
