@@ -4,7 +4,8 @@ Layout under the checkpoint root::
 
     step_000300/            one DCP checkpoint (every rank writes its shards)
         .metadata, __*.distcp
-        rng_rank{r}.pt      per-rank RNG state (DCP would de-duplicate values that differ per rank)
+        rank{r}.pt          per-rank state: RNG, data position, callbacks (DCP de-duplicates
+                            non-tensor values across ranks, so values that differ per rank live here)
     latest                  text file naming the newest complete step directory, written last (atomic rename)
 
 A step directory without ``latest`` pointing at it is an interrupted save and is never loaded.
@@ -73,11 +74,12 @@ def _app_state(model: nn.Module, dense_optimizer: torch.optim.Optimizer, sparse_
 
 
 def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer: torch.optim.Optimizer,
-                    sparse_optimizer: Any, extra: dict[str, Any], rank: int) -> Path:
-    """Collective: every rank calls it. `extra` must be identical on all ranks (step, data position, ...)."""
+                    sparse_optimizer: Any, extra: dict[str, Any], local: dict[str, Any], rank: int) -> Path:
+    """Collective: every rank calls it. `extra` (JSON-able) must be identical on all ranks; `local` is this
+    rank's own state (data position, callback state); the RNG state is added to it."""
     path = step_dir(root, step)
     dcp.save(_app_state(model, dense_optimizer, sparse_optimizer, extra), checkpoint_id=str(path))
-    torch.save(rng_state(), path / f"rng_rank{rank}.pt")
+    torch.save({**local, "rng": rng_state()}, path / f"rank{rank}.pt")
     _barrier()
     if rank == 0:
         tmp = root / f".{LATEST}.tmp"
@@ -88,8 +90,9 @@ def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer:
 
 
 def load_checkpoint(path: Path, *, model: nn.Module, dense_optimizer: torch.optim.Optimizer,
-                    sparse_optimizer: Any, extra_template: dict[str, Any], rank: int) -> dict[str, Any]:
-    """Collective: restores model and optimizers in place and this rank's RNG; returns the saved `extra`."""
+                    sparse_optimizer: Any, extra_template: dict[str, Any], rank: int
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Collective: restores model, optimizers and this rank's RNG in place; returns (`extra`, this rank's `local`)."""
     state = _app_state(model, dense_optimizer, sparse_optimizer, extra_template)
     dcp.load(state, checkpoint_id=str(path))
     model.load_state_dict(state["model"])
@@ -97,10 +100,12 @@ def load_checkpoint(path: Path, *, model: nn.Module, dense_optimizer: torch.opti
                              options=_OPTIM_OPTIONS)
     if sparse_optimizer is not None:
         sparse_optimizer.load_state_dict(state["sparse_optimizer"])
-    rng_file = path / f"rng_rank{rank}.pt"
-    if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
-    return json.loads(state["extra"])
+    local_file = path / f"rank{rank}.pt"
+    if not local_file.is_file():
+        raise ValueError(f"checkpoint {path} has no state for rank {rank}: resume with the same world size")
+    local = torch.load(local_file, weights_only=False)
+    set_rng_state(local.pop("rng"))
+    return json.loads(state["extra"]), local
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

@@ -16,12 +16,13 @@ from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_di
 
 
 def setup_logging(run_dir: Path, *, rank: int) -> None:
-    """Rank 0 logs to stdout and `run_dir/train.log`; other ranks only log warnings and errors."""
+    """Rank 0 logs our INFO lines to stdout and `run_dir/train.log`; libraries and other ranks only warnings."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout)]
     if rank == 0:
         handlers.append(logging.FileHandler(run_dir / "train.log"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, handlers=handlers, force=True,
+    logging.basicConfig(level=logging.WARNING, handlers=handlers, force=True,
                         format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("loka_trainer").setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -1,0 +1,53 @@
+"""FP8 backends on ``torch._scaled_mm`` (cuBLASLt on GPU; a reference implementation on CPU).
+
+Recipes (a · bᵀ with a (R, C), b (P, C), contraction over C; see backend_base for the three GEMMs):
+
+- ``scaled_mm_tensorwise``: one scale per operand; activations and weights e4m3, gradients e5m2
+  (wider range for dy; the classic FP8 training recipe).
+- ``scaled_mm_rowwise``: one scale per row of each operand along the contraction dim (scale_a (R, 1),
+  scale_b (1, P)); all e4m3 because cuBLASLt's rowwise kernels take e4m3 only.
+"""
+from __future__ import annotations
+
+import torch
+
+from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
+from loka_trainer.kernels.quant import quantize
+
+
+class ScaledMMBackend(GemmBackend):
+    """``torch._scaled_mm`` with a per-operand quantization granularity."""
+
+    min_multiple = 16  # _scaled_mm needs every dim of both operands divisible by 16
+
+    def __init__(self, name: str, granularity: str, grad_dtype: torch.dtype) -> None:
+        self.name = name
+        self.granularity = granularity
+        self.grad_dtype = grad_dtype
+
+    def is_available(self, device: torch.device | str) -> bool:
+        if not hasattr(torch, "_scaled_mm"):
+            return False
+        if torch.device(device).type == "cpu":
+            return True
+        return cuda_capability_at_least(device, 8, 9)
+
+    def quantize_a(self, a: torch.Tensor, *, is_grad: bool) -> QuantOperand:
+        dtype = self.grad_dtype if is_grad else torch.float8_e4m3fn
+        q, scale_inv = quantize(a, self.granularity, dtype)
+        return q.contiguous(), scale_inv
+
+    def _mm_nt_q(self, a: QuantOperand, b: QuantOperand) -> torch.Tensor:
+        (qa, sa), (qb, sb) = a, b
+        # b's row scales (P, 1) become the column scales (1, P) of bᵀ.
+        sb = sb if sb.dim() == 0 else sb.reshape(1, -1)
+        return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+
+def scaled_mm_backends() -> dict[str, GemmBackend]:
+    """The two ``torch._scaled_mm`` recipes, keyed by name."""
+    backends = [
+        ScaledMMBackend("scaled_mm_tensorwise", "tensorwise", torch.float8_e5m2),
+        ScaledMMBackend("scaled_mm_rowwise", "rowwise", torch.float8_e4m3fn),
+    ]
+    return {b.name: b for b in backends}

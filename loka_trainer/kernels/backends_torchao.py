@@ -1,0 +1,104 @@
+"""FP8 backends reproducing torchao ``Float8Linear`` recipes one GEMM at a time.
+
+Each GEMM casts its operands exactly as ``torchao.float8.float8_linear.matmul_with_hp_or_float8_args`` does
+for the recipe (``Float8LinearConfig.from_recipe_name``: per-role dtype, granularity and axis) and multiplies
+torchao ``Float8TrainingTensor``s with ``torch.mm`` (torchao's own ``_scaled_mm`` dispatch). Recipes:
+
+- ``torchao_tensorwise``: y, dx, dW all FP8 with tensorwise scales (dy in e5m2).
+- ``torchao_rowwise``: all three GEMMs FP8 with axiswise scales along each GEMM's contraction dim.
+- ``torchao_rowwise_with_gw_hp``: y and dx rowwise FP8; dW in high precision (bf16).
+
+torchao is optional: when it does not import, these backends report unavailable.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+import torch
+
+from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
+
+
+def torchao_importable() -> bool:
+    """True if ``torchao.float8`` can be imported (checked without importing it)."""
+    return importlib.util.find_spec("torchao") is not None
+
+
+class TorchaoBackend(GemmBackend):
+    """One torchao float8 training recipe, split into its three GEMMs."""
+
+    min_multiple = 16
+
+    def __init__(self, recipe: str) -> None:
+        self.recipe = recipe
+        self.name = f"torchao_{recipe}"
+        self._cfg = None
+
+    def is_available(self, device: torch.device | str) -> bool:
+        if not torchao_importable():
+            return False
+        return torch.device(device).type == "cpu" or cuda_capability_at_least(device, 8, 9)
+
+    def _config(self):
+        if self._cfg is None:  # lazy: importing torchao is slow and optional
+            from torchao.float8.config import Float8LinearConfig
+            self._cfg = Float8LinearConfig.from_recipe_name(self.recipe)
+        return self._cfg
+
+    def _cast(self, t: torch.Tensor, cast_config, role: str, axis: int) -> torch.Tensor:
+        """t (R, C) high precision -> Float8TrainingTensor (or bf16 when the recipe keeps it in hp)."""
+        from torchao.float8.config import ScalingType
+        from torchao.float8.float8_scaling_utils import get_maybe_axiswise_dim, hp_tensor_to_float8_dynamic
+        from torchao.float8.float8_training_tensor import GemmInputRole, LinearMMConfig
+
+        if cast_config.scaling_type is ScalingType.DISABLED:
+            return t.to(torch.bfloat16)
+        cfg = self._config()
+        return hp_tensor_to_float8_dynamic(
+            t, cast_config.target_dtype, LinearMMConfig(), gemm_input_role=GemmInputRole[role],
+            scaling_granularity=cast_config.scaling_granularity,
+            axiswise_dim=get_maybe_axiswise_dim(axis, cast_config.scaling_granularity),
+            round_scales_to_power_of_2=cfg.round_scales_to_power_of_2,
+        )
+
+    @staticmethod
+    def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = torch.mm(a, b)
+        return out.to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor, *, w_q: Optional[QuantOperand] = None) -> torch.Tensor:
+        """x (M, K), w (N, K) -> y (M, N) bf16."""
+        c = self._config()
+        a = self._cast(x, c.cast_config_input, "INPUT", -1)
+        b = w_q[0] if w_q is not None else self._cast(w.t(), c.cast_config_weight, "WEIGHT", 0)
+        return self._mm(a, b)
+
+    def input_grad(self, dy: torch.Tensor, w: torch.Tensor, *,
+                   wt_q: Optional[QuantOperand] = None) -> torch.Tensor:
+        """dy (M, N), w (N, K) -> dx (M, K) bf16."""
+        c = self._config()
+        a = self._cast(dy, c.cast_config_grad_output, "GRAD_OUTPUT", -1)
+        b = wt_q[0] if wt_q is not None else self._cast(w.t(), c.cast_config_weight_for_grad_input, "WEIGHT", -1)
+        return self._mm(a, b.t())
+
+    def weight_grad(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """dy (M, N), x (M, K) -> dW (N, K) bf16."""
+        c = self._config()
+        a = self._cast(dy, c.cast_config_grad_output_for_grad_weight, "GRAD_OUTPUT", 0)
+        b = self._cast(x, c.cast_config_input_for_grad_weight, "INPUT", 0)
+        return self._mm(a.t(), b)
+
+    def quantize_weight_forward(self, w: torch.Tensor) -> QuantOperand:
+        """w (N, K) -> the forward weight operand (wᵀ as torchao casts it), for caching per optimizer step."""
+        return self._cast(w.t(), self._config().cast_config_weight, "WEIGHT", 0), None
+
+    def quantize_weight_input_grad(self, w: torch.Tensor) -> QuantOperand:
+        """w (N, K) -> the input-grad weight operand (wᵀ), for caching per optimizer step."""
+        return self._cast(w.t(), self._config().cast_config_weight_for_grad_input, "WEIGHT", -1), None
+
+
+def torchao_backends() -> dict[str, GemmBackend]:
+    """The three torchao recipes, keyed by backend name."""
+    backends = [TorchaoBackend(r) for r in ("tensorwise", "rowwise", "rowwise_with_gw_hp")]
+    return {b.name: b for b in backends}

@@ -1,0 +1,163 @@
+"""apply_precision: the model transform the trainer calls once, before sharding.
+
+- fp32 / bf16: nothing (autocast is the trainer's job, from ``config.compute_dtype``).
+- fp8_*: torchao ``convert_to_float8_training`` with ``Float8LinearConfig.from_recipe_name``.
+- loka (dispatch): build the plan (or load ``config.plan``), swap target Linears for ``LoKALinear``s,
+  log the plan table, write ``run_dir/dispatch_plan.json``.
+
+Targets: ``nn.Linear``s with K and N multiples of 16 and >= ``config.min_features``, never a 1-output
+prediction layer, and accepted by the optional ``module_filter_fn(module, fqn) -> bool``. Embedding modules
+are TorchRec modules, not ``nn.Linear``, so they are never touched.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from loka_trainer.kernels.backends import available_backends
+from loka_trainer.kernels.config import PrecisionConfig
+from loka_trainer.kernels.dispatch import build_layer_plan, default_timer, wall_clock_timer
+from loka_trainer.kernels.linear import LoKALinear
+from loka_trainer.kernels.plan import DispatchPlan, format_plan_table, load_plan, save_plan, validate_plan
+
+ModuleFilter = Callable[[nn.Module, str], bool]
+PLAN_FILE = "dispatch_plan.json"
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _rank0_print(msg: str) -> None:
+    if _is_rank0():
+        print(msg, flush=True)
+
+
+def target_linears(model: nn.Module, *, min_features: int,
+                   module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, nn.Linear]:
+    """FQN -> nn.Linear for every Linear Dispatch / torchao may convert (see module docstring)."""
+    out = {}
+    for fqn, mod in model.named_modules():
+        if not isinstance(mod, nn.Linear):
+            continue
+        k, n = mod.in_features, mod.out_features
+        if n == 1 or k % 16 or n % 16 or min(k, n) < min_features:
+            continue
+        if module_filter_fn is not None and not module_filter_fn(mod, fqn):
+            continue
+        out[fqn] = mod
+    return out
+
+
+@torch.no_grad()
+def capture_linear_inputs(model: nn.Module, linears: dict[str, nn.Linear], batch) -> dict[str, torch.Tensor]:
+    """One forward of ``model(batch)`` with pre-hooks: FQN -> that Linear's real input as (M, K)."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def hook_for(fqn: str):
+        def hook(mod, args):
+            captured.setdefault(fqn, args[0].detach().reshape(-1, mod.in_features).clone())
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(fqn)) for fqn, m in linears.items()]
+    try:
+        model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
+def read_probe_mere(stats_dir: Optional[str]) -> dict[str, dict[str, float]]:
+    """LoKA Probe report (STATS_DIR/report.json) -> FQN -> backend -> forward MERE ({} when no dir)."""
+    if stats_dir is None:
+        return {}
+    report = json.loads((Path(stats_dir) / "report.json").read_text())
+    out: dict[str, dict[str, float]] = {}
+    for fqn, entry in report.get("layers", {}).items():
+        cands = entry.get("candidates", {})
+        out[fqn] = {name: float(c["mere"]) for name, c in cands.items() if c.get("mere") is not None}
+    return out
+
+
+def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: PrecisionConfig, device,
+               calibration_batch) -> DispatchPlan:
+    """Measure every target Linear at its real calibration input on ``device`` and choose per GEMM."""
+    if calibration_batch is None:
+        raise ValueError("precision.dispatch: needs a calibration batch or a plan file (precision.plan=PATH)")
+    backends = available_backends(device)
+    if config.backends is not None:
+        backends = {k: v for k, v in backends.items() if k in config.backends or k == "bf16"}
+    timer = (default_timer(device) if torch.device(device).type == "cuda"
+             else wall_clock_timer(repeats=config.timing_repeats))
+    dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
+    inputs = capture_linear_inputs(model, linears, calibration_batch)
+    probe = read_probe_mere(config.probe_stats)
+    layers = {}
+    for fqn, lin in linears.items():
+        if fqn not in inputs:  # not reached by this batch's forward: leave it BF16 and say so in the plan
+            continue
+        x = inputs[fqn].to(device=device, dtype=dtype)
+        w = lin.weight.detach().to(device=device, dtype=dtype)
+        layers[fqn] = build_layer_plan(x, w, backends, timer=timer, mere_threshold=config.mere_threshold,
+                                       min_speedup=config.min_speedup, forward_mere=probe.get(fqn))
+    name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
+    return DispatchPlan(device=name, layers=layers, mere_threshold=config.mere_threshold,
+                        min_speedup=config.min_speedup)
+
+
+def _broadcast_plan(plan: Optional[DispatchPlan]) -> DispatchPlan:
+    """Rank 0's plan on every rank, so all ranks run the same kernels (no-op without distributed)."""
+    if not dist.is_initialized():
+        assert plan is not None
+        return plan
+    obj = [plan.to_dict() if plan is not None else None]
+    dist.broadcast_object_list(obj, src=0)
+    return DispatchPlan.from_dict(obj[0])
+
+
+def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> None:
+    """Replace each planned Linear (by FQN) with a LoKALinear sharing its parameters."""
+    for fqn, lp in plan.layers.items():
+        parent_name, _, child = fqn.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, LoKALinear.from_linear(getattr(parent, child), lp.backends()))
+
+
+def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear]) -> None:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    targets = set(linears)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda mod, fqn: fqn in targets)
+
+
+def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,
+                    run_dir: Optional[Path] = None, module_filter_fn: Optional[ModuleFilter] = None,
+                    log: Callable[[str], None] = _rank0_print) -> Optional[DispatchPlan]:
+    """Transform ``model`` in place for ``config``; returns the Dispatch plan when Dispatch is on."""
+    config.validate()
+    linears = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
+    if config.fp8_recipe is not None:
+        _apply_torchao(model, config.fp8_recipe, linears)
+        log(f"precision={config.name}: torchao float8 '{config.fp8_recipe}' on {len(linears)} Linear(s)")
+        return None
+    if not config.dispatch:
+        return None
+    if config.plan is not None:
+        plan = load_plan(config.plan)
+    else:
+        plan = build_plan(model, linears, config=config, device=device,
+                          calibration_batch=calibration_batch) if _is_rank0() else None
+        plan = _broadcast_plan(plan)
+    validate_plan(plan, {f: (m.in_features, m.out_features) for f, m in linears.items()},
+                  list(available_backends(device)))
+    swap_in_lokalinears(model, plan)
+    log(format_plan_table(plan))
+    if run_dir is not None and _is_rank0():
+        log(f"dispatch plan written to {save_plan(plan, Path(run_dir) / PLAN_FILE)}")
+    return plan

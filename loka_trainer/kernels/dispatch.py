@@ -1,0 +1,149 @@
+"""Dispatch: measure each candidate backend per layer and GEMM, then pick by the LoKA rule.
+
+Rule (paper III-C): keep candidates with MERE < threshold and speedup over BF16 > min_speedup at the
+layer's real shape on this device; the fastest wins; otherwise BF16. ``select_backend`` is that rule alone,
+a pure function of injected numbers; ``measure_gemm`` produces the numbers; ``build_layer_plan`` joins them.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+
+from loka_trainer.kernels.backend_base import GemmBackend
+from loka_trainer.kernels.backends import BASELINE
+from loka_trainer.kernels.plan import GEMMS, GemmChoice, LayerPlan
+
+Timer = Callable[[Callable[[], object]], float]  # fn -> median time in µs
+
+# NOTE: MERE divides by |ref|; elements with |ref| below this fraction of mean |ref| are left out, since
+# their relative error is dominated by cancellation in the reference itself, not by the kernel.
+MERE_REF_FLOOR = 1e-3
+
+
+@torch.no_grad()
+def mere(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Mean element-wise relative error of out vs ref (any equal shapes), |ref| ≈ 0 elements excluded.
+
+    MERE = mean(|out − ref| / |ref|) over elements with |ref| > MERE_REF_FLOOR · mean(|ref|); 0.0 when the
+    reference is all zero and out matches it, inf when it does not.
+    """
+    out, ref = out.double(), ref.double()
+    mag = ref.abs()
+    keep = mag > MERE_REF_FLOOR * mag.mean()
+    if not bool(keep.any()):
+        return 0.0 if bool(torch.equal(out, ref)) else float("inf")
+    return float(((out - ref).abs()[keep] / mag[keep]).mean())
+
+
+def select_backend(candidates: dict[str, dict[str, Optional[float]]], bf16_time_us: Optional[float], *,
+                   mere_threshold: float, min_speedup: float) -> str:
+    """Pick one GEMM's backend: candidates maps name -> {"mere": float|None, "time_us": float|None}.
+
+    A candidate qualifies when its MERE < mere_threshold and bf16_time_us / time_us > min_speedup; unknown
+    numbers disqualify. The fastest qualifying candidate wins; none -> "bf16".
+    """
+    best, best_time = BASELINE, None
+    for name, c in candidates.items():
+        err, t = c.get("mere"), c.get("time_us")
+        if name == BASELINE or err is None or t is None or bf16_time_us is None or t <= 0:
+            continue
+        if err < mere_threshold and bf16_time_us / t > min_speedup and (best_time is None or t < best_time):
+            best, best_time = name, t
+    return best
+
+
+def wall_clock_timer(repeats: int = 5, warmup: int = 1) -> Timer:
+    """A timer for CPU: median wall-clock µs of ``repeats`` calls after ``warmup`` calls."""
+    def timer(fn: Callable[[], object]) -> float:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+    return timer
+
+
+def cuda_timer() -> Timer:
+    """A timer for GPUs: triton's ``do_bench`` median (ms -> µs); falls back to synchronized wall clock."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        wall = wall_clock_timer(repeats=20, warmup=3)
+        return lambda fn: wall(lambda: (fn(), torch.cuda.synchronize()))
+    return lambda fn: 1e3 * float(do_bench(fn, warmup=5, rep=20, return_mode="median"))
+
+
+def default_timer(device: torch.device | str) -> Timer:
+    return cuda_timer() if torch.device(device).type == "cuda" else wall_clock_timer()
+
+
+def _gemm_call(backend: GemmBackend, gemm: str, x: torch.Tensor, w: torch.Tensor,
+               dy: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return {
+        "forward": lambda: backend.forward(x, w),
+        "input_grad": lambda: backend.input_grad(dy, w),
+        "weight_grad": lambda: backend.weight_grad(dy, x),
+    }[gemm]
+
+
+@torch.no_grad()
+def fp32_reference(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """The TF32-free fp32 result of one GEMM (x (M,K), w (N,K), dy (M,N))."""
+    x, w, dy = x.float(), w.float(), dy.float()
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return {"forward": lambda: x @ w.t(), "input_grad": lambda: dy @ w, "weight_grad": lambda: dy.t() @ x}[gemm]()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+@torch.no_grad()
+def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
+                 backends: dict[str, GemmBackend], *, timer: Timer,
+                 known_mere: Optional[dict[str, float]] = None) -> dict[str, dict[str, Optional[float]]]:
+    """MERE vs fp32 and time (µs) of one GEMM for each backend that supports the shape.
+
+    x (M, K), w (N, K), dy (M, N). ``known_mere`` (e.g. from LoKA Probe statistics) replaces the measured
+    MERE for the backends it names. Returns name -> {"mere", "time_us"}; bf16 is always included.
+    """
+    M, K = x.shape
+    N = w.shape[0]
+    ref = fp32_reference(gemm, x, w, dy)
+    out: dict[str, dict[str, Optional[float]]] = {}
+    for name, backend in backends.items():
+        if not backend.supports(M, K, N):
+            continue
+        call = _gemm_call(backend, gemm, x, w, dy)
+        err = (known_mere or {}).get(name)
+        out[name] = {"mere": float(err) if err is not None else mere(call(), ref), "time_us": timer(call)}
+    return out
+
+
+def build_layer_plan(x: torch.Tensor, w: torch.Tensor, backends: dict[str, GemmBackend], *, timer: Timer,
+                     mere_threshold: float, min_speedup: float,
+                     forward_mere: Optional[dict[str, float]] = None, seed: int = 0) -> LayerPlan:
+    """Measure and choose all three GEMMs of one Linear: x (M, K) its real input, w (N, K) its weight.
+
+    The output gradient dy (M, N) is not known before training: it is drawn N(0, 1) with a fixed seed, so
+    input_grad / weight_grad MERE are "normal-input" estimates (the forward MERE uses the real x, or the
+    probe's ``forward_mere`` when given).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    dy = torch.randn(x.shape[0], w.shape[0], generator=gen).to(device=x.device, dtype=x.dtype)
+    plan = LayerPlan(M=x.shape[0], K=x.shape[1], N=w.shape[0])
+    for gemm in GEMMS:
+        cands = measure_gemm(gemm, x, w, dy, backends, timer=timer,
+                             known_mere=forward_mere if gemm == "forward" else None)
+        bf16_t = cands.get(BASELINE, {}).get("time_us")
+        choice = select_backend(cands, bf16_t, mere_threshold=mere_threshold, min_speedup=min_speedup)
+        setattr(plan, gemm, GemmChoice(backend=choice, mere=cands.get(choice, {}).get("mere"),
+                                       time_us=cands.get(choice, {}).get("time_us"), bf16_time_us=bf16_t,
+                                       candidates=cands))
+    return plan

@@ -1,0 +1,138 @@
+"""LoKALinear: an ``nn.Linear`` whose three GEMMs each run on the backend the Dispatch plan chose.
+
+Notation: M = prod(leading dims of x), K in_features, N out_features.
+
+Same parameters and state_dict keys as ``nn.Linear`` (it *is* an ``nn.Linear``), so it loads an ``nn.Linear``
+checkpoint and its checkpoint loads back into an ``nn.Linear``. The weight operands of forward and
+input-grad are quantized once per weight version (i.e. once per optimizer step, which bumps the version
+counter in place) and reused by every GEMM and forward until the next step.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from loka_trainer.kernels.backend_base import QuantOperand
+from loka_trainer.kernels.backends import BASELINE, get_backend
+from loka_trainer.kernels.plan import GEMMS
+
+
+class WeightCache:
+    """Quantized weight operands keyed by (backend, gemm), valid while the weight's storage and version hold."""
+
+    def __init__(self) -> None:
+        self._key: Optional[tuple[int, int]] = None
+        self._ops: dict[tuple[str, str], QuantOperand] = {}
+        self.num_casts = 0  # how many times an operand was quantized (tests assert once per step)
+
+    def get(self, w: torch.Tensor, backend_name: str, gemm: str) -> QuantOperand:
+        """w (N, K) -> the cached operand for ``gemm`` ('forward' | 'input_grad') of ``backend_name``."""
+        if torch.compiler.is_compiling():  # a Python-side cache would break the graph; compile fuses the cast
+            return self._quantize(w, backend_name, gemm)
+        key = (w.data_ptr(), w._version)
+        if key != self._key:
+            self._key, self._ops = key, {}
+        if (backend_name, gemm) not in self._ops:
+            self._ops[(backend_name, gemm)] = self._quantize(w, backend_name, gemm)
+            self.num_casts += 1
+        return self._ops[(backend_name, gemm)]
+
+    @staticmethod
+    def _quantize(w: torch.Tensor, backend_name: str, gemm: str) -> QuantOperand:
+        backend = get_backend(backend_name)
+        with torch.no_grad():
+            if gemm == "forward":
+                return backend.quantize_weight_forward(w)
+            return backend.quantize_weight_input_grad(w)
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    """nn.Linear's output dtype: the autocast dtype when autocast is on for x's device, else x's dtype."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+class _LoKALinearFn(torch.autograd.Function):
+    """y = x·Wᵀ (+ b) with forward / input_grad / weight_grad each on its own backend.
+
+    x (M, K), w (N, K), b (N,) or None -> y (M, N). Backend names are plain strings (constants for
+    torch.compile); ``cache`` is the module's WeightCache.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, b, fwd: str, dgrad: str, wgrad: str, cache: WeightCache):
+        M, K = x.shape
+        N = w.shape[0]
+        # A shape the chosen backend cannot run (e.g. a ragged last batch) falls back to BF16 for that call.
+        names = [n if get_backend(n).supports(M, K, N) else BASELINE for n in (fwd, dgrad, wgrad)]
+        fwd, dgrad, wgrad = names
+        y = get_backend(fwd).forward(x, w, w_q=cache.get(w, fwd, "forward"))
+        out_dtype = _out_dtype(x)
+        y = y.to(out_dtype)
+        if b is not None:
+            y = y + b.to(out_dtype)
+        ctx.save_for_backward(x, w)
+        ctx.names = (dgrad, wgrad)
+        ctx.wt_q = cache.get(w, dgrad, "input_grad") if ctx.needs_input_grad[0] else None
+        ctx.has_bias = b is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dgrad, wgrad = ctx.names
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = get_backend(dgrad).input_grad(dy, w, wt_q=ctx.wt_q).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = get_backend(wgrad).weight_grad(dy, x).to(w.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.float().sum(0)
+        ctx.wt_q = None  # free the FP8 operand with the graph
+        return dx, dw, db, None, None, None, None
+
+
+class LoKALinear(nn.Linear):
+    """Drop-in ``nn.Linear``; ``backends`` maps 'forward' / 'input_grad' / 'weight_grad' -> backend name."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 backends: Optional[dict[str, str]] = None, device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.set_backends(backends or {})
+        self._weight_cache = WeightCache()
+
+    def set_backends(self, backends: dict[str, str]) -> None:
+        """Route each GEMM; missing GEMMs stay BF16; unknown GEMM or backend -> ValueError."""
+        unknown = set(backends) - set(GEMMS)
+        if unknown:
+            raise ValueError(f"LoKALinear backends: unknown GEMM(s) {sorted(unknown)}; valid: {list(GEMMS)}")
+        for name in backends.values():
+            get_backend(name)
+        self.backends = {g: backends.get(g, BASELINE) for g in GEMMS}
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, backends: dict[str, str]) -> "LoKALinear":
+        """Swap-in replacement sharing ``linear``'s Parameter objects (optimizer and FSDP state stay valid)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight, new.bias = linear.weight, linear.bias
+        new.set_backends(backends)
+        new._weight_cache = WeightCache()
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., K) -> (..., N)."""
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        b = self.backends
+        y = _LoKALinearFn.apply(x2, self.weight, self.bias, b["forward"], b["input_grad"], b["weight_grad"],
+                                self._weight_cache)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        b = self.backends
+        return f"{super().extra_repr()}, fwd={b['forward']}, dgrad={b['input_grad']}, wgrad={b['weight_grad']}"

@@ -1,0 +1,163 @@
+"""The Dispatch plan: layer FQN -> backend per GEMM, with the evidence (MERE, timings) behind each choice.
+
+A plan is a JSON file a user can read, edit by hand (change ``"backend"``), check in and reuse. Layout::
+
+    {"version": 1, "device": "NVIDIA H200", "mere_threshold": 0.2, "min_speedup": 1.05,
+     "layers": {"dense.mlp.0": {"shape": {"M": 4096, "K": 512, "N": 1024},
+                                "forward": {"backend": "scaled_mm_rowwise", "mere": 0.031,
+                                            "time_us": 12.0, "bf16_time_us": 15.1,
+                                            "candidates": {"scaled_mm_rowwise": {"mere": 0.031, "time_us": 12.0}}},
+                                "input_grad": {...}, "weight_grad": {...}}}}
+
+Only ``backend`` is required per GEMM; the rest is evidence (null when unknown).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+PLAN_VERSION = 1
+GEMMS = ("forward", "input_grad", "weight_grad")
+
+
+@dataclasses.dataclass
+class GemmChoice:
+    """The backend chosen for one GEMM of one layer, and why (``mere``/times are None when not measured)."""
+
+    backend: str = "bf16"
+    mere: Optional[float] = None
+    time_us: Optional[float] = None
+    bf16_time_us: Optional[float] = None
+    candidates: dict[str, dict[str, Optional[float]]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.time_us is None or self.bf16_time_us is None or self.time_us <= 0:
+            return None
+        return self.bf16_time_us / self.time_us
+
+
+@dataclasses.dataclass
+class LayerPlan:
+    """One Linear: its shape (M the calibration batch rows, K in, N out) and a choice per GEMM."""
+
+    M: int
+    K: int
+    N: int
+    forward: GemmChoice = dataclasses.field(default_factory=GemmChoice)
+    input_grad: GemmChoice = dataclasses.field(default_factory=GemmChoice)
+    weight_grad: GemmChoice = dataclasses.field(default_factory=GemmChoice)
+
+    def backends(self) -> dict[str, str]:
+        """GEMM name -> backend name."""
+        return {g: getattr(self, g).backend for g in GEMMS}
+
+
+@dataclasses.dataclass
+class DispatchPlan:
+    device: str
+    layers: dict[str, LayerPlan]
+    mere_threshold: float = 0.2
+    min_speedup: float = 1.05
+    version: int = PLAN_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        layers = {}
+        for fqn, lp in self.layers.items():
+            entry: dict[str, Any] = {"shape": {"M": lp.M, "K": lp.K, "N": lp.N}}
+            entry.update({g: dataclasses.asdict(getattr(lp, g)) for g in GEMMS})
+            layers[fqn] = entry
+        return {"version": self.version, "device": self.device, "mere_threshold": self.mere_threshold,
+                "min_speedup": self.min_speedup, "layers": layers}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "plan") -> "DispatchPlan":
+        if d.get("version") != PLAN_VERSION:
+            raise ValueError(f"{source}: version must be {PLAN_VERSION}, got {d.get('version')!r}")
+        if not isinstance(d.get("layers"), dict):
+            raise ValueError(f"{source}: 'layers' must be an object mapping layer FQN -> entry")
+        layers = {fqn: _layer_from_dict(e, where=f"{source}: layer {fqn!r}") for fqn, e in d["layers"].items()}
+        return cls(device=str(d.get("device", "unknown")), layers=layers,
+                   mere_threshold=float(d.get("mere_threshold", 0.2)),
+                   min_speedup=float(d.get("min_speedup", 1.05)))
+
+
+def _layer_from_dict(e: Any, *, where: str) -> LayerPlan:
+    if not isinstance(e, dict) or not isinstance(e.get("shape"), dict):
+        raise ValueError(f"{where}: needs a 'shape' object with M, K, N")
+    try:
+        M, K, N = (int(e["shape"][k]) for k in ("M", "K", "N"))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{where}: 'shape' needs integer M, K, N, got {e['shape']!r}") from None
+    choices = {}
+    for g in GEMMS:
+        c = e.get(g, {"backend": "bf16"})
+        if not isinstance(c, dict) or not isinstance(c.get("backend"), str):
+            raise ValueError(f"{where}: '{g}' needs a string 'backend' (valid GEMMs: {list(GEMMS)})")
+        fields = {f.name for f in dataclasses.fields(GemmChoice)}
+        choices[g] = GemmChoice(**{k: v for k, v in c.items() if k in fields})
+    return LayerPlan(M=M, K=K, N=N, **choices)
+
+
+def save_plan(plan: DispatchPlan, path: str | Path) -> Path:
+    """Write the plan as indented JSON (atomically: write then rename) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(plan.to_dict(), indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_plan(path: str | Path) -> DispatchPlan:
+    """Read a plan file; a missing file or malformed content -> one-line ValueError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"precision.plan: file {str(path)!r} does not exist")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"precision.plan: {str(path)!r} is not valid JSON ({e})") from None
+    return DispatchPlan.from_dict(d, source=f"precision.plan {str(path)!r}")
+
+
+def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], valid_backends: list[str]) -> None:
+    """Check a plan against a model: layer_shapes maps FQN -> (K, N) of each target Linear.
+
+    Rejects (one-line ValueError): a layer the model does not have, a K/N that differs from the model's, a
+    backend name not in ``valid_backends``. Layers of the model missing from the plan are allowed (they stay
+    BF16) so a plan can be trimmed by hand.
+    """
+    for fqn, lp in plan.layers.items():
+        if fqn not in layer_shapes:
+            raise ValueError(f"plan: unknown layer {fqn!r}; model layers: {sorted(layer_shapes)}")
+        if (lp.K, lp.N) != tuple(layer_shapes[fqn]):
+            raise ValueError(f"plan: layer {fqn!r} has shape K={lp.K}, N={lp.N} but the model's is "
+                             f"K={layer_shapes[fqn][0]}, N={layer_shapes[fqn][1]}")
+        for g, name in lp.backends().items():
+            if name not in valid_backends:
+                raise ValueError(f"plan: layer {fqn!r} {g}: backend {name!r} is unknown or unavailable on this "
+                                 f"device; valid: {sorted(valid_backends)}")
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def format_plan_table(plan: DispatchPlan) -> str:
+    """The plan as a fixed-width text table: one row per layer and GEMM."""
+    head = f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<26} {'MERE':>8} {'speedup':>8}"
+    rows = [f"LoKA Dispatch plan ({plan.device}; MERE < {plan.mere_threshold}, speedup > {plan.min_speedup}×)",
+            head, "-" * len(head)]
+    for fqn, lp in plan.layers.items():
+        shape = f"{lp.M}×{lp.K}×{lp.N}"
+        for g in GEMMS:
+            c = getattr(lp, g)
+            rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {c.backend:<26} "
+                        f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8}")
+            fqn, shape = "", ""
+    num_fp8 = sum(b != "bf16" for lp in plan.layers.values() for b in lp.backends().values())
+    rows.append(f"{num_fp8} of {3 * len(plan.layers)} GEMMs in FP8")
+    return "\n".join(rows)

@@ -1,0 +1,205 @@
+"""Building blocks shared by every model, and the two LoKA Mods layers (BlockNorm, HardSwish).
+
+Notation: B batch (any leading dims), N features of the last dim, b block size.
+
+The registries ``NORMS`` and ``ACTIVATIONS`` are the Mods switches: a model never names a layer
+class, it asks ``make_norm(name, ...)`` / ``make_activation(name)`` so that ``model.mods.*`` decides.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+_EPS = 1e-6
+
+
+def block_rms_norm(x: torch.Tensor, block_size: int, eps: float = _EPS) -> torch.Tensor:
+    """RMS-normalize ``x`` over contiguous blocks of its last dim, one statistic per block.
+
+    x: (..., N) -> (..., N). Blocks are ``[0, b), [b, 2b), ...``; when ``N % b != 0`` the last block
+    holds the remaining ``N % b`` features and gets its own statistic (see ``BlockNorm``).
+    Differentiable (not ``no_grad``): it is the forward of a training layer.
+    """
+    num_features = x.shape[-1]
+    num_full = num_features // block_size
+    parts = []
+    if num_full:
+        full = x[..., : num_full * block_size].unflatten(-1, (num_full, block_size))  # (..., nb, b)
+        parts.append((full * torch.rsqrt(full.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2))
+    if num_features % block_size:
+        tail = x[..., num_full * block_size :]  # (..., N % b)
+        parts.append(tail * torch.rsqrt(tail.pow(2).mean(-1, keepdim=True) + eps))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+class BlockNorm(nn.Module):
+    """RMSNorm over fixed blocks of ``block_size`` features (LoKA Mods, paper III-B2).
+
+    Equals an unparameterized grouped RMSNorm; equals plain RMSNorm (no affine) when
+    ``block_size >= num_features``. Identical in train and eval (no running statistics).
+
+    Rule when ``num_features % block_size != 0``: the last block is ragged (it holds the
+    ``num_features % block_size`` remaining features and has its own statistic). This is exactly
+    what a fused GEMM epilogue with N tile = block computes on its masked edge tile, so the fused
+    kernel and this reference agree for every width, and widths like 27 * 24 = 648 (Wukong FMB)
+    need no padding. A very small last block is a weak statistic: prefer widths that are multiples.
+
+    x: (..., num_features) -> (..., num_features)
+    """
+
+    def __init__(
+        self, num_features: int, block_size: int = 256, eps: float = _EPS, elementwise_affine: bool = False
+    ) -> None:
+        super().__init__()
+        if block_size <= 0:
+            raise ValueError(f"BlockNorm: block_size must be positive, got {block_size}")
+        self.num_features = num_features
+        self.block_size = block_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_features)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = block_rms_norm(x, self.block_size, self.eps)
+        return y if self.weight is None else y * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, block_size={self.block_size}, affine={self.weight is not None}"
+
+
+class HardSwish(nn.Hardswish):
+    """Hard Swish ``x * ReLU6(x + 3) / 6`` (LoKA Mods, paper III-B3): Swish without an exponential.
+
+    Subclasses ``nn.Hardswish`` so code that looks for the stock class finds it. (..., N) -> (..., N)
+    """
+
+
+def _layernorm(num_features: int, *, bias: bool, block_size: int) -> nn.Module:
+    return nn.LayerNorm(num_features, bias=bias)  # NOTE: the no-bias Mod also drops LayerNorm's shift
+
+
+def _rmsnorm(num_features: int, *, bias: bool, block_size: int) -> nn.Module:
+    return nn.RMSNorm(num_features, eps=_EPS)
+
+
+def _blocknorm(num_features: int, *, bias: bool, block_size: int) -> nn.Module:
+    return BlockNorm(num_features, block_size=block_size)
+
+
+def _no_norm(num_features: int, *, bias: bool, block_size: int) -> nn.Module:
+    return nn.Identity()
+
+
+NORMS: dict[str, Callable[..., nn.Module]] = {
+    "none": _no_norm,
+    "layernorm": _layernorm,
+    "rmsnorm": _rmsnorm,
+    "blocknorm": _blocknorm,
+}
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+    "hardswish": HardSwish,
+}
+
+
+def make_norm(name: str, num_features: int, *, bias: bool, block_size: int) -> nn.Module:
+    """Norm layer ``name`` from ``NORMS`` over the last dim of width ``num_features``."""
+    if name not in NORMS:
+        raise ValueError(f"model.mods.norm={name!r} is not one of {sorted(NORMS)}")
+    return NORMS[name](num_features, bias=bias, block_size=block_size)
+
+
+def make_activation(name: str) -> nn.Module:
+    """Activation layer ``name`` from ``ACTIVATIONS``."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"model.mods.activation={name!r} is not one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
+
+
+def mlp(
+    in_features: int,
+    widths: Sequence[int],
+    *,
+    bias: bool,
+    norm: str,
+    activation: str,
+    block_size: int,
+) -> nn.Sequential:
+    """``[Linear -> norm -> activation] * len(widths)``; every layer gets norm and activation.
+
+    Linear ``i`` is child ``3 * i`` for every switch setting.
+
+    (..., in_features) -> (..., widths[-1]), or the identity when ``widths`` is empty.
+    Prediction heads add their own biased ``nn.Linear`` after this (the final layer keeps its bias).
+    """
+    layers: list[nn.Module] = []
+    for width in widths:
+        layers += [
+            nn.Linear(in_features, width, bias=bias),
+            make_norm(norm, width, bias=bias, block_size=block_size),
+            make_activation(activation),
+        ]
+        in_features = width
+    # NOTE: ``norm="none"`` keeps an ``nn.Identity`` slot so Linear FQNs (``mlp.0``, ``mlp.3``, ...) are
+    # the same for every norm choice: Dispatch plans and Probe statistics are keyed by FQN.
+    return nn.Sequential(*layers)
+
+
+class OverArch(nn.Module):
+    """Prediction head: ``mlp(widths)`` then the final prediction ``nn.Linear(., 1)``, which always
+    keeps its bias (LoKA keeps biases on prediction layers, paper III-B1).
+
+    (B, in_features) -> logits (B,)
+    """
+
+    def __init__(
+        self, in_features: int, widths: Sequence[int], *, bias: bool, norm: str, activation: str, block_size: int
+    ) -> None:
+        super().__init__()
+        self.mlp = mlp(in_features, widths, bias=bias, norm=norm, activation=activation, block_size=block_size)
+        self.prediction = nn.Linear(widths[-1] if widths else in_features, 1, bias=True)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.prediction(self.mlp(features)).squeeze(-1)
+
+
+class TokenMix(nn.Module):
+    """A Linear along the token axis: recombines n_in embeddings into n_out (Wukong LCB style).
+
+    (B, n_in, D) -> (B, n_out, D). Kept as an ``nn.Linear`` child so Probe / Dispatch see the GEMM.
+    """
+
+    def __init__(self, num_in: int, num_out: int, *, bias: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(num_in, num_out, bias=bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.linear(tokens.transpose(1, 2)).transpose(1, 2)
+
+
+class DenseEmbeddingArch(nn.Module):
+    """Dense features to ``num_tokens`` embeddings: (B, F_d) -> (B, num_tokens, D)."""
+
+    def __init__(
+        self,
+        num_dense: int,
+        widths: Sequence[int],
+        num_tokens: int,
+        dim: int,
+        *,
+        bias: bool,
+        norm: str,
+        activation: str,
+        block_size: int,
+    ) -> None:
+        super().__init__()
+        self.num_tokens = num_tokens
+        self.mlp = mlp(
+            num_dense, [*widths, num_tokens * dim], bias=bias, norm=norm, activation=activation, block_size=block_size
+        )
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.mlp(dense).unflatten(1, (self.num_tokens, -1))

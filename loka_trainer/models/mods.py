@@ -1,0 +1,67 @@
+"""LoKA Mods switches (paper III-B): no bias, BlockNorm, Hard Swish, as one per-model config.
+
+Precedence, per field: an explicit ``ModsConfig`` value > the LoKA default (when ``loka_mods``,
+i.e. ``precision=loka``) > the model's published default.
+
+What each switch touches (every model; the model files list their own extra details):
+- ``bias``: every ``nn.Linear`` of the dense part (MLPs, cross nets, Wukong LCB/FMB, attention
+  projections, gates) and the shift of every ``LayerNorm``. The final prediction ``nn.Linear`` always
+  keeps its bias; DCNv2's low-rank down projections ``V_l`` never have one (the cross net's bias is
+  ``U_l``'s).
+- ``norm``: every normalization layer of the dense part: after each MLP Linear, Wukong's
+  inter-layer and FMB norms, InterFormer's residual norms. ``none`` removes them.
+- ``activation``: every activation of every MLP. Softmax inside attention and sigmoid gates are
+  not activations in this sense and keep their form.
+- ``block_size``: BlockNorm's block (only used when ``norm == "blocknorm"``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from loka_trainer.models.layers import ACTIVATIONS, NORMS
+
+
+@dataclasses.dataclass
+class ModsConfig:
+    """Hydra schema ``model.mods``; ``None`` = published default, or LoKA's when ``precision=loka``."""
+
+    bias: Optional[bool] = None
+    norm: Optional[str] = None
+    activation: Optional[str] = None
+    block_size: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedMods:
+    """The concrete switches a model is built with."""
+
+    bias: bool
+    norm: str
+    activation: str
+    block_size: int = 256
+
+    def layer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``layers.mlp`` / ``layers.make_norm``-style builders."""
+        return dataclasses.asdict(self)
+
+
+LOKA_MODS = ResolvedMods(bias=False, norm="blocknorm", activation="hardswish")
+
+
+def resolve_mods(cfg: ModsConfig, *, published: ResolvedMods, loka_mods: bool) -> ResolvedMods:
+    """Pure: fill every ``None`` of ``cfg`` from LoKA's defaults (``loka_mods``) or ``published``."""
+    fallback = LOKA_MODS if loka_mods else published
+    resolved = ResolvedMods(
+        bias=fallback.bias if cfg.bias is None else cfg.bias,
+        norm=fallback.norm if cfg.norm is None else cfg.norm,
+        activation=fallback.activation if cfg.activation is None else cfg.activation,
+        block_size=cfg.block_size,
+    )
+    if resolved.norm not in NORMS:
+        raise ValueError(f"model.mods.norm={resolved.norm!r} is not one of {sorted(NORMS)}")
+    if resolved.activation not in ACTIVATIONS:
+        raise ValueError(f"model.mods.activation={resolved.activation!r} is not one of {sorted(ACTIVATIONS)}")
+    if resolved.block_size <= 0:
+        raise ValueError(f"model.mods.block_size must be a positive int, got {resolved.block_size}")
+    return resolved

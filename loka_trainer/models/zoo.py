@@ -1,0 +1,50 @@
+"""The model registry: ``model.name`` -> config schema and builder.
+
+NOTE: the lead registers every ``ModelSpec.config_cls`` in Hydra's ConfigStore as group ``model``,
+name ``f"{name}_schema"``; ``conf/model/<name>.yaml`` extends it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from torch import nn
+
+from loka_trainer.data.batch import DataSchema
+from loka_trainer.models.dlrm import DLRMConfig, DLRMDCNv2Config, build_dlrm, build_dlrm_dcnv2
+from loka_trainer.models.interformer import InterFormerConfig, build_interformer
+from loka_trainer.models.wukong import WukongConfig, build_wukong
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """``build(cfg, *, schema, loka_mods) -> nn.Module`` for configs of type ``config_cls``."""
+
+    config_cls: type
+    build: Callable[..., nn.Module]
+
+
+MODELS: dict[str, ModelSpec] = {
+    "dlrm": ModelSpec(DLRMConfig, build_dlrm),
+    "dlrm_dcnv2": ModelSpec(DLRMDCNv2Config, build_dlrm_dcnv2),
+    "wukong": ModelSpec(WukongConfig, build_wukong),
+    "interformer": ModelSpec(InterFormerConfig, build_interformer),
+}
+
+
+def build_model(model_cfg: Any, *, schema: DataSchema, loka_mods: bool) -> nn.Module:
+    """Build ``MODELS[model_cfg.name]`` on CPU.
+
+    ``model_cfg`` is the typed config (``OmegaConf.to_object(cfg.model)``); ``loka_mods`` is True under
+    ``precision=loka`` and turns on the LoKA Mods for every switch the config leaves at ``None``.
+    """
+    name = getattr(model_cfg, "name", None)
+    if name not in MODELS:
+        raise ValueError(f"model.name={name!r} is not one of {sorted(MODELS)}")
+    spec = MODELS[name]
+    if not isinstance(model_cfg, spec.config_cls):
+        raise TypeError(
+            f"model config for {name!r} must be a {spec.config_cls.__name__} (use OmegaConf.to_object), "
+            f"got {type(model_cfg).__name__}"
+        )
+    return spec.build(model_cfg, schema=schema, loka_mods=loka_mods)

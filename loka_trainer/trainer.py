@@ -1,0 +1,177 @@
+"""The training loop: data -> model -> loss -> backward -> step, with events to callbacks. No FP8 logic here.
+
+Everything that changes the model (Mods, FP8 recipes, LoKA Dispatch) happens in `builders` before training.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from loka_trainer import checkpoint as ckpt
+from loka_trainer.builders import (
+    build_callbacks,
+    build_dense_optimizer,
+    build_parallel_model,
+    build_streams,
+)
+from loka_trainer.callbacks.base import Callback, CallbackList, TrainState
+from loka_trainer.config import RunConfig
+from loka_trainer.data.batch import Batch
+from loka_trainer.metrics import ctr_metrics
+from loka_trainer.sharding.dist import DistInfo
+
+logger = logging.getLogger("loka_trainer")
+AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+class Trainer:
+    def __init__(self, run: RunConfig, *, run_dir: Path, dist_info: DistInfo,
+                 extra_callbacks: Optional[list[Callback]] = None, log: Optional[Callable[[str], None]] = None):
+        self.run, self.run_dir, self.dist = run, Path(run_dir), dist_info
+        self.log = log or (logger.info if dist_info.is_rank_zero else (lambda _: None))
+        torch.manual_seed(run.trainer.seed)
+        self.streams = build_streams(run, dist_info)
+        self.train_iter = iter(self.streams.train)
+        sample = next(iter(self.streams.eval)) if run.data.eval_batches > 0 else next(iter(self.streams.train))
+        self.parallel = build_parallel_model(run, dist_info, sample_batch=sample, run_dir=self.run_dir, log=self.log)
+        self.model = self.parallel.model
+        self.dense_optimizer = build_dense_optimizer(self.model.module, run)
+        self.sparse_optimizer = self.model.fused_optimizer
+        self.callbacks = CallbackList(build_callbacks(run, self.run_dir, extra=extra_callbacks))
+        self.autocast_dtype = AUTOCAST_DTYPES[run.precision.compute_dtype]
+        self.checkpoint_root = Path(run.trainer.checkpoint_dir or self.run_dir / "checkpoints")
+        self.state = TrainState(model=self.model, optimizers=(self.dense_optimizer, self.sparse_optimizer),
+                                rank=dist_info.rank, world_size=dist_info.world_size, run_dir=self.run_dir,
+                                total_steps=run.trainer.steps, device=dist_info.device)
+        self._window: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._window_start = time.perf_counter()
+
+    # ---- loop -------------------------------------------------------------------------------------------
+    def fit(self) -> TrainState:
+        start = self._maybe_resume()
+        t = self.run.trainer
+        last = (t.stop_after or t.steps) - 1
+        self.state.step = start
+        self.callbacks.fire("on_train_start", self.state)
+        try:
+            for step in range(start, last + 1):
+                self.state.step = step
+                self._train_step(next(self.train_iter))
+                done = step + 1
+                if t.eval_interval and done % t.eval_interval == 0 and done != t.steps:
+                    self._evaluate()
+                if (t.checkpoint_interval and done % t.checkpoint_interval == 0) or done == t.stop_after:
+                    self._save_checkpoint(done)
+            if last + 1 == t.steps:
+                self._evaluate()
+            self.callbacks.fire("on_train_end", self.state)
+        except BaseException as exc:
+            self.callbacks.fire("on_exception", self.state, exc)
+            raise
+        return self.state
+
+    def _train_step(self, batch: Batch) -> None:
+        state = self.state
+        batch = batch.to(self.dist.device, non_blocking=True)
+        state.batch_size = len(batch)
+        state.metrics = {}
+        self.callbacks.fire("on_step_start", state)
+        self.model.train()
+        with self._autocast():
+            logits = self.model(batch).float()
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        state.loss = loss
+        self.callbacks.fire("on_after_forward", state)
+        loss.backward()
+        self.callbacks.fire("on_after_backward", state)
+        self.dense_optimizer.step()
+        self.dense_optimizer.zero_grad(set_to_none=True)
+        self._window.append((loss.detach(), logits.detach(), batch.labels))
+        if (state.step + 1) % self.run.trainer.log_interval == 0:
+            state.metrics = self._window_metrics()
+        self.callbacks.fire("on_step_end", state)
+
+    def _window_metrics(self) -> dict[str, float]:
+        """Train metrics over the steps since the last log, over all ranks."""
+        losses = torch.stack([w[0] for w in self._window])
+        logits, labels = _gather(torch.cat([w[1] for w in self._window]), torch.cat([w[2] for w in self._window]))
+        elapsed = time.perf_counter() - self._window_start
+        metrics = ctr_metrics(logits, labels)
+        out = {"loss": _mean_over_ranks(losses.mean()), "examples_per_s": len(labels) / elapsed,
+               "ne": metrics["ne"], "auc": metrics["auc"]}
+        self._window, self._window_start = [], time.perf_counter()
+        return out
+
+    @torch.no_grad()
+    def _evaluate(self) -> None:
+        self.model.eval()
+        logits, labels = [], []
+        for batch in self.streams.eval:
+            batch = batch.to(self.dist.device)
+            with self._autocast():
+                logits.append(self.model(batch).float())
+            labels.append(batch.labels)
+        all_logits, all_labels = _gather(torch.cat(logits), torch.cat(labels))
+        self.state.eval_metrics = ctr_metrics(all_logits, all_labels, prefix="eval_")
+        m = self.state.eval_metrics
+        self.log(f"eval @ step {self.state.step + 1}: auc {m['eval_auc']:.4f}  logloss {m['eval_logloss']:.4f}  "
+                 f"ne {m['eval_ne']:.4f}")
+        self.callbacks.fire("on_eval_end", self.state)
+        self._window_start = time.perf_counter()  # eval time is not training throughput
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype)
+
+    # ---- checkpoints ------------------------------------------------------------------------------------
+    def _save_checkpoint(self, done_steps: int) -> None:
+        local = {"train_stream": self.streams.train.state_dict(),
+                 "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks.callbacks}}
+        path = ckpt.save_checkpoint(self.checkpoint_root, done_steps, model=self.model,
+                                    dense_optimizer=self.dense_optimizer, sparse_optimizer=self.sparse_optimizer,
+                                    extra={"step": done_steps}, local=local, rank=self.dist.rank)
+        self.state.checkpoint_dir = path
+        self.log(f"checkpoint: {path}")
+        self.callbacks.fire("on_checkpoint_save", self.state)
+
+    def _maybe_resume(self) -> int:
+        path = ckpt.latest_checkpoint(self.checkpoint_root) if self.run.trainer.resume else None
+        if path is None:
+            return 0
+        extra, local = ckpt.load_checkpoint(path, model=self.model, dense_optimizer=self.dense_optimizer,
+                                            sparse_optimizer=self.sparse_optimizer, extra_template={"step": 0},
+                                            rank=self.dist.rank)
+        self.streams.train.load_state_dict(local["train_stream"])
+        self.train_iter = iter(self.streams.train)
+        for cb in self.callbacks.callbacks:
+            if cb.state_key in local["callbacks"]:
+                cb.load_state_dict(local["callbacks"][cb.state_key])
+        self.state.checkpoint_dir = path
+        self.log(f"resumed from {path} at step {extra['step']}")
+        self.callbacks.fire("on_checkpoint_load", self.state)
+        return int(extra["step"])
+
+
+def _gather(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate (N_r,) tensors from every rank on every rank (sizes may differ per rank)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return logits.cpu(), labels.cpu()
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (logits.cpu(), labels.cpu()))
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        value = value.clone()
+        dist.all_reduce(value)  # SUM: gloo has no AVG
+        value /= dist.get_world_size()
+    return value.item()

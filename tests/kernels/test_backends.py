@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loka_trainer.kernels.backend_base import GemmBackend
+from loka_trainer.kernels.backends import BACKENDS, available_backends, get_backend
+from loka_trainer.kernels.dispatch import fp32_reference, mere
+
+CPU_BACKENDS = sorted(available_backends("cpu"))
+# Stated bounds on the normwise relative error ||out - ref|| / ||ref|| vs fp32 for N(0,1) operands:
+# bf16 (8 mantissa bits) 1%, e4m3 operands 6%, GEMMs with an e5m2 gradient operand 10%. (Element-wise MERE
+# is much larger on such data because many outputs are near zero; it is what Dispatch thresholds.)
+BOUND = {"bf16": 0.01}
+E4M3_BOUND, E5M2_BOUND = 0.06, 0.10
+
+
+def _bound(name: str, gemm: str) -> float:
+    if name == "bf16" or (name.endswith("gw_hp") and gemm == "weight_grad"):
+        return BOUND["bf16"]
+    uses_e5m2 = name.endswith("tensorwise") and gemm != "forward"
+    return E5M2_BOUND if uses_e5m2 else E4M3_BOUND
+
+
+def _normwise(out, ref) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _operands(M, K, N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(M, N, generator=g))
+
+
+def test_cpu_candidates_include_bf16_scaled_mm_and_torchao_but_not_gpu_only():
+    assert {"bf16", "scaled_mm_tensorwise", "scaled_mm_rowwise"} <= set(CPU_BACKENDS)
+    assert not any(n.startswith(("fbgemm", "triton")) for n in CPU_BACKENDS)
+    for name, b in BACKENDS.items():
+        assert b.name == name and isinstance(b, GemmBackend)
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+@pytest.mark.parametrize("gemm", ["forward", "input_grad", "weight_grad"])
+def test_three_gemms_shape_dtype_and_error(name, gemm):
+    M, K, N = 96, 160, 64
+    x, w, dy = _operands(M, K, N)
+    b = get_backend(name)
+    assert b.supports(M, K, N)
+    out = {"forward": lambda: b.forward(x, w), "input_grad": lambda: b.input_grad(dy, w),
+           "weight_grad": lambda: b.weight_grad(dy, x)}[gemm]()
+    ref = fp32_reference(gemm, x, w, dy)
+    assert out.shape == ref.shape and out.dtype in (torch.bfloat16, torch.float32)
+    err = _normwise(out, ref)
+    assert err < _bound(name, gemm)
+    if _bound(name, gemm) > BOUND["bf16"]:  # an FP8 path really quantizes: visibly worse than bf16
+        assert err > 2 * _normwise(get_backend("bf16").forward(x, w), fp32_reference("forward", x, w, dy))
+        assert mere(out, ref) > 0.0
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_precomputed_weight_operand_gives_same_result(name):
+    x, w, dy = _operands(32, 64, 48, seed=3)
+    b = get_backend(name)
+    assert torch.equal(b.forward(x, w), b.forward(x, w, w_q=b.quantize_weight_forward(w)))
+    assert torch.equal(b.input_grad(dy, w), b.input_grad(dy, w, wt_q=b.quantize_weight_input_grad(w)))
+
+
+def test_supports_rejects_unaligned_shapes_for_fp8():
+    assert not get_backend("scaled_mm_rowwise").supports(100, 64, 64)
+    assert get_backend("bf16").supports(100, 63, 7)
+
+
+def test_unknown_backend_lists_valid_names():
+    with pytest.raises(ValueError, match="scaled_mm_rowwise"):
+        get_backend("cublas_fp4")

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from loka_trainer.kernels.config import PrecisionConfig
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "precision"
+NAMES = ["fp32", "bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "loka"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_yaml_matches_schema_and_validates(name):
+    raw = OmegaConf.load(CONF / f"{name}.yaml")
+    assert list(raw.pop("defaults")) == ["precision_schema", "_self_"]
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrecisionConfig), raw))
+    assert cfg.validate().name == name
+    assert (cfg.fp8_recipe is not None) == name.startswith("fp8_")
+    assert cfg.dispatch == cfg.mods == (name == "loka")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(compute_dtype="fp16"), "precision.compute_dtype"),
+    (dict(fp8_recipe="blockwise"), "precision.fp8_recipe"),
+    (dict(fp8_recipe="rowwise", dispatch=True), "exclusive"),
+    (dict(plan="/nonexistent/plan.json"), "precision.plan"),
+    (dict(probe_stats="/nonexistent"), "precision.probe_stats"),
+    (dict(backends=["bf16", "warp_drive"]), "precision.backends"),
+    (dict(mere_threshold=0.0), "precision.mere_threshold"),
+])
+def test_validate_errors_name_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PrecisionConfig(**kwargs).validate()

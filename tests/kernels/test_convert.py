@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer.kernels import convert as convert_mod
+from loka_trainer.kernels.config import PrecisionConfig
+from loka_trainer.kernels.convert import PLAN_FILE, apply_precision, target_linears
+from loka_trainer.kernels.linear import LoKALinear
+
+
+class TinyModel(nn.Module):
+    """batch dict {'dense': (B, 64), 'ids': (B, 4)} -> logits (B,)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.EmbeddingBag(100, 64)
+        self.mlp = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(),
+                                 nn.Linear(64, 20), nn.Linear(20, 64))  # 20 is not a multiple of 16
+        self.head = nn.Linear(64, 1)
+
+    def forward(self, batch):
+        return self.head(self.mlp(batch["dense"] + self.emb(batch["ids"]))).squeeze(-1)
+
+
+def _batch(b=64):
+    g = torch.Generator().manual_seed(0)
+    return {"dense": torch.randn(b, 64, generator=g), "ids": torch.randint(0, 100, (b, 4), generator=g)}
+
+
+LOKA = dict(name="loka", compute_dtype="float32", mods=True, dispatch=True, timing_repeats=1)
+
+
+def test_targets_skip_head_unaligned_and_filtered():
+    m = TinyModel()
+    assert set(target_linears(m, min_features=64)) == {"mlp.0", "mlp.2"}
+    assert set(target_linears(m, min_features=64, module_filter_fn=lambda mod, fqn: fqn != "mlp.2")) == {"mlp.0"}
+
+
+def test_fp32_and_bf16_do_nothing():
+    m = TinyModel()
+    before = [type(x) for x in m.modules()]
+    assert apply_precision(m, config=PrecisionConfig(name="bf16", compute_dtype="bfloat16"), device="cpu") is None
+    assert [type(x) for x in m.modules()] == before
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+def test_uniform_torchao_converts_targets_only(recipe):
+    from torchao.float8.float8_linear import Float8Linear
+    m = TinyModel()
+    apply_precision(m, config=PrecisionConfig(name=f"fp8_{recipe}", fp8_recipe=recipe), device="cpu",
+                    log=lambda s: None)
+    assert isinstance(m.mlp[0], Float8Linear) and isinstance(m.mlp[2], Float8Linear)
+    assert type(m.head) is nn.Linear and type(m.mlp[4]) is nn.Linear
+    m(_batch()).sum().backward()
+    assert torch.isfinite(m.mlp[0].weight.grad).all()
+
+
+def test_loka_builds_logs_writes_and_reuses_plan(tmp_path, monkeypatch):
+    m = TinyModel()
+    logs = []
+    plan = apply_precision(m, config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(),
+                           run_dir=tmp_path, log=logs.append)
+    assert set(plan.layers) == {"mlp.0", "mlp.2"} and plan.layers["mlp.0"].M == 64
+    assert isinstance(m.mlp[0], LoKALinear) and type(m.head) is nn.Linear
+    assert "LoKA Dispatch plan" in logs[0] and (tmp_path / PLAN_FILE).is_file()
+    # Hand-edit the written plan, then reuse it: no measurement may happen.
+    d = json.loads((tmp_path / PLAN_FILE).read_text())
+    d["layers"]["mlp.2"]["weight_grad"]["backend"] = "scaled_mm_tensorwise"
+    (tmp_path / PLAN_FILE).write_text(json.dumps(d))
+    monkeypatch.setattr(convert_mod, "build_plan", lambda *a, **k: pytest.fail("re-measured"))
+    m2 = TinyModel()
+    apply_precision(m2, config=PrecisionConfig(**LOKA, plan=str(tmp_path / PLAN_FILE)), device="cpu",
+                    log=lambda s: None)
+    assert m2.mlp[2].backends["weight_grad"] == "scaled_mm_tensorwise"
+    m2(_batch()).sum().backward()
+
+
+def test_plan_for_other_model_rejected(tmp_path):
+    m = TinyModel()
+    apply_precision(m, config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(), run_dir=tmp_path,
+                    log=lambda s: None)
+    other = TinyModel()
+    other.mlp[2] = nn.Linear(128, 96)
+    with pytest.raises(ValueError, match="layer 'mlp.2' has shape"):
+        apply_precision(other, config=PrecisionConfig(**LOKA, plan=str(tmp_path / PLAN_FILE)), device="cpu",
+                        log=lambda s: None)
+
+
+def test_dispatch_without_batch_or_plan_is_a_clear_error():
+    with pytest.raises(ValueError, match="calibration batch or a plan file"):
+        apply_precision(TinyModel(), config=PrecisionConfig(**LOKA), device="cpu", log=lambda s: None)
+
+
+def test_converted_model_saved_loads_into_bf16_model(tmp_path):
+    torch.manual_seed(0)
+    m = TinyModel()
+    apply_precision(m, config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(), log=lambda s: None)
+    torch.save(m.state_dict(), tmp_path / "ckpt.pt")
+    plain = TinyModel().to(torch.bfloat16)
+    plain.load_state_dict(torch.load(tmp_path / "ckpt.pt"))
+    assert torch.equal(plain.mlp[0].weight, m.mlp[0].weight.to(torch.bfloat16))
+    b = _batch()
+    b["dense"] = b["dense"].to(torch.bfloat16)
+    assert torch.isfinite(plain(b)).all()

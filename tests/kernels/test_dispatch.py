@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loka_trainer.kernels.backends import available_backends
+from loka_trainer.kernels.dispatch import build_layer_plan, mere, select_backend
+
+RULE = dict(mere_threshold=0.2, min_speedup=1.05)
+
+
+def test_fastest_accurate_enough_candidate_wins():
+    cands = {"bf16": {"mere": 0.003, "time_us": 100.0}, "a": {"mere": 0.05, "time_us": 80.0},
+             "b": {"mere": 0.04, "time_us": 60.0}, "c": {"mere": 0.5, "time_us": 10.0}}
+    assert select_backend(cands, 100.0, **RULE) == "b"  # c is faster but too inaccurate
+
+
+def test_not_fast_enough_or_unknown_stays_bf16():
+    cands = {"a": {"mere": 0.01, "time_us": 96.0},  # 1.04x < 1.05x
+             "b": {"mere": None, "time_us": 10.0}, "c": {"mere": 0.01, "time_us": None}}
+    assert select_backend(cands, 100.0, **RULE) == "bf16"
+    assert select_backend({"a": {"mere": 0.01, "time_us": 50.0}}, None, **RULE) == "bf16"
+
+
+@pytest.mark.parametrize("threshold,expected", [(0.2, "a"), (0.05, "bf16")])
+def test_threshold_is_strict(threshold, expected):
+    cands = {"a": {"mere": 0.05, "time_us": 50.0}}
+    assert select_backend(cands, 100.0, mere_threshold=threshold, min_speedup=1.05) == expected
+
+
+def test_mere_guards_near_zero_reference():
+    ref = torch.tensor([1.0, -2.0, 0.0, 1e-12])
+    out = torch.tensor([1.1, -2.0, 5.0, 1.0])
+    assert mere(out, ref) == pytest.approx(0.05)  # only the two well-conditioned elements count
+    assert mere(torch.zeros(3), torch.zeros(3)) == 0.0
+    assert mere(torch.ones(3), torch.zeros(3)) == float("inf")
+
+
+def _fake_timer(times_by_backend):
+    """Timer that reports injected times: identifies the backend by the call's closure."""
+    def timer(fn):
+        backend = fn.__closure__[0].cell_contents  # _gemm_call's lambda captures the backend first
+        return times_by_backend[backend.name]
+    return timer
+
+
+def test_build_layer_plan_with_injected_timings_and_probe_mere():
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 128), torch.randn(32, 128)
+    backends = {k: v for k, v in available_backends("cpu").items()
+                if k in ("bf16", "scaled_mm_rowwise", "scaled_mm_tensorwise")}
+    times = {"bf16": 100.0, "scaled_mm_rowwise": 70.0, "scaled_mm_tensorwise": 50.0}
+    # The probe says tensorwise is inaccurate on this layer's real inputs: forward must skip it.
+    # Threshold 0.5: element-wise MERE of FP8 on N(0,1) data is ~0.15-0.25, so timings decide the backward.
+    lp = build_layer_plan(x, w, backends, timer=_fake_timer(times), forward_mere={"scaled_mm_tensorwise": 0.9},
+                          mere_threshold=0.5, min_speedup=1.05)
+    assert (lp.M, lp.K, lp.N) == (64, 128, 32)
+    assert lp.forward.backend == "scaled_mm_rowwise"
+    assert lp.input_grad.backend == "scaled_mm_tensorwise" == lp.weight_grad.backend
+    assert lp.forward.candidates["scaled_mm_tensorwise"]["mere"] == 0.9
+    assert lp.forward.speedup == pytest.approx(100.0 / 70.0)
+    slow = {k: 200.0 for k in times} | {"bf16": 100.0}
+    lp = build_layer_plan(x, w, backends, timer=_fake_timer(slow), **RULE)
+    assert set(lp.backends().values()) == {"bf16"}

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer.kernels.backends import available_backends
+from loka_trainer.kernels.linear import LoKALinear
+
+CPU_FP8 = [n for n in available_backends("cpu") if n != "bf16"]
+GEMMS = ("forward", "input_grad", "weight_grad")
+
+
+def _rel(a, b) -> float:
+    return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
+
+
+def _run(layer, x):
+    x = x.detach().clone().requires_grad_()
+    y = layer(x)
+    (y.float() * torch.linspace(-1, 1, y.shape[-1])).sum().backward()  # non-uniform dy
+    return y, x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()
+
+
+@pytest.mark.parametrize("name", ["bf16"] + CPU_FP8)
+def test_outputs_and_grads_match_linear(name):
+    torch.manual_seed(0)
+    ref = nn.Linear(128, 64)
+    x = torch.randn(2, 48, 128)
+    y0, dx0, dw0, db0 = _run(ref, x)
+    ref.zero_grad()
+    layer = LoKALinear.from_linear(ref, {g: name for g in GEMMS})
+    y, dx, dw, db = _run(layer, x)
+    tol = 0.02 if name == "bf16" else 0.12  # stated FP8 tolerance (e5m2 dy for tensorwise backward)
+    assert y.shape == y0.shape and y.dtype == y0.dtype
+    for a, b in [(y, y0), (dx, dx0), (dw, dw0), (db, db0)]:
+        assert _rel(a, b) < tol
+
+
+def test_mixed_routing_and_bf16_fallback_for_ragged_batch():
+    torch.manual_seed(1)
+    ref = nn.Linear(64, 32, bias=False)
+    layer = LoKALinear.from_linear(ref, {"forward": "scaled_mm_rowwise", "weight_grad": "scaled_mm_tensorwise"})
+    assert layer.backends["input_grad"] == "bf16"
+    x = torch.randn(37, 64, requires_grad=True)  # 37 rows: FP8 backends cannot run it -> bf16 for this call
+    layer(x).sum().backward()
+    assert torch.isfinite(x.grad).all() and _rel(layer(x), ref(x)) < 0.01
+
+
+def test_state_dict_compatible_both_ways():
+    lin = nn.Linear(32, 16)
+    lk = LoKALinear(32, 16, backends={"forward": "scaled_mm_rowwise"})
+    assert set(lk.state_dict()) == set(lin.state_dict())
+    lk.load_state_dict(lin.state_dict())
+    assert torch.equal(lk.weight, lin.weight)
+    lin2 = nn.Linear(32, 16)
+    lin2.load_state_dict(lk.state_dict())
+    assert torch.equal(lin2.bias, lin.bias)
+
+
+def test_weight_cast_once_per_optimizer_step():
+    torch.manual_seed(2)
+    layer = LoKALinear(64, 32, backends={g: "scaled_mm_rowwise" for g in GEMMS})
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    for step in range(3):
+        for _ in range(2):  # two micro-batches reuse the same FP8 weight operands
+            layer(torch.randn(16, 64, requires_grad=True)).sum().backward()
+        assert layer._weight_cache.num_casts == 2 * (step + 1)  # forward + input-grad operand, once per step
+        opt.step()
+        opt.zero_grad()
+
+
+def test_bad_routing_rejected():
+    with pytest.raises(ValueError, match="unknown GEMM"):
+        LoKALinear(16, 16, backends={"fwd": "bf16"})
+    with pytest.raises(ValueError, match="backend: unknown"):
+        LoKALinear(16, 16, backends={"forward": "nope"})
+
+
+def test_autocast_output_dtype_and_compile():
+    torch.manual_seed(3)
+    layer = LoKALinear(64, 32, backends={"forward": "scaled_mm_rowwise", "input_grad": "scaled_mm_tensorwise"})
+    x = torch.randn(32, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16
+    compiled = torch.compile(layer)
+    xc = x.clone().requires_grad_()
+    y = compiled(xc)
+    y.sum().backward()
+    assert _rel(y, layer(x)) < 1e-3 and xc.grad.shape == x.shape

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loka_trainer.kernels.plan import (
+    DispatchPlan, GemmChoice, LayerPlan, format_plan_table, load_plan, save_plan, validate_plan,
+)
+
+VALID = ["bf16", "scaled_mm_rowwise", "scaled_mm_tensorwise"]
+
+
+def _plan() -> DispatchPlan:
+    lp = LayerPlan(M=256, K=128, N=64,
+                   forward=GemmChoice("scaled_mm_rowwise", mere=0.03, time_us=8.0, bf16_time_us=10.0,
+                                      candidates={"scaled_mm_rowwise": {"mere": 0.03, "time_us": 8.0}}),
+                   input_grad=GemmChoice("bf16", mere=0.002, time_us=10.0, bf16_time_us=10.0))
+    return DispatchPlan(device="cpu", layers={"dense.mlp.0": lp, "over.1": LayerPlan(M=256, K=64, N=64)})
+
+
+def test_round_trip(tmp_path):
+    plan = _plan()
+    path = save_plan(plan, tmp_path / "sub" / "dispatch_plan.json")
+    back = load_plan(path)
+    assert back.to_dict() == plan.to_dict()
+    assert back.layers["dense.mlp.0"].forward.speedup == pytest.approx(1.25)
+    assert back.layers["over.1"].backends() == {"forward": "bf16", "input_grad": "bf16", "weight_grad": "bf16"}
+
+
+def test_hand_edited_minimal_plan_loads(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"version": 1, "layers": {"a": {"shape": {"M": 8, "K": 64, "N": 32},
+                                                              "weight_grad": {"backend": "scaled_mm_tensorwise"}}}}))
+    plan = load_plan(path)
+    assert plan.layers["a"].backends()["weight_grad"] == "scaled_mm_tensorwise"
+    assert plan.layers["a"].forward.backend == "bf16"
+    validate_plan(plan, {"a": (64, 32)}, VALID)
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d["layers"].update({"ghost": d["layers"]["over.1"]}), "unknown layer 'ghost'"),
+    (lambda d: d["layers"]["over.1"]["forward"].update(backend="cublas_fp4"), "backend 'cublas_fp4'"),
+    (lambda d: d["layers"]["over.1"]["shape"].update(K=96), "K=96, N=64 but the model's is K=64"),
+])
+def test_bad_plan_rejected_against_model(tmp_path, mutate, match):
+    d = _plan().to_dict()
+    mutate(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=match):
+        validate_plan(load_plan(path), {"dense.mlp.0": (128, 64), "over.1": (64, 64)}, VALID)
+
+
+@pytest.mark.parametrize("content,match", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"version": 7, "layers": {}}), "version must be 1"),
+    (json.dumps({"version": 1, "layers": {"a": {"shape": {"M": 1, "K": "x", "N": 2}}}}), "integer M, K, N"),
+    (json.dumps({"version": 1, "layers": {"a": {"shape": {"M": 1, "K": 2, "N": 2}, "forward": {}}}}),
+     "string 'backend'"),
+])
+def test_malformed_plan_file(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        load_plan(path)
+
+
+def test_missing_file_message(tmp_path):
+    with pytest.raises(ValueError, match="precision.plan: file .* does not exist"):
+        load_plan(tmp_path / "nope.json")
+
+
+def test_table_lists_every_gemm():
+    table = format_plan_table(_plan())
+    assert "scaled_mm_rowwise" in table and "1.25" in table
+    assert table.count("weight_grad") == 2
+    assert "1 of 6 GEMMs in FP8" in table

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer.models.layers import (
+    ACTIVATIONS,
+    NORMS,
+    BlockNorm,
+    HardSwish,
+    OverArch,
+    block_rms_norm,
+    make_activation,
+    make_norm,
+    mlp,
+)
+
+
+def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("width,block", [(64, 64), (48, 256), (1, 8)])
+def test_blocknorm_with_one_block_equals_rmsnorm(width, block):
+    x = torch.randn(5, 3, width, dtype=torch.float64) * 7 + 2
+    expected = nn.RMSNorm(width, eps=1e-6, elementwise_affine=False).double()(x)
+    torch.testing.assert_close(BlockNorm(width, block_size=block)(x), expected)
+
+
+def test_blocknorm_normalizes_each_block_to_unit_rms():
+    x = torch.randn(4, 96) * torch.tensor([0.1] * 32 + [100.0] * 32 + [1.0] * 32)
+    blocks = BlockNorm(96, block_size=32)(x).view(4, 3, 32)
+    torch.testing.assert_close(blocks.pow(2).mean(-1), torch.ones(4, 3), atol=1e-4, rtol=1e-4)
+
+
+def test_blocknorm_statistics_are_per_block():
+    norm = BlockNorm(96, block_size=32)
+    x = torch.randn(6, 96)
+    changed = x.clone()
+    changed[:, 32:64] = changed[:, 32:64] * 50 + 3  # only the middle block
+    y, y_changed = norm(x), norm(changed)
+    torch.testing.assert_close(y_changed[:, :32], y[:, :32])
+    torch.testing.assert_close(y_changed[:, 64:], y[:, 64:])
+    assert not torch.allclose(y_changed[:, 32:64], y[:, 32:64])
+
+
+def test_blocknorm_ragged_last_block_has_its_own_statistic():
+    x = torch.randn(3, 70, dtype=torch.float64)
+    y = BlockNorm(70, block_size=32)(x)
+    expected = torch.cat([_rms(x[:, :32]), _rms(x[:, 32:64]), _rms(x[:, 64:])], dim=1)
+    torch.testing.assert_close(y, expected)
+
+
+def test_blocknorm_same_in_train_and_eval_and_parameter_free():
+    norm = BlockNorm(512, block_size=256)
+    x = torch.randn(8, 512)
+    y_train = norm.train()(x)
+    torch.testing.assert_close(norm.eval()(x), y_train)
+    assert list(norm.parameters()) == []
+    affine = BlockNorm(512, elementwise_affine=True)
+    assert [p.shape for p in affine.parameters()] == [torch.Size([512])]
+
+
+def test_block_rms_norm_ragged_gradients_pass_gradcheck():
+    x = torch.randn(4, 40, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: block_rms_norm(t, 16), (x,))  # 40 = 2 full blocks + 8
+
+
+def test_hardswish_formula():
+    x = torch.linspace(-6, 6, 241)
+    torch.testing.assert_close(HardSwish()(x), x * torch.clamp(x + 3, 0, 6) / 6)
+    assert isinstance(HardSwish(), nn.Hardswish)
+
+
+def test_mlp_structure_follows_switches():
+    net = mlp(10, [32, 16], bias=False, norm="blocknorm", activation="hardswish", block_size=16)
+    kinds = [type(m) for m in net]
+    assert kinds == [nn.Linear, BlockNorm, HardSwish, nn.Linear, BlockNorm, HardSwish]
+    assert all(m.bias is None for m in net if isinstance(m, nn.Linear))
+    assert net(torch.randn(3, 10)).shape == (3, 16)
+    plain = mlp(10, [32], bias=True, norm="none", activation="relu", block_size=256)
+    assert [type(m) for m in plain] == [nn.Linear, nn.Identity, nn.ReLU] and plain[0].bias is not None
+
+
+def test_over_arch_prediction_keeps_bias():
+    head = OverArch(12, [8], bias=False, norm="rmsnorm", activation="silu", block_size=256)
+    assert head.prediction.bias is not None and head.mlp[0].bias is None
+    assert head(torch.randn(5, 12)).shape == (5,)
+
+
+@pytest.mark.parametrize("name", sorted(NORMS))
+def test_norm_registry_builds_every_entry(name):
+    layer = make_norm(name, 24, bias=True, block_size=8)
+    y = layer(torch.randn(2, 24) * 5)
+    assert y.shape == (2, 24)
+    if name != "none":
+        assert y.abs().max() < 10  # normalized
+
+
+def test_unknown_registry_keys_list_valid_values():
+    with pytest.raises(ValueError, match="blocknorm"):
+        make_norm("batchnorm", 8, bias=True, block_size=8)
+    with pytest.raises(ValueError, match="hardswish"):
+        make_activation("gelu")
+    assert set(ACTIVATIONS) == {"relu", "silu", "hardswish"}
+    assert set(NORMS) == {"none", "layernorm", "rmsnorm", "blocknorm"}

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import pytest
+
+from loka_trainer.models.mods import LOKA_MODS, ModsConfig, ResolvedMods, resolve_mods
+
+PUBLISHED = ResolvedMods(bias=True, norm="layernorm", activation="silu", block_size=256)
+
+
+def test_none_means_published_without_loka():
+    assert resolve_mods(ModsConfig(), published=PUBLISHED, loka_mods=False) == PUBLISHED
+
+
+def test_none_means_loka_defaults_under_loka():
+    resolved = resolve_mods(ModsConfig(block_size=128), published=PUBLISHED, loka_mods=True)
+    assert resolved == ResolvedMods(bias=False, norm="blocknorm", activation="hardswish", block_size=128)
+    assert (LOKA_MODS.bias, LOKA_MODS.norm, LOKA_MODS.activation) == (False, "blocknorm", "hardswish")
+
+
+@pytest.mark.parametrize("loka_mods", [False, True])
+@pytest.mark.parametrize(
+    "field,value", [("bias", True), ("bias", False), ("norm", "rmsnorm"), ("norm", "none"), ("activation", "relu")]
+)
+def test_explicit_value_always_wins(field, value, loka_mods):
+    resolved = resolve_mods(ModsConfig(**{field: value}), published=PUBLISHED, loka_mods=loka_mods)
+    assert getattr(resolved, field) == value
+    fallback = LOKA_MODS if loka_mods else PUBLISHED
+    for other in {"bias", "norm", "activation"} - {field}:
+        assert getattr(resolved, other) == getattr(fallback, other)
+
+
+@pytest.mark.parametrize(
+    "cfg,match",
+    [(ModsConfig(norm="batchnorm"), "model.mods.norm"), (ModsConfig(activation="gelu"), "model.mods.activation"),
+     (ModsConfig(block_size=0), "model.mods.block_size")],
+)
+def test_invalid_values_raise_naming_the_field(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_mods(cfg, published=PUBLISHED, loka_mods=False)

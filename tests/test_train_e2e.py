@@ -1,0 +1,105 @@
+"""End to end through train.py: bad configs, 2-rank training, TensorBoard profiler trace, resume."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.launch import ROOT, SMALL, run_train
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model=no_such_model", "Could not find 'model/no_such_model'"),
+    ("data.batch_size=-3", "data.batch_size must be > 0"),
+    ("data=criteo data.path=/does/not/exist.tsv", "data.path must be an existing Criteo TSV file"),
+    ("trainer.no_such_key=1", "trainer.no_such_key"),
+    ("trainer.steps=abc", "trainer.steps"),
+    ("sharding.embedding=diagonal", "sharding.embedding='diagonal' is not one of"),
+])
+def test_bad_config_fails_with_one_line_before_anything_starts(tmp_path, override, message):
+    run_dir = tmp_path / "run"
+    proc = run_train([*override.split(), f"hydra.run.dir={run_dir}"], check=False, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert not run_dir.exists()  # nothing was created: no run dir, hence no process group, no data
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("e2e") / "run"
+    run_train(["model=dlrm", "trainer.steps=120", "trainer.eval_interval=60", "trainer.lr=3e-3",
+               "callbacks.profiler.enabled=true", "callbacks.profiler.start_step=3", "callbacks.profiler.num_steps=2",
+               f"hydra.run.dir={run_dir}", *SMALL], nproc=2)
+    return run_dir
+
+
+def test_two_ranks_learn_the_planted_teacher(two_rank_run):
+    summary = json.loads((two_rank_run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 120 and summary["model"] == "dlrm"
+    assert summary["eval_auc"] > 0.6
+    train = [r for r in _records(two_rank_run) if "loss" in r]
+    assert [r["step"] for r in train] == list(range(10, 121, 10))
+    assert sum(r["loss"] for r in train[-3:]) / 3 < train[0]["loss"]
+    evals = [r for r in _records(two_rank_run) if "eval_auc" in r]
+    assert [r["step"] for r in evals] == [60, 120]
+    assert list((two_rank_run / "tensorboard").glob("events.out.tfevents.*"))
+    log = (two_rank_run / "train.log").read_text()
+    assert "falls back to fp16/fp16" in log and "FSDP2 units" in log
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_profiler_trace_is_listed_by_tensorboard_pytorch_profiler_plugin(two_rank_run):
+    assert list((two_rank_run / "tensorboard" / "profiler").glob("*.pt.trace.json"))
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(two_rank_run / "tensorboard"),
+                               "--port", str(port), "--host", "127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        runs, deadline = None, time.time() + 90
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/runs",
+                                            timeout=5) as r:
+                    runs = json.loads(r.read())
+                if runs and runs.get("runs"):
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        assert runs is not None and "profiler" in runs["runs"], runs
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_resume_continues_step_for_step(tmp_path):
+    common = ["model=dlrm", "trainer.steps=24", "trainer.log_interval=1", "trainer.eval_interval=0",
+              "callbacks.tensorboard=false", *SMALL]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_train([*common, f"hydra.run.dir={straight}"], nproc=2)
+    run_train([*common, "trainer.stop_after=12", f"hydra.run.dir={resumed}"], nproc=2)  # stops right after a checkpoint
+    assert (resumed / "checkpoints" / "latest").read_text() == "step_000012"
+    assert json.loads((resumed / "summary.json").read_text())["steps"] == 12
+    run_train([*common, f"hydra.run.dir={resumed}"], nproc=2)
+    assert "resumed from" in (resumed / "train.log").read_text()
+    want = {r["step"]: r["loss"] for r in _records(straight) if "loss" in r}
+    got = {r["step"]: r["loss"] for r in _records(resumed) if "loss" in r}
+    assert sorted(got) == list(range(1, 25))
+    for step in range(13, 25):
+        assert got[step] == pytest.approx(want[step], rel=1e-6, abs=1e-7), step
