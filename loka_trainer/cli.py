@@ -38,7 +38,11 @@ if not OmegaConf.has_resolver("loka_run_name"):
 
 def fail(message: object) -> NoReturn:
     """One line on stderr, exit status 2 (Hydra's search-path listing is noise for a user)."""
-    text = str(message).split("Config search path")[0]
+    text = str(message)
+    cause = getattr(message, "__cause__", None)
+    if cause is not None and str(cause).splitlines():
+        text += f" ({str(cause).splitlines()[0]})"
+    text = text.split("Config search path")[0]
     print(f"error: {' '.join(text.split())}", file=sys.stderr)
     raise SystemExit(2)
 

@@ -1,0 +1,101 @@
+"""Built-in preprocessors: batch-size replication and precision (BF16 autocast; FP8 via LoKA Dispatch)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from loka_trainer.bench.plugins import Job, Preprocessor, RunContext
+from loka_trainer.bench.tree import ModuleInputs, is_leaf
+
+
+class _Unreplicable(Exception):
+    """An input the replicator cannot scale along the batch (TorchRec KJT / KeyedTensor, a Batch)."""
+
+
+@torch.no_grad()
+def replicate_batch(x: Any, *, batch_size: int, factor: int) -> Any:
+    """Repeat every tensor whose dim 0 equals ``batch_size`` ``factor`` times along dim 0.
+
+    x: a pytree of tensors, (B, ...) -> (factor*B, ...); tensors of another leading size (masks, (T, T)
+    buffers) are left alone. Raises _Unreplicable for non-tensor objects that carry a batch (KJT, Batch).
+    """
+    def rep(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor):
+            if leaf.dim() > 0 and leaf.shape[0] == batch_size:
+                return leaf.repeat(factor, *([1] * (leaf.dim() - 1)))
+            return leaf
+        if hasattr(leaf, "to") and not isinstance(leaf, (torch.nn.Module, torch.dtype, torch.device)):
+            raise _Unreplicable(type(leaf).__name__)
+        return leaf
+
+    return pytree.tree_map(rep, x, is_leaf=is_leaf)
+
+
+class BatchReplicate(Preprocessor):
+    """Scale a captured (small) batch back up by ``factor`` (paper III-B1); inputs it cannot scale run as captured."""
+
+    name = "batch_replicate"
+
+    def __init__(self, factor: int = 1) -> None:
+        if factor < 1:
+            raise ValueError(f"bench.replicate must be >= 1, got {factor}")
+        self.factor = factor
+
+    def apply(self, job: Job, ctx: RunContext) -> Job:
+        if self.factor == 1 or job.batch_size is None:
+            return job
+        try:
+            args = replicate_batch(job.inputs.args, batch_size=job.batch_size, factor=self.factor)
+            kwargs = replicate_batch(job.inputs.kwargs, batch_size=job.batch_size, factor=self.factor)
+        except _Unreplicable as err:
+            note = f"batch replication unsupported for {err} input; ran at the captured batch {job.batch_size}"
+            return dataclasses.replace(job, notes=job.notes + [note])
+        return dataclasses.replace(job, inputs=ModuleInputs(args, kwargs), batch_size=job.batch_size * self.factor)
+
+
+def _autocast(device_type: str, dtype: torch.dtype) -> Any:
+    return torch.autocast(device_type=device_type, dtype=dtype)
+
+
+class Precision(Preprocessor):
+    """Run each submodule in a precision: ``fp32`` (as built), ``bf16`` (autocast), ``fp8`` (LoKA Dispatch)."""
+
+    name = "precision"
+    MODES = ("fp32", "bf16", "fp8")
+
+    def __init__(self, mode: str = "fp32") -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"bench.precision={mode!r} is unknown; valid values: {list(self.MODES)}")
+        if mode == "fp8" and importlib.util.find_spec("loka_trainer.kernels.dispatch") is None:
+            raise ValueError("bench.precision='fp8' needs loka_trainer.kernels.dispatch (LoKA Dispatch), "
+                             "which is not available yet; valid values now: ['fp32', 'bf16']")
+        self.mode = mode
+
+    def apply(self, job: Job, ctx: RunContext) -> Job:
+        if self.mode == "fp32":
+            return job
+        if self.mode == "bf16":
+            factory = functools.partial(_autocast, ctx.device.type, torch.bfloat16)
+            return dataclasses.replace(job, contexts=job.contexts + [factory])
+        # TODO(fp8): convert a deep copy of job.module with LoKA Dispatch once its convert() API exists.
+        raise NotImplementedError("fp8 precision awaits the LoKA Dispatch convert API")
+
+
+def compute_dtype(mode: str, device: torch.device) -> str:
+    """The dtype whose peak an MFU is measured against: fp32 matmuls count as TF32 only when TF32 is on."""
+    if mode != "fp32":
+        return mode
+    if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "fp32"
+
+
+PREPROCESSORS: dict[str, type[Preprocessor]] = {
+    "batch_replicate": BatchReplicate,
+    "precision": Precision,
+}

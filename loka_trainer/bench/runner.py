@@ -1,0 +1,108 @@
+"""The Component Benchmark workflow (paper Fig. 2): capture inputs, walk, preprocess, profile, estimate."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from tqdm import tqdm
+
+from loka_trainer.bench.metrics import derive, lookup_peak, sum_children
+from loka_trainer.bench.options import BenchOptions
+from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, RunContext, make
+from loka_trainer.bench.preprocessors import PREPROCESSORS, BatchReplicate, Precision, compute_dtype
+from loka_trainer.bench.profilers import PROFILERS, judge
+from loka_trainer.bench.timing import TIMERS, default_timer
+from loka_trainer.bench.tree import BenchResult, Node, build_nodes, capture_inputs, walk
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_context(opts: BenchOptions, device: torch.device, out_dir: Optional[Path]) -> RunContext:
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    dtype = compute_dtype(opts.resolved_precision(device), device)
+    if opts.timer != "auto" and opts.timer not in TIMERS:
+        raise ValueError(f"bench.timer={opts.timer!r} is unknown; valid values: {['auto', *sorted(TIMERS)]}")
+    return RunContext(device=device, device_name=device_name, compute_dtype=dtype,
+                      peak=lookup_peak(device_name), warmup=opts.warmup, repeats=opts.repeats,
+                      timer=default_timer(device) if opts.timer == "auto" else opts.timer, out_dir=out_dir)
+
+
+def default_plugins(opts: BenchOptions, device: torch.device) -> tuple[list[Preprocessor], list[Profiler]]:
+    """The preprocessors and profilers named by ``opts`` (trace / memory snapshot appended when switched on)."""
+    pre = [BatchReplicate(opts.replicate), Precision(opts.resolved_precision(device))]
+    names = list(opts.profilers) + (["trace"] if opts.trace else []) + \
+        (["memory_snapshot"] if opts.memory_snapshot else [])
+    return pre, [make(PROFILERS, n, "bench.profilers") for n in names]
+
+
+def _profile_node(node: Node, job: Job, ctx: RunContext, pre: Sequence[Preprocessor],
+                  profilers: Sequence[Profiler]) -> None:
+    try:
+        for p in pre:
+            job = p.apply(job, ctx)
+        for prof in profilers:
+            node.metrics.update(prof.profile(job, ctx, node.metrics))
+    except Exception as err:  # noqa: BLE001 -- any failure (OOM, unreplayable input) marks the node, run goes on
+        node.status, node.error = "failed", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+    finally:
+        node.notes.extend(job.notes)
+        job.module.zero_grad(set_to_none=True)
+
+
+def estimate_from_children(nodes: dict[str, Node]) -> None:
+    """Bottom-up: a failed or unselected node's missing additive metrics become the sum of its children's."""
+    for node in reversed(list(nodes.values())):
+        if node.status == "ok" or not node.children:
+            continue
+        sums = sum_children([nodes[c].metrics for c in node.children])
+        filled = [k for k, v in sums.items() if node.metrics.get(k) is None and v is not None]
+        node.metrics.update({k: sums[k] for k in filled})
+        if filled:
+            node.status = "estimated"
+            node.notes.append(f"estimated from children: {', '.join(filled)}")
+
+
+def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Path] = None,
+              preprocessors: Optional[Sequence[Preprocessor]] = None,
+              profilers: Optional[Sequence[Profiler]] = None) -> BenchResult:
+    """Profile every submodule of ``component.model`` down to ``opts.depth``; returns the result tree.
+
+    ``preprocessors`` / ``profilers`` default to those named in ``opts``; pass instances to add your own.
+    """
+    device = next((p.device for p in component.model.parameters()), resolve_device(opts.device))
+    ctx = make_context(opts, device, out_dir)
+    default_pre, default_prof = default_plugins(opts, device)
+    pre = default_pre if preprocessors is None else list(preprocessors)
+    profs = default_prof if profilers is None else list(profilers)
+    entries = walk(component.model, max_depth=opts.depth, root_name=opts.root_name, exclude=opts.exclude)
+    nodes = build_nodes(entries, include=opts.include)
+    captured, _ = capture_inputs(component.model, component.inputs, entries)
+    modules = {path: module for path, module, _ in entries}
+    for node in tqdm(list(nodes.values()), desc="bench", unit="module", disable=not opts.progress):
+        if node.status == "estimated":
+            continue
+        if node.path not in captured:
+            node.status, node.error = "failed", "not called during the captured forward"
+            continue
+        job = Job(node.path, modules[node.path], captured[node.path], component.batch_size)
+        _profile_node(node, job, ctx, pre, profs)
+    estimate_from_children(nodes)
+    for node in nodes.values():
+        node.judged_by = judge(modules[node.path], node.metrics.get("flops_fwd"))
+        node.metrics.update(derive(node.metrics, peak=ctx.peak, compute_dtype=ctx.compute_dtype,
+                                   judged_by=node.judged_by))
+    if ctx.peak is None:
+        warnings.warn(f"no stated peak for device {ctx.device_name!r}: MFU and bandwidth utilization are n/a",
+                      stacklevel=2)
+    return BenchResult(nodes=nodes, root=opts.root_name, device=str(device), device_name=ctx.device_name,
+                       compute_dtype=ctx.compute_dtype, peak_name=None if ctx.peak is None else ctx.peak.name)

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer.bench import BenchOptions, ModuleProvider, run_bench
+from loka_trainer.bench.examples import MLPTree
+from loka_trainer.bench.plugins import Job
+from loka_trainer.bench.preprocessors import BatchReplicate, replicate_batch
+from loka_trainer.bench.profilers import BytesMoved, Flops, judge
+from loka_trainer.bench.runner import make_context
+from loka_trainer.bench.tree import ModuleInputs
+
+
+def _job(module: nn.Module, *args: torch.Tensor, batch_size=None) -> Job:
+    return Job("m", module, ModuleInputs(args, {}), batch_size)
+
+
+@pytest.mark.parametrize("b,k,n", [(4, 8, 16), (3, 5, 7), (32, 64, 1)])
+def test_linear_forward_flops_are_2bkn(b, k, n, cpu):
+    ctx = make_context(BenchOptions(), cpu, None)
+    out = Flops().profile(_job(nn.Linear(k, n), torch.randn(b, k)), ctx, {})
+    assert out["flops_fwd"] == 2 * b * k * n
+    assert out["flops_fwd_bwd"] == 3 * 2 * b * k * n  # dX and dW are one such GEMM each
+
+
+def test_leaf_flops_sum_to_parent(fast_opts, cpu):
+    model = MLPTree()
+    result = run_bench(ModuleProvider(model, torch.randn(8, 16)).get_component(cpu), fast_opts)
+    nodes = result.nodes
+    for path in ("model", "model.left", "model.right"):
+        leaves = [n for p, n in nodes.items() if p.startswith(path + ".") and not n.children]
+        assert sum(n.metrics["flops_fwd"] for n in leaves) == nodes[path].metrics["flops_fwd"] > 0
+
+
+def test_embedding_bytes_count_rows_read_not_the_table(cpu):
+    emb = nn.Embedding(100_000, 16)
+    ids = torch.randint(0, 100_000, (8, 3))
+    ctx = make_context(BenchOptions(), cpu, None)
+    out = BytesMoved().profile(_job(emb, ids), ctx, {})
+    rows = 8 * 3 * 16 * 4
+    assert out["bytes_moved"] == ids.numel() * 8 + rows + rows  # ids + rows read + output
+    assert judge(emb, 0.0) == "bandwidth" and judge(nn.Linear(2, 2), 8.0) == "compute"
+
+
+def test_replicate_batch_only_scales_batch_dim():
+    x, mask = torch.randn(4, 3), torch.ones(5, 5)
+    out = replicate_batch((x, mask), batch_size=4, factor=3)
+    assert out[0].shape == (12, 3) and torch.equal(out[0][8:], x) and out[1] is mask
+
+
+def test_batch_replicate_scales_flops(cpu):
+    ctx = make_context(BenchOptions(), cpu, None)
+    job = BatchReplicate(4).apply(_job(nn.Linear(8, 8), torch.randn(2, 8), batch_size=2), ctx)
+    assert job.batch_size == 8
+    assert Flops().profile(job, ctx, {})["flops_fwd"] == 2 * 8 * 8 * 8
+
+
+def test_bf16_precision_runs_under_autocast(cpu):
+    opts = BenchOptions(precision="bf16", warmup=0, repeats=1, progress=False, depth=1)
+    result = run_bench(ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu), opts)
+    assert result.compute_dtype == "bf16" and all(n.status == "ok" for n in result.bfs())
+
+
+def test_unknown_names_are_one_line_value_errors():
+    with pytest.raises(ValueError, match="bench.precision"):
+        BenchOptions(precision="fp4")
+    with pytest.raises(ValueError, match="bench.profilers='nope'.*valid values"):
+        from loka_trainer.bench.plugins import make
+        from loka_trainer.bench.profilers import PROFILERS
+        make(PROFILERS, "nope", "bench.profilers")

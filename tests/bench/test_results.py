@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from loka_trainer.bench import ExampleProvider, run_bench, write_results
+from loka_trainer.bench.icicle import icicle_figure
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import screenshot_icicle  # noqa: E402
+
+HAS_CHROMIUM = Path("/usr/bin/chromium").exists()
+
+
+@pytest.fixture(scope="module")
+def nanogpt_result():
+    from loka_trainer.bench import BenchOptions
+
+    opts = BenchOptions(depth=3, warmup=0, repeats=1, progress=False)
+    return run_bench(ExampleProvider("nanogpt", batch_size=2).get_component(torch.device("cpu")), opts)
+
+
+def test_table_files_have_the_paper_columns_and_na(nanogpt_result, tmp_path):
+    paths = write_results(nanogpt_result, tmp_path, ["csv", "json", "markdown"], stem="t")
+    assert [p.name for p in paths] == ["t.csv", "t.json", "t.md"]
+    rows = list(csv.DictReader((tmp_path / "t.csv").open()))
+    assert [r["component_name"] for r in rows] == list(nanogpt_result.nodes)
+    for col in ("latency_fwd_ms", "model_size_mb", "tflops_per_s", "mfu_pct", "peak_tflops", "est_bw_gbps",
+                "bw_util_pct", "cpu_time_total_ms", "gpu_time_total_ms"):
+        assert col in rows[0]
+    assert rows[0]["mfu_pct"] == "n/a" and float(rows[0]["latency_fwd_ms"]) > 0  # CPU: no stated peak
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["header"]["peak"].startswith("unknown") and len(data["nodes"]) == len(rows)
+    assert "| model.lm_head |" in (tmp_path / "t.md").read_text()
+
+
+def test_icicle_is_offline_and_values_are_consistent(nanogpt_result, tmp_path):
+    (path,) = write_results(nanogpt_result, tmp_path, ["icicle"], stem="t")
+    html = path.read_text()
+    assert not re.search(r'<script[^>]+src="https?://', html)  # plotly.js is inlined, no CDN
+    assert "model.h.0.attn" in html
+    trace = icicle_figure(nanogpt_result).data[0]
+    value = dict(zip(trace.ids, trace.values))
+    for node in nanogpt_result.bfs():
+        assert value[node.path] >= sum(value[c] for c in node.children) - 1e-12  # branchvalues="total" safe
+
+
+def test_tensorboard_result_writes_events(nanogpt_result, tmp_path):
+    (log_dir,) = write_results(nanogpt_result, tmp_path, ["tensorboard"], stem="t")
+    assert any(p.name.startswith("events.out.tfevents") for p in log_dir.iterdir())
+
+
+@pytest.mark.skipif(not HAS_CHROMIUM, reason="needs Debian's chromium at /usr/bin/chromium")
+def test_icicle_renders_in_headless_chromium(nanogpt_result, tmp_path):
+    (path,) = write_results(nanogpt_result, tmp_path, ["icicle"], stem="t")
+    dom = screenshot_icicle.dump_dom(path)
+    assert "class=\"main-svg\"" in dom  # plotly drew its SVG, offline
+    for label in ("lm_head", "attn", "wte"):
+        assert f">{label}<" in dom, label
+    png = screenshot_icicle.screenshot(path, tmp_path / "shot.png", size="800,600")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer.bench import ExampleProvider, ModuleProvider, Profiler, run_bench
+from loka_trainer.bench.profilers import PROFILERS
+
+
+class FailsOnReplay(nn.Module):
+    """Runs during input capture, then raises a CUDA OOM on every replay (as a too-big module would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.num_calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.num_calls += 1
+        if self.num_calls > 1:
+            raise torch.cuda.OutOfMemoryError("simulated OOM")
+        return self.b(self.a(x))
+
+
+def test_failing_module_is_estimated_from_children_and_run_goes_on(fast_opts, cpu):
+    model = nn.Sequential(FailsOnReplay(), nn.Linear(8, 2))
+    result = run_bench(ModuleProvider(model, torch.randn(4, 8)).get_component(cpu), fast_opts)
+    flaky, a, b = (result.nodes[p] for p in ("model.0", "model.0.a", "model.0.b"))
+    assert a.status == b.status == "ok" and result.nodes["model.1"].status == "ok"
+    assert flaky.status == "estimated" and "OutOfMemoryError" in flaky.error
+    for key in ("latency_fwd_ms", "flops_fwd", "param_bytes"):
+        assert flaky.metrics[key] == pytest.approx(a.metrics[key] + b.metrics[key])
+    assert flaky.metrics["flops_fwd"] == 2 * (2 * 4 * 8 * 8)
+    # The root replays the flaky module too, so it is estimated from its (partly estimated) children.
+    assert result.nodes["model"].status == "estimated"
+
+
+def test_failing_leaf_stays_failed_with_na(fast_opts, cpu):
+    class Boom(nn.Module):
+        def forward(self, x):
+            if torch.is_grad_enabled() or not hasattr(self, "seen"):
+                self.seen = True
+                return x
+            raise RuntimeError("cannot replay")
+
+    model = nn.Sequential(nn.Linear(4, 4), Boom())
+    result = run_bench(ModuleProvider(model, torch.randn(2, 4)).get_component(cpu), fast_opts)
+    leaf = result.nodes["model.1"]
+    assert leaf.status == "failed" and leaf.metrics.get("mfu_pct") is None
+    assert result.nodes["model.0"].status == "ok"
+
+
+def test_nanogpt_runs_unchanged(fast_opts, cpu):
+    result = run_bench(ExampleProvider("nanogpt", batch_size=2).get_component(cpu), fast_opts)
+    nodes = result.nodes
+    assert {"model.wte", "model.h.0.attn", "model.h.1.mlp", "model.lm_head"} <= set(nodes)
+    assert nodes["model.wte"].judged_by == "bandwidth" and nodes["model.lm_head"].judged_by == "compute"
+    assert nodes["model.h"].status == "estimated"  # a ModuleList is never called itself
+    assert nodes["model.lm_head"].metrics["flops_fwd"] == 2 * 2 * 32 * 32 * 128
+    assert all(n.status in ("ok", "estimated") for n in nodes.values())
+    assert nodes["model.h.0.attn"].metrics["flops_fwd"] > 0  # SDPA and projections counted
+
+
+def test_user_profiler_plugin(fast_opts, cpu):
+    class OutputNumel(Profiler):
+        name = "numel"
+
+        def profile(self, job, ctx, so_far):
+            return {"out_numel": float(job.run().numel()), "saw_flops": "flops_fwd" in so_far}
+
+    profilers = [PROFILERS["flops"](), OutputNumel()]
+    result = run_bench(ModuleProvider(nn.Linear(3, 5), torch.randn(2, 3)).get_component(cpu), fast_opts,
+                       profilers=profilers)
+    assert result.nodes["model"].metrics["out_numel"] == 10.0 and result.nodes["model"].metrics["saw_flops"]
