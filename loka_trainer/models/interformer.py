@@ -40,6 +40,9 @@ class InterFormerConfig:
     """Hydra schema ``model=interformer``; defaults are paper-like, ``conf/model/interformer.yaml`` is CPU-sized."""
 
     name: str = "interformer"
+    # Behaviour-sequence features the data must provide; conf/data/synthetic.yaml reads this value
+    # (`data.num_sequences: ${oc.select:model.num_sequences,0}`), so `model=interformer` needs no data override.
+    num_sequences: int = 2
     embedding_dim: int = 128
     num_dense_embeddings: int = 4
     dense_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512])
