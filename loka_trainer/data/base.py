@@ -1,0 +1,77 @@
+"""The stream interface the trainer iterates: ``BatchStream`` and the random-access ``IndexedStream``.
+
+Train streams are infinite and continue where they are; eval streams are finite and restart on every ``iter()``,
+so each evaluation sees the same batches.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+from loka_trainer.data.batch import Batch
+
+
+class BatchStream:
+    """Iterator of CPU ``Batch``es with a resumable position (``state_dict`` / ``load_state_dict``).
+
+    ``num_malformed`` counts input rows that were skipped (always 0 for the synthetic source).
+    """
+
+    num_batches: Optional[int] = None  # None: infinite
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("an infinite (train) BatchStream has no len()")
+        return self.num_batches
+
+    @property
+    def num_malformed(self) -> int:
+        return 0
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+
+class IndexedStream(BatchStream):
+    """A stream over a random-access ``batch_at(index)``: resuming at any position is O(1)."""
+
+    def __init__(self, batch_at: Callable[[int], Batch], *, identity: dict, num_batches: Optional[int]) -> None:
+        self._batch_at = batch_at
+        self._identity = dict(identity)
+        self.num_batches = num_batches
+        self.position = 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.num_batches is not None:
+            self.position = 0
+        return self
+
+    def __next__(self) -> Batch:
+        if self.num_batches is not None and self.position >= self.num_batches:
+            raise StopIteration
+        batch = self._batch_at(self.position)
+        self.position += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        return {**self._identity, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_identity(self._identity, state)
+        self.position = int(state["position"])
+
+
+def check_identity(identity: dict, state: dict) -> None:
+    """Refuse a state saved by a different stream (other seed, split, rank layout or source)."""
+    for key, value in identity.items():
+        if state.get(key) != value:
+            raise ValueError(f"data stream state has {key}={state.get(key)!r} but this stream has {key}={value!r}; "
+                             f"resume with the same data config and world size")

@@ -1,0 +1,104 @@
+"""``DataConfig``: the Hydra structured-config schema of the ``data`` group, and its validation.
+
+Only OmegaConf-supported field types (int/float/str/bool/Optional) so the lead can register it in the
+ConfigStore as group ``data``, name ``data_schema``; ``conf/data/*.yaml`` fill in the values.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+# NOTE: must equal ``loka_trainer.data.stream.DATA_SOURCES.keys()`` (checked by a test); kept here so that
+# validating a config does not import the sources.
+SOURCE_NAMES = ("synthetic", "criteo")
+CRITEO_NUM_DENSE = 13
+CRITEO_NUM_SPARSE = 26
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where batches come from. Sizes are per rank; vocab sizes are Criteo-Kaggle-like, capped.
+
+    Synthetic only: ``zipf_alpha``, ``multi_hot``, sequences, the teacher fields, ``drift``.
+    Criteo only: ``path``, ``eval_path`` and ``eval_fraction`` (tail of ``path`` held out when no eval_path).
+    ``prefetch``: train batches produced ahead on a background thread (0: off); ``pin_memory`` pins them when
+    CUDA is available, so ``Batch.to(device, non_blocking=True)`` is asynchronous.
+    """
+
+    name: str = "synthetic"
+    batch_size: int = 512
+    seed: int = 0
+    num_dense: int = CRITEO_NUM_DENSE
+    num_sparse: int = CRITEO_NUM_SPARSE
+    max_vocab_size: int = 100_000
+    zipf_alpha: float = 1.1
+    multi_hot: int = 1
+    num_sequences: int = 0
+    max_sequence_length: int = 64
+    sequence_vocab_size: int = 100_000
+    target_ctr: float = 0.25
+    teacher_logit_std: float = 1.35  # Bayes AUC ~0.80 at the defaults (CTR 0.25)
+    teacher_latent_dim: int = 8
+    drift: float = 0.0
+    batches_per_day: int = 10_000
+    eval_batches: int = 50
+    path: Optional[str] = None
+    eval_path: Optional[str] = None
+    eval_fraction: float = 0.1
+    prefetch: int = 2
+    pin_memory: bool = True
+
+    def validate(self) -> None:
+        """Raise a one-line ``ValueError`` naming the first bad field; never reads data files."""
+        if self.name not in SOURCE_NAMES:
+            raise ValueError(f"data.name must be one of {list(SOURCE_NAMES)}, got {self.name!r}")
+        for field, (bound, strict) in _LOWER_BOUNDS.items():
+            value = getattr(self, field)
+            if value < bound or (strict and value == bound):
+                raise ValueError(f"data.{field} must be {'>' if strict else '>='} {bound}, got {value}")
+        for field in ("max_vocab_size", "sequence_vocab_size"):
+            # ids are permuted as multiplier * rank with multiplier < 2**31 in int64 arithmetic
+            if getattr(self, field) >= 2**31:
+                raise ValueError(f"data.{field} must be < 2**31, got {getattr(self, field)}")
+        if not 0.0 < self.target_ctr < 1.0:
+            raise ValueError(f"data.target_ctr must be in (0, 1), got {self.target_ctr}")
+        if self.teacher_logit_std <= 0.0:
+            raise ValueError(f"data.teacher_logit_std must be > 0, got {self.teacher_logit_std}")
+        if self.name == "criteo":
+            self._validate_criteo()
+
+    def _validate_criteo(self) -> None:
+        if self.path is None:
+            raise ValueError("data.path must be set to a Criteo TSV file when data.name='criteo', got None")
+        for field in ("path", "eval_path"):
+            value = getattr(self, field)
+            if value is not None and not os.path.isfile(value):
+                raise ValueError(f"data.{field} must be an existing Criteo TSV file, got {value!r}")
+        fixed = {"num_dense": CRITEO_NUM_DENSE, "num_sparse": CRITEO_NUM_SPARSE, "multi_hot": 1,
+                 "num_sequences": 0}
+        for field, required in fixed.items():
+            if getattr(self, field) != required:
+                raise ValueError(f"data.{field} must be {required} for data.name='criteo', got {getattr(self, field)}")
+        if self.eval_path is None and self.eval_batches > 0 and not 0.0 < self.eval_fraction < 1.0:
+            raise ValueError(f"data.eval_fraction must be in (0, 1) when data.eval_path is unset, "
+                             f"got {self.eval_fraction}")
+
+
+# (bound, strict) per field that only needs a lower bound: strict -> "must be > bound".
+_LOWER_BOUNDS = {
+    "batch_size": (0, True),
+    "num_dense": (0, True),
+    "num_sparse": (0, True),
+    "max_vocab_size": (0, True),
+    "zipf_alpha": (0.0, False),
+    "multi_hot": (0, True),
+    "num_sequences": (0, False),
+    "max_sequence_length": (0, True),
+    "sequence_vocab_size": (0, True),
+    "teacher_latent_dim": (0, True),
+    "drift": (0.0, False),
+    "batches_per_day": (0, True),
+    "eval_batches": (0, False),
+    "prefetch": (0, False),
+}

@@ -1,0 +1,67 @@
+"""Criteo Kaggle/Terabyte TSV lines: strict parsing, hashing of categorical hex values, formatting.
+
+A line is ``label \\t I1..I13 \\t C1..C26``: label 0/1, integer counts (may be negative, e.g. I2), categorical
+values as hex strings (8 hex digits in the real files). Any count or categorical may be empty (= missing).
+Missing counts read as 0; a missing categorical hashes like "0", i.e. to id 0 (torchrec's Criteo convention).
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from loka_trainer.data.batch import Batch
+from loka_trainer.data.config import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE
+from loka_trainer.data.schema import dense_from_counts, sparse_feature_names
+
+# One whole-line check instead of per-field try/except: a line that passes converts without errors.
+# Counts are limited to 18 digits so they fit int64; hex to 16 digits (64-bit hashes).
+_LINE_RE = re.compile(
+    rb"[01]\t(?:-?[0-9]{1,18})?(?:\t(?:-?[0-9]{1,18})?){%d}(?:\t[0-9a-fA-F]{0,16}){%d}"
+    % (CRITEO_NUM_DENSE - 1, CRITEO_NUM_SPARSE)
+)
+
+ParsedRow = tuple[int, list[int], list[int]]
+
+
+def parse_line(line: bytes, vocab_sizes: Sequence[int]) -> Optional[ParsedRow]:
+    """(label, 13 counts, 26 ids hashed into ``vocab_sizes``) or None when the line is malformed.
+
+    Hash: ``int(hex, 16) % vocab`` (DLRM's preprocessing); the values in Criteo files are already hashes.
+    """
+    line = line.rstrip(b"\r\n")
+    if _LINE_RE.fullmatch(line) is None:
+        return None
+    fields = line.split(b"\t")
+    counts = [int(f) if f else 0 for f in fields[1:1 + CRITEO_NUM_DENSE]]
+    cats = fields[1 + CRITEO_NUM_DENSE:]
+    ids = [(int(f, 16) if f else 0) % v for f, v in zip(cats, vocab_sizes)]
+    return int(fields[0]), counts, ids
+
+
+def rows_to_batch(rows: Sequence[ParsedRow]) -> Batch:
+    """Stack parsed rows into a ``Batch``: dense (B, 13) = log1p(max(count, 0)), one id per bag, labels (B,)."""
+    labels = torch.tensor([r[0] for r in rows], dtype=torch.float32)
+    counts = torch.tensor([r[1] for r in rows], dtype=torch.int64)  # (B, 13)
+    ids = torch.tensor([r[2] for r in rows], dtype=torch.int64)  # (B, 26)
+    sparse = KeyedJaggedTensor(
+        keys=list(sparse_feature_names(CRITEO_NUM_SPARSE)),
+        values=ids.t().reshape(-1),  # key-major
+        lengths=torch.ones(ids.numel(), dtype=torch.int32),
+    )
+    return Batch(dense=dense_from_counts(counts), sparse=sparse, labels=labels)
+
+
+def format_lines(labels: torch.Tensor, counts: torch.Tensor, ids: torch.Tensor) -> list[str]:
+    """TSV lines (with newline). labels: (B,) {0,1}; counts: (B, 13) int64 >= 0; ids: (B, 26) int64 >= 0.
+
+    Ids are written as 8+ hex digits, so reading them back (``% vocab``) returns the same ids.
+    """
+    lines = []
+    for label, row_counts, row_ids in zip(labels.long().tolist(), counts.tolist(), ids.tolist()):
+        dense = "\t".join(map(str, row_counts))
+        cats = "\t".join(f"{i:08x}" for i in row_ids)
+        lines.append(f"{label}\t{dense}\t{cats}\n")
+    return lines

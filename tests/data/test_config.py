@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from loka_trainer.data.config import DataConfig
+
+CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
+
+
+def test_defaults_are_valid():
+    DataConfig().validate()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"batch_size": -3}, "data.batch_size must be > 0, got -3"),
+    ({"batch_size": 0}, "data.batch_size must be > 0, got 0"),
+    ({"name": "avazu"}, "data.name must be one of ['synthetic', 'criteo'], got 'avazu'"),
+    ({"multi_hot": 0}, "data.multi_hot must be > 0"),
+    ({"num_sequences": -1}, "data.num_sequences must be >= 0"),
+    ({"zipf_alpha": -0.5}, "data.zipf_alpha must be >= 0.0"),
+    ({"target_ctr": 1.5}, "data.target_ctr must be in (0, 1)"),
+    ({"eval_batches": -1}, "data.eval_batches must be >= 0"),
+    ({"name": "criteo"}, "data.path must be set"),
+    ({"name": "criteo", "path": "/nonexistent/train.txt"}, "data.path must be an existing Criteo TSV file"),
+])
+def test_validate_rejects_with_one_line_message(changes, message):
+    cfg = dataclasses.replace(DataConfig(), **changes)
+    with pytest.raises(ValueError) as err:
+        cfg.validate()
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("field, value", [("multi_hot", 2), ("num_sequences", 1), ("num_sparse", 8)])
+def test_criteo_rejects_non_criteo_shapes(tmp_path, field, value):
+    path = tmp_path / "train.txt"
+    path.write_text("")
+    cfg = dataclasses.replace(DataConfig(name="criteo", path=str(path)), **{field: value})
+    with pytest.raises(ValueError, match=f"data.{field} must be"):
+        cfg.validate()
+
+
+def test_criteo_validation_only_checks_existence(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_bytes(b"\xff not a criteo file at all\n")  # contents are never read by validate()
+    DataConfig(name="criteo", path=str(path)).validate()
+    with pytest.raises(ValueError, match="data.eval_path must be an existing"):
+        DataConfig(name="criteo", path=str(path), eval_path=str(tmp_path / "missing.txt")).validate()
+    with pytest.raises(ValueError, match="data.eval_fraction must be in"):
+        DataConfig(name="criteo", path=str(path), eval_fraction=0.0).validate()
+
+
+@pytest.fixture
+def hydra_conf(tmp_path):
+    """A throwaway primary config that uses the real ``conf/data`` group against the ``DataConfig`` schema."""
+    shutil.copytree(CONF_DATA, tmp_path / "data")
+    (tmp_path / "config.yaml").write_text("defaults:\n  - data: synthetic\n  - _self_\n")
+    ConfigStore.instance().store(group="data", name="data_schema", node=DataConfig)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        yield tmp_path
+    GlobalHydra.instance().clear()
+
+
+def test_yaml_groups_compose_against_schema(hydra_conf):
+    synthetic = OmegaConf.to_object(compose("config", overrides=["data.batch_size=64"]).data)
+    assert isinstance(synthetic, DataConfig) and synthetic.batch_size == 64
+    synthetic.validate()
+    tsv = hydra_conf / "train.txt"
+    tsv.write_text("")
+    criteo = OmegaConf.to_object(compose("config", overrides=["data=criteo", f"data.path={tsv}"]).data)
+    assert criteo.name == "criteo"
+    criteo.validate()
+    with pytest.raises(ValueError, match="data.path must be set"):
+        OmegaConf.to_object(compose("config", overrides=["data=criteo"]).data).validate()
+
+
+def test_yaml_schema_rejects_unknown_keys_and_bad_types(hydra_conf):
+    with pytest.raises(Exception, match="not_a_field"):
+        compose("config", overrides=["data.not_a_field=1"])
+    with pytest.raises(Exception, match="batch_size"):
+        compose("config", overrides=["data.batch_size=lots"])

@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from loka_trainer.data import DataConfig, SyntheticSource, build_stream, write_criteo_tsv
+from loka_trainer.data.criteo_format import parse_line
+from loka_trainer.data.schema import sparse_vocab_sizes
+
+from .helpers import assert_batches_equal, row_keys
+
+SYN = DataConfig(batch_size=100, max_vocab_size=20_000)
+VOCAB = sparse_vocab_sizes(26, 20_000)
+
+
+def _criteo_cfg(path, **changes) -> DataConfig:
+    return dataclasses.replace(DataConfig(name="criteo", path=str(path), batch_size=50, max_vocab_size=20_000,
+                                          eval_batches=2, prefetch=0), **changes)
+
+
+@pytest.fixture(scope="module")
+def synthetic_batches():
+    source = SyntheticSource(SYN)
+    return [source.batch_at("train", i) for i in range(4)]
+
+
+@pytest.fixture
+def tsv(tmp_path, synthetic_batches):
+    path = tmp_path / "train.txt"
+    assert write_criteo_tsv(synthetic_batches, str(path), 400) == 400
+    return path
+
+
+def test_write_then_read_round_trips(tsv, synthetic_batches):
+    lines = tsv.read_text().splitlines()
+    assert len(lines) == 400 and all(len(line.split("\t")) == 40 for line in lines)
+    stream = build_stream(_criteo_cfg(tsv, eval_batches=0), split="train", rank=0, world_size=1)
+    read = [next(stream) for _ in range(8)]  # 8 x 50 rows = the 4 written batches of 100
+    for i, original in enumerate(synthetic_batches):
+        a, b = read[2 * i], read[2 * i + 1]
+        torch.testing.assert_close(torch.cat([a.dense, b.dense]), original.dense, rtol=0, atol=0)
+        assert torch.equal(torch.cat([a.labels, b.labels]), original.labels)
+        ids = torch.cat([a.sparse.values().view(26, 50), b.sparse.values().view(26, 50)], 1)
+        assert torch.equal(ids, original.sparse.values().view(26, 100))
+    assert stream.num_malformed == 0
+
+
+def test_malformed_lines_are_skipped_counted_and_reported(tmp_path, tsv):
+    good = tsv.read_text().splitlines()[:100]
+    bad = [
+        "\t".join(good[0].split("\t")[:-1]),          # 39 fields
+        "2" + good[1][1:],                            # label not 0/1
+        good[2].replace("\t", "\tx", 1),              # non-integer count
+        good[3][: -8] + "zzzzzzzz",                   # bad hex
+        good[4] + "\t00000001",                       # 41 fields
+    ]
+    lines = good[:10] + bad[:2] + good[10:60] + bad[2:] + good[60:]
+    path = tmp_path / "dirty.txt"
+    path.write_text("\n".join(lines) + "\n")
+    stream = build_stream(_criteo_cfg(path, eval_batches=0), split="train", rank=0, world_size=1)
+    with pytest.warns(UserWarning, match="malformed Criteo line 11") as record:
+        rows = [next(stream), next(stream)]
+        next(stream)  # wraps around: the second pass must not count the bad lines again
+    assert stream.num_malformed == 5
+    assert any("skipped 5 malformed lines" in str(w.message) for w in record)
+    clean = [parse_line(line.encode(), VOCAB) for line in good]
+    assert torch.equal(torch.cat([r.labels for r in rows]), torch.tensor([float(c[0]) for c in clean]))
+    assert stream.state_dict()["num_malformed"] == 5
+
+
+def test_missing_and_negative_fields():
+    fields = ["1", "-2", ""] + ["7"] * 11 + ["", "1f"] + ["00000003"] * 24
+    label, counts, ids = parse_line("\t".join(fields).encode(), VOCAB)
+    assert label == 1 and counts[:3] == [-2, 0, 7]
+    assert ids[:2] == [0, 0x1F % VOCAB[1]]
+    batch_stream_line = "\t".join(fields) + "\n"
+    assert parse_line(batch_stream_line.encode(), VOCAB) is not None  # trailing newline accepted
+    assert parse_line(b"1\t+2" + b"\t" * 38, VOCAB) is None  # only plain integers
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_ranks_get_disjoint_contiguous_shards_covering_the_file(tsv, world_size):
+    cfg = _criteo_cfg(tsv, batch_size=1, eval_batches=0)
+    seen = []
+    for rank in range(world_size):
+        stream = build_stream(cfg, split="train", rank=rank, world_size=world_size)
+        rows = set()
+        while stream.epoch == 0:
+            rows |= row_keys(next(stream))
+        seen.append(rows)
+    assert sum(len(r) for r in seen) == len(set().union(*seen)) == 400
+
+
+def test_eval_tail_is_disjoint_from_train_and_restartable(tsv):
+    cfg = _criteo_cfg(tsv, eval_fraction=0.25, batch_size=1, eval_batches=1000)
+    train = build_stream(cfg, split="train", rank=0, world_size=1)
+    train_rows = set()
+    while train.epoch == 0:
+        train_rows |= row_keys(next(train))
+    evals = build_stream(cfg, split="eval", rank=0, world_size=1)
+    first, second = list(evals), list(evals)
+    eval_rows = set().union(*(row_keys(b) for b in first))
+    assert len(train_rows) + len(eval_rows) == 400 and not train_rows & eval_rows
+    assert 60 < len(eval_rows) < 140  # ~25% of the bytes, line-aligned
+    for a, b in zip(first, second, strict=True):
+        assert_batches_equal(a, b)
+    capped = build_stream(dataclasses.replace(cfg, batch_size=7, eval_batches=3), split="eval", rank=0, world_size=1)
+    assert len(list(capped)) == 3
+
+
+def test_resume_mid_file(tsv):
+    cfg = _criteo_cfg(tsv, batch_size=30, eval_batches=0)
+    stream = build_stream(cfg, split="train", rank=0, world_size=1)
+    for _ in range(15):  # past one epoch of 400 rows
+        next(stream)
+    state = stream.state_dict()
+    expected = next(stream)
+    resumed = build_stream(cfg, split="train", rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    assert_batches_equal(next(resumed), expected)
+    assert resumed.epoch == 1
+
+
+def test_file_without_valid_rows_raises(tmp_path):
+    path = tmp_path / "junk.txt"
+    path.write_text("not\ta\tcriteo\tline\n" * 3)
+    stream = build_stream(_criteo_cfg(path, eval_batches=0), split="train", rank=0, world_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="has no valid Criteo rows"):
+            next(stream)
+    assert stream.num_malformed == 3
+
+
+def test_writer_refuses_what_criteo_cannot_hold(tmp_path):
+    multi = SyntheticSource(dataclasses.replace(SYN, multi_hot=2)).batch_at("train", 0)
+    with pytest.raises(ValueError, match="multi_hot=1"):
+        write_criteo_tsv([multi], str(tmp_path / "x.txt"), 10)
+    seq = SyntheticSource(dataclasses.replace(SYN, num_sequences=1, max_sequence_length=4)).batch_at("train", 0)
+    with pytest.warns(UserWarning, match="sequences are dropped"):
+        assert write_criteo_tsv([seq], str(tmp_path / "y.txt"), 10) == 10
+    scaled = dataclasses.replace(seq, dense=seq.dense * 0.5, sequences=None)
+    with pytest.raises(ValueError, match="log1p of non-negative integer counts"):
+        write_criteo_tsv([scaled], str(tmp_path / "z.txt"), 10)

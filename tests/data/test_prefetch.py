@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import pytest
+
+from loka_trainer.data import DataConfig, build_stream, write_criteo_tsv
+from loka_trainer.data.base import BatchStream
+from loka_trainer.data.prefetch import PrefetchStream
+
+from .helpers import assert_batches_equal
+
+CFG = DataConfig(batch_size=32, max_vocab_size=5_000, num_sequences=1, max_sequence_length=8, prefetch=3)
+
+
+def _plain(cfg: DataConfig = CFG):
+    return build_stream(dataclasses.replace(cfg, prefetch=0), split="train", rank=0, world_size=1)
+
+
+def test_train_streams_prefetch_and_yield_the_same_batches():
+    fast = build_stream(CFG, split="train", rank=0, world_size=1)
+    assert isinstance(fast, PrefetchStream)
+    assert not isinstance(build_stream(CFG, split="eval", rank=0, world_size=1), PrefetchStream)
+    plain = _plain()
+    for _ in range(6):
+        assert_batches_equal(next(fast), next(plain))
+    assert fast.state_dict() == plain.state_dict()  # the position of the consumer, not of the worker
+    fast.close()
+
+
+def test_resume_and_close_never_skip_queued_batches():
+    plain = _plain()
+    expected = [next(plain) for _ in range(8)]
+    fast = build_stream(CFG, split="train", rank=0, world_size=1)
+    for i in range(3):
+        assert_batches_equal(next(fast), expected[i])
+    state = fast.state_dict()
+    fast.close()  # the worker had run ahead; closing rewinds it
+    assert_batches_equal(next(fast), expected[3])
+    resumed = build_stream(CFG, split="train", rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    assert_batches_equal(next(resumed), expected[3])
+    assert_batches_equal(next(resumed), expected[4])
+    fast.close()
+    resumed.close()
+
+
+def test_criteo_through_prefetch_counts_malformed(tmp_path):
+    path = tmp_path / "train.txt"
+    write_criteo_tsv(_plain(DataConfig(batch_size=40)), str(path), 80)
+    path.write_text(path.read_text() + "1\tbad\n")
+    cfg = DataConfig(name="criteo", path=str(path), batch_size=40, eval_batches=0, prefetch=2)
+    stream = build_stream(cfg, split="train", rank=0, world_size=1)
+    with pytest.warns(UserWarning, match="malformed Criteo line 81"):
+        for _ in range(3):
+            next(stream)
+    assert stream.num_malformed == 1
+    stream.close()
+
+
+class _Failing(BatchStream):
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __next__(self):
+        raise OSError("disk gone")
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+def test_worker_errors_surface_in_the_consumer():
+    stream = PrefetchStream(_Failing(), depth=2)
+    with pytest.raises(OSError, match="disk gone"):
+        next(stream)
+    with pytest.raises(OSError, match="disk gone"):  # retried, not hung
+        next(stream)
+    with pytest.raises(ValueError, match="infinite"):
+        PrefetchStream(build_stream(CFG, split="eval", rank=0, world_size=1))
+
+
+def test_abandoned_stream_stops_its_thread():
+    stream = build_stream(CFG, split="train", rank=0, world_size=1)
+    next(stream)
+    thread = stream._thread
+    assert thread.is_alive()
+    del stream
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()

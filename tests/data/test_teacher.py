@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from loka_trainer.data.hashing import hashed_normal
+from loka_trainer.data.teacher import draw_teacher_params, pooled_vectors, solve_bias
+
+
+@pytest.mark.parametrize("target", [0.03, 0.25, 0.7])
+def test_solve_bias_hits_target_ctr(target):
+    logits = 2.0 * torch.randn(50_000, generator=torch.Generator().manual_seed(0))
+    bias = solve_bias(logits, target)
+    assert abs(float(torch.sigmoid(logits.double() + bias).mean()) - target) < 1e-6
+
+
+def test_pooled_vectors_mean_per_bag_and_zero_for_empty():
+    # keys a, b; batch 2; bags: a0=[1, 2], a1=[], b0=[5], b1=[5, 6, 7]
+    kjt = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([1, 2, 5, 5, 6, 7]),
+                            lengths=torch.tensor([2, 0, 1, 3], dtype=torch.int32))
+    salts = torch.tensor([10, 20])
+    out = pooled_vectors(kjt, salts, 3, theta=0.0)
+    assert out.shape == (2, 2, 3)  # (B, K, D)
+    va, vb = hashed_normal(torch.tensor([1, 2]), 10, 3), hashed_normal(torch.tensor([5, 6, 7]), 20, 3)
+    torch.testing.assert_close(out[0, 0], va.mean(0))
+    torch.testing.assert_close(out[1, 0], torch.zeros(3))
+    torch.testing.assert_close(out[0, 1], vb[0])
+    torch.testing.assert_close(out[1, 1], vb.mean(0))
+    weighted = pooled_vectors(kjt, salts, 3, theta=0.0, weights=torch.tensor([1.0, 3.0, 1.0, 1.0, 0.0, 0.0]))
+    torch.testing.assert_close(weighted[0, 0], (va[0] + 3 * va[1]) / 4)
+    torch.testing.assert_close(weighted[1, 1], vb[0])
+
+
+def test_drift_rotates_id_vectors_but_keeps_their_scale():
+    kjt = KeyedJaggedTensor(keys=["a"], values=torch.arange(4000), lengths=torch.ones(4000, dtype=torch.int32))
+    salts = torch.tensor([1])
+    day0 = pooled_vectors(kjt, salts, 4, theta=0.0)
+    later = pooled_vectors(kjt, salts, 4, theta=0.3)
+    assert not torch.allclose(day0, later)
+    corr = float(torch.corrcoef(torch.stack([day0.flatten(), later.flatten()]))[0, 1])
+    assert abs(corr - torch.cos(torch.tensor(0.3)).item()) < 0.05
+    assert abs(float(later.std()) - float(day0.std())) < 0.05
+
+
+def test_teacher_params_depend_on_seed_only():
+    kwargs = dict(num_dense=13, num_sparse=26, num_sequences=0, latent_dim=8, drift=0.0)
+    a, b, c = (draw_teacher_params(seed=s, **kwargs) for s in (1, 1, 2))
+    assert torch.equal(a.w1, b.w1) and torch.equal(a.importance, b.importance) and a.salt("x", 0) == b.salt("x", 0)
+    assert not torch.equal(a.w1, c.w1) and a.salt("x", 0) != c.salt("x", 0)
