@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from loka_trainer.callbacks.base import Callback
@@ -32,7 +31,6 @@ DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
     "adagrad": torch.optim.Adagrad,
 }
-DISPATCH_PLAN_FILE = "dispatch_plan.json"
 
 
 @dataclasses.dataclass
@@ -55,7 +53,9 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
     flops = dense_flops_per_example(model, sample_batch)
     log(f"model {run.model.name}: {params['dense']:,} dense + {params['sparse']:,} sparse parameters, "
         f"{flops / 1e6:.2f} MFLOP dense forward per example")
-    _apply_precision_on_all_ranks(model, run, dist_info, sample_batch=sample_batch, run_dir=run_dir, log=log)
+    # Collective under Dispatch: rank 0 measures the plan and broadcasts it, so every rank shards the same model.
+    apply_precision(model, config=run.precision, device=dist_info.device, calibration_batch=sample_batch,
+                    run_dir=run_dir, log=log)
     parallel = parallelize(model, config=run.sharding, dist_info=dist_info, embedding_lr=run.trainer.embedding_lr)
     fwd, bwd = parallel.comm_precision
     if (fwd, bwd) != (run.sharding.qcomm_forward, run.sharding.qcomm_backward):
@@ -65,21 +65,6 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
         log(f"embedding all-to-all precision forward/backward: {fwd}/{bwd}")
     log(f"dense part: {parallel.num_fsdp_units} FSDP2 units, reduce dtype {run.sharding.fsdp_reduce_dtype}")
     return parallel
-
-
-def _apply_precision_on_all_ranks(model: nn.Module, run: RunConfig, dist_info: DistInfo, *, sample_batch: Batch,
-                                  run_dir: Path, log: Callable[[str], None]) -> None:
-    """Rank 0 measures and writes the dispatch plan; the other ranks load that file, so all shard the same model."""
-    precision = run.precision
-    if dist_info.rank == 0 or precision.plan is not None or not precision.dispatch:
-        apply_precision(model, config=precision, device=dist_info.device, calibration_batch=sample_batch,
-                        run_dir=run_dir if dist_info.rank == 0 else None, log=log)
-    if precision.dispatch and precision.plan is None:
-        dist.barrier()
-        if dist_info.rank != 0:
-            from_rank0 = dataclasses.replace(precision, plan=str(run_dir / DISPATCH_PLAN_FILE))
-            apply_precision(model, config=from_rank0, device=dist_info.device, calibration_batch=sample_batch,
-                            run_dir=None, log=lambda _: None)
 
 
 def build_dense_optimizer(model: nn.Module, run: RunConfig) -> torch.optim.Optimizer:

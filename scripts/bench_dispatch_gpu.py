@@ -1,15 +1,24 @@
-"""GPU benchmark of LoKA Dispatch kernels (H200; torch 2.11 + triton; torchao / fbgemm optional).
+"""GPU benchmark of LoKA Dispatch kernels (H200; torch 2.11 + triton; torchao / torchrec optional).
 
-    python scripts/bench_dispatch_gpu.py OUT_DIR [--quick]
+    python scripts/bench_dispatch_gpu.py OUT_DIR [--quick] [--suites a,b,c] [--fig13-variants v1,v2]
+                                                  [--wukong-batch 4096]
 
 Suites (all forward+backward, GPU time from CUDA-graph replay with ``triton.testing.do_bench_cudagraph``;
 launch-bound eager time reported separately with ``triton.testing.do_bench``):
 (a) LRM GEMM shapes: the three GEMMs of one Linear (forward, input-grad, weight-grad), quantization
     included, per available backend vs BF16.
 (b) The paper's figure-13 layers at batch 1024: Linear(bias)+LayerNorm+SiLU in BF16 (eager, compiled), the
-    Mods in plain PyTorch compiled, torchao FP8 rowwise + Mods compiled, the fused Mods kernel (BF16 and FP8
-    inputs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
-Not yet: (c) the Wukong dense arch end to end.
+    Mods in plain PyTorch compiled, torchao FP8 rowwise + Mods compiled, the fused Mods layer
+    (``mods_ops.linear_mods``: fused forward + fused dz backward; BF16 fused / split, FP8 forward, FP8 all
+    three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
+    ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring).
+(c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
+    backward of ``logits.sum()``, compute only: the sparse embeddings are replaced by a fixed (B, F_s, D)
+    tensor. BF16 = the published model (bias, LayerNorm, SiLU), eager and compiled; each uniform torchao
+    recipe on the published model, compiled; Mods only (BF16, compiled); LoKA = Mods + Dispatch (plan built
+    on this device from candidates bf16 / scaled_mm_rowwise / scaled_mm_tensorwise) + FusedLinearMods,
+    compiled. Parameters and inputs in BF16. FP8 weights are cast once per weight version (no optimizer step
+    happens inside the timed region, so the cast is not in it for LoKA eager; under torch.compile it is).
 Writes OUT_DIR/bench_dispatch.json and OUT_DIR/bench_dispatch.png; prints a ratio table last.
 """
 from __future__ import annotations
@@ -19,7 +28,9 @@ import datetime
 import json
 import math
 import sys
+import traceback
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,13 +46,60 @@ GEMM_SHAPES = [(2048, 256, 768), (2048, 512, 512), (4096, 1024, 1024), (8192, 20
 FIG13_SHAPES = [(256, 256), (7680, 256), (512, 512), (7680, 512), (4096, 2048), (4096, 2560), (2048, 4096),
                 (2560, 4096), (256, 7680)]
 BATCH = 1024
+FUSED_VARIANTS = {
+    "fused_bf16": dict(mode="fused_bf16"),
+    "split_bf16": dict(mode="split_bf16"),
+    "fused_fp8_fwd": dict(mode="fused_fp8"),
+    "fused_fp8_all": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
+}
 
 
 def graph_us(fn) -> float:
+    """Median GPU µs of ``fn`` from CUDA-graph replay (``do_bench_cudagraph``)."""
     from triton.testing import do_bench_cudagraph
     fn()  # warm up: autotune and compile outside the graph capture
     torch.cuda.synchronize()
     return 1e3 * float(do_bench_cudagraph(fn, rep=50, return_mode="median"))
+
+
+def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20) -> float:
+    """Fallback graph timer (PyTorch's documented capture recipe: 3 warm-up calls on a side stream, then
+    ``num_calls`` unrolled calls in one graph); median µs per call over ``num_replays`` replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(num_calls):
+            fn()
+    times = []
+    for _ in range(num_replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / num_calls)
+    return sorted(times)[len(times) // 2]
+
+
+def time_row(row: dict, fn) -> None:
+    """Fill row's graph_us / eager_us; if do_bench_cudagraph's capture fails, record why and use the fallback."""
+    try:
+        row["graph_us"] = graph_us(fn)
+    except Exception as e:
+        row["graph_error"] = traceback.format_exc()[-1500:]
+        torch.cuda.synchronize()
+        try:
+            row["graph_us"], row["timer"] = manual_graph_us(fn), "manual_graph"
+        except Exception as e2:
+            row["error"] = f"{type(e).__name__}: {e} | fallback {type(e2).__name__}: {e2}"[:400]
+            return
+    row["eager_us"] = eager_us(fn)
 
 
 def eager_us(fn) -> float:
@@ -62,19 +120,15 @@ def bench_gemms(shapes, progress) -> list[dict]:
             row = {"suite": "gemm", "M": M, "K": K, "N": N, "variant": name}
             if not be.supports(M, K, N):
                 continue
-            try:
-                fn = lambda be=be: (be.forward(x, w), be.input_grad(dy, w), be.weight_grad(dy, x))
-                row["graph_us"] = graph_us(fn)
-                row["eager_us"] = eager_us(fn)
-            except Exception as e:  # a backend failing at one shape is reported, not fatal
-                row["error"] = f"{type(e).__name__}: {e}"[:200]
+            fn = lambda be=be: (be.forward(x, w), be.input_grad(dy, w), be.weight_grad(dy, x))
+            time_row(row, fn)  # a backend failing at one shape is reported, not fatal
             rows.append(row)
         progress.update(1)
     return rows
 
 
-def _fig13_variants(K: int, N: int) -> dict:
-    """name -> (module-free forward fn(x, params) -> y, params dict, compile?) for one figure-13 layer."""
+def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> dict:
+    """name -> forward fn(x) -> y for one figure-13 layer (compiled ones wrapped lazily: only if kept)."""
     dev, bf = "cuda", torch.bfloat16
     w = (torch.randn(N, K, device=dev, dtype=bf) / math.sqrt(K)).requires_grad_()
     b = torch.zeros(N, device=dev, dtype=bf, requires_grad=True)
@@ -85,43 +139,119 @@ def _fig13_variants(K: int, N: int) -> dict:
     bnorm = lambda x: F.silu(block_norm(F.linear(x, w, b)))
     hswish = lambda x: hard_swish(F.layer_norm(F.linear(x, w, b), (N,), ln_w, ln_b))
     mods = lambda x: hard_swish(block_norm(F.linear(x, w)))
-    v = {"base_eager": base, "base_compiled": torch.compile(base), "mods_compiled": torch.compile(mods),
-         "ablate_no_bias": torch.compile(no_bias), "ablate_blocknorm": torch.compile(bnorm),
-         "ablate_hardswish": torch.compile(hswish)}
+    keep = lambda name: only is None or name in only
+    v = {"base_eager": base}
+    for name, f in [("base_compiled", base), ("mods_compiled", mods), ("ablate_no_bias", no_bias),
+                    ("ablate_blocknorm", bnorm), ("ablate_hardswish", hswish)]:
+        if keep(name):  # dynamic=False: each shape gets its own specialized graph (no dynamic-shape kernels)
+            v[name] = torch.compile(f, dynamic=False)
+    from loka_trainer.kernels.linear import WeightCache
+    from loka_trainer.kernels.mods_ops import linear_mods
+    if K % 16 == 0 and N % 256 == 0:
+        for name, kw in FUSED_VARIANTS.items():
+            v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
     try:
-        from loka_trainer.kernels.triton_mods import linear_mods
-        if K % 16 == 0 and N % 256 == 0:
-            v["fused_mods_bf16"] = lambda x: linear_mods(x, w)
-            v["fused_mods_fp8"] = lambda x: linear_mods(x, w, fp8=True)
-    except ImportError:
-        pass
-    try:
+        if not keep("torchao_rowwise_mods_compiled"):
+            raise ImportError
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=bf)
         seq = convert_to_float8_training(torch.nn.Sequential(lin), config=Float8LinearConfig.from_recipe_name("rowwise"))
-        v["torchao_rowwise_mods_compiled"] = torch.compile(lambda x: hard_swish(block_norm(seq(x))))
+        v["torchao_rowwise_mods_compiled"] = torch.compile(lambda x: hard_swish(block_norm(seq(x))), dynamic=False)
     except ImportError:
         pass
-    return v
+    return {k: f for k, f in v.items() if keep(k)}
 
 
-def bench_fig13(shapes, progress) -> list[dict]:
-    """Suite (b): one figure-13 layer fwd+bwd at batch 1024 per variant."""
+def bench_fig13(shapes, progress, only: Optional[set] = None) -> list[dict]:
+    """Suite (b): one figure-13 layer fwd+bwd at batch 1024 per variant (``only``: names to keep)."""
     rows = []
     for K, N in shapes:
         x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
-        for name, f in _fig13_variants(K, N).items():
+        for name, f in _fig13_variants(K, N, only).items():
             progress.set_postfix_str(f"fig13 ({K},{N}) {name}")
             row = {"suite": "fig13", "M": BATCH, "K": K, "N": N, "variant": name}
-            step = lambda f=f: f(x).backward(dy)
-            try:
-                row["graph_us"] = graph_us(step)
-                row["eager_us"] = eager_us(step)
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {e}"[:200]
+            time_row(row, lambda f=f: f(x).backward(dy))
             rows.append(row)
         progress.update(1)
+    return rows
+
+
+def add_fused_best(rows: list[dict]) -> None:
+    """Append, per fig13 shape, a ``fused_best`` row: the fastest fused variant (Dispatch's choice)."""
+    for key in sorted({(r["M"], r["K"], r["N"]) for r in rows if r["suite"] == "fig13"}):
+        fused = [r for r in rows if r["suite"] == "fig13" and (r["M"], r["K"], r["N"]) == key
+                 and r["variant"] in FUSED_VARIANTS and r.get("graph_us")]
+        if fused:
+            best = min(fused, key=lambda r: r["graph_us"])
+            rows.append({**best, "variant": "fused_best", "picked": best["variant"]})
+
+
+class WukongDense(torch.nn.Module):
+    """The Wukong model without its embeddings: dense (B, F_d) -> logits (B,), sparse tokens fixed (B, F_s, D)."""
+
+    def __init__(self, model: torch.nn.Module, sparse_tokens: torch.Tensor) -> None:
+        super().__init__()
+        self.dense_arch, self.layers, self.over_arch = model.dense_arch, model.layers, model.over_arch
+        self.register_buffer("sparse_tokens", sparse_tokens, persistent=False)
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        tokens = torch.cat([self.dense_arch(dense), self.sparse_tokens], dim=1)  # (B, n_0, D)
+        for layer in self.layers:
+            tokens = layer(tokens)
+        return self.over_arch(tokens.flatten(1))
+
+
+def _wukong(batch: int, *, loka_mods: bool) -> tuple[WukongDense, torch.Tensor]:
+    from loka_trainer.data.batch import DataSchema
+    from loka_trainer.models.wukong import WukongConfig, build_wukong
+    torch.manual_seed(0)
+    names = tuple(f"c{i}" for i in range(26))
+    schema = DataSchema(num_dense=13, sparse_features=names, sparse_vocab_sizes=(1000,) * 26)
+    cfg = WukongConfig()
+    model = build_wukong(cfg, schema=schema, loka_mods=loka_mods)
+    sparse = torch.randn(batch, 26, cfg.embedding_dim, device="cuda", dtype=torch.bfloat16)
+    dense = torch.randn(batch, 13, device="cuda", dtype=torch.bfloat16)
+    return WukongDense(model, sparse).to(device="cuda", dtype=torch.bfloat16), dense
+
+
+def _wukong_variants(batch: int, log) -> dict:
+    """name -> (module, dense input, compile?) for suite (c)."""
+    from loka_trainer.kernels.config import PrecisionConfig
+    from loka_trainer.kernels.convert import apply_precision
+    v = {}
+    m, d = _wukong(batch, loka_mods=False)
+    v["bf16_eager"], v["bf16_compiled"] = (m, d, False), (m, d, True)
+    for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        m, d = _wukong(batch, loka_mods=False)
+        apply_precision(m, config=PrecisionConfig(name=f"fp8_{recipe}", fp8_recipe=recipe), device="cuda", log=log)
+        v[f"torchao_{recipe}_compiled"] = (m, d, True)
+    m, d = _wukong(batch, loka_mods=True)
+    v["mods_bf16_compiled"] = (m, d, True)
+    m, d = _wukong(batch, loka_mods=True)
+    cfg = PrecisionConfig(name="loka", compute_dtype="bfloat16", mods=True, dispatch=True,
+                          backends=["scaled_mm_rowwise", "scaled_mm_tensorwise"])
+    apply_precision(m, config=cfg, device="cuda", calibration_batch=d, log=log)
+    v["loka_eager"], v["loka_compiled"] = (m, d, False), (m, d, True)
+    return v
+
+
+def bench_wukong(batch: int, progress) -> list[dict]:
+    """Suite (c): Wukong dense arch fwd+bwd per variant."""
+    rows, logs = [], []
+    try:
+        variants = _wukong_variants(batch, logs.append)
+    except Exception as e:
+        return [{"suite": "wukong", "M": batch, "K": 0, "N": 0, "variant": "setup",
+                 "error": f"{type(e).__name__}: {e}"[:300]}]
+    for name, (m, d, compiled) in variants.items():
+        progress.set_postfix_str(f"wukong {name}")
+        f = torch.compile(m) if compiled else m
+        row = {"suite": "wukong", "M": batch, "K": 0, "N": 0, "variant": name}
+        time_row(row, lambda f=f, d=d: f(d).float().sum().backward())
+        rows.append(row)
+    rows.append({"suite": "wukong", "M": batch, "K": 0, "N": 0, "variant": "log", "log": logs})
+    progress.update(1)
     return rows
 
 
@@ -170,30 +300,62 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _triton_version() -> str:
+    import triton
+    return triton.__version__
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", type=Path)
     p.add_argument("--quick", action="store_true", help="two shapes per suite")
+    p.add_argument("--suites", default="a,b,c", help="comma-separated subset of a,b,c")
+    p.add_argument("--fig13-variants", default=None, help="comma-separated variant names to keep in (b)")
+    p.add_argument("--wukong-batch", type=int, default=4096)
+    p.add_argument("--num-gemm-shapes", type=int, default=len(GEMM_SHAPES), help="first N shapes of suite (a)")
     args = p.parse_args()
+    # Every figure-13 shape recompiles the same lambdas: without this dynamo stops compiling after 8 and
+    # silently runs them eagerly, which is what made "compiled" rows slow at the later shapes.
+    torch._dynamo.config.cache_size_limit = 512
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 512
     if not torch.cuda.is_available():
         raise SystemExit("bench_dispatch_gpu: needs a CUDA device")
-    gemm_shapes = GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES
-    fig_shapes = FIG13_SHAPES[:2] if args.quick else FIG13_SHAPES
-    with tqdm(total=len(gemm_shapes) + len(fig_shapes), desc="bench_dispatch") as progress:
-        rows = bench_gemms(gemm_shapes, progress) + bench_fig13(fig_shapes, progress)
-    add_ratios(rows, {"gemm": "bf16", "fig13": "base_eager"})
+    suites = set(args.suites.split(","))
+    gemm_shapes = (GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES[:args.num_gemm_shapes]) if "a" in suites else []
+    fig_shapes = (FIG13_SHAPES[:2] if args.quick else FIG13_SHAPES) if "b" in suites else []
+    only = set(args.fig13_variants.split(",")) if args.fig13_variants else None
+    rows = []
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    partial = args.out_dir / "bench_dispatch.partial.json"  # survives a run cut short by a time limit
+    with tqdm(total=len(gemm_shapes) + len(fig_shapes) + ("c" in suites), desc="bench_dispatch") as progress:
+        rows += bench_fig13(fig_shapes, progress, only)
+        partial.write_text(json.dumps(rows))
+        if "c" in suites:
+            rows += bench_wukong(args.wukong_batch, progress)
+            partial.write_text(json.dumps(rows))
+        rows += bench_gemms(gemm_shapes, progress)
+    add_fused_best(rows)
+    add_ratios(rows, {"gemm": "bf16", "fig13": "base_eager", "wukong": "bf16_compiled"})
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "command": " ".join(sys.argv), "rows": rows, "geomean_speedup": geomeans(rows)}
+              "triton": _triton_version(), "command": " ".join(sys.argv), "rows": rows, "geomean_speedup": geomeans(rows)}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "bench_dispatch.json").write_text(json.dumps(result, indent=2))
     plot(rows, args.out_dir / "bench_dispatch.png")
     print(f"\n{'suite':<6} {'M×K×N':>17} {'variant':<30} {'graph µs':>9} {'eager µs':>9} {'speedup':>8}")
     for r in rows:
+        if r["variant"] == "log":
+            print("\n".join(r["log"]))
+            continue
         g, e, s = r.get("graph_us"), r.get("eager_us"), r.get("speedup")
         print(f"{r['suite']:<6} {r['M']}×{r['K']}×{r['N']:<7} {r['variant']:<30} "
               f"{g or float('nan'):>9.1f} {e or float('nan'):>9.1f} {s or float('nan'):>8.2f}"
               + (f"  {r['error'][:60]}" if "error" in r else ""))
+    errs = [r for r in rows if "graph_error" in r]
+    if errs:  # do_bench_cudagraph capture failures (the fallback timer was used): show the first one
+        print(f"{len(errs)} row(s) used the fallback graph timer; first ({errs[0]['variant']}):")
+        print(errs[0]["graph_error"][-900:])
     for suite, gm in result["geomean_speedup"].items():
         print(f"geomean speedup ({suite}): " + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(gm.items())))
 

@@ -55,6 +55,10 @@ def icicle_figure(result: BenchResult, *, color_by: str = "auto", title: Optiona
     # The best module is green: MFUs of recommendation models sit far below 100%, and a fixed 0-100 scale
     # would paint everything red. The subtitle states what green means.
     cmax = max((u for u in util if u is not None), default=1.0) or 1.0
+    if color_by != "tflops":
+        # Bytes moved are estimated from input/output sizes, so a no-op (Identity) or a fused view can show
+        # more than 100% of peak bandwidth; such an outlier must not wash every other box out to red.
+        cmax = min(cmax, 100.0)
     h = header(result)
     fig = go.Figure(go.Icicle(
         ids=[n.path for n in nodes], labels=[n.path.rsplit(".", 1)[-1] for n in nodes],

@@ -93,3 +93,18 @@ def write_markdown(result: BenchResult, path: Path, *, title: Optional[str] = No
         lines.append("| " + " | ".join(cells) + " |")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def read_json(path: Path) -> BenchResult:
+    """The BenchResult that `write_json` wrote, e.g. to redraw a GPU run's icicle on another machine."""
+    data = json.loads(Path(path).read_text())
+    h = data["header"]
+    nodes = {}
+    for r in data["nodes"]:
+        nodes[r["component_name"]] = Node(path=r["component_name"], type_name=r["type"], depth=r["depth"],
+                                          parent=r["parent"], children=list(r["children"]), status=r["status"],
+                                          metrics=dict(r["metrics"]), judged_by=r["judged_by"])
+    peak = None if h["peak"].startswith("unknown") else h["peak"]
+    root = data["nodes"][0]["component_name"]
+    return BenchResult(nodes=nodes, root=root, device=h["device"], device_name=h["device_name"],
+                       compute_dtype=h["compute_dtype"], peak_name=peak)

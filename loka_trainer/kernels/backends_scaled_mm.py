@@ -13,6 +13,7 @@ import torch
 
 from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
 from loka_trainer.kernels.quant import quantize
+from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
 
 
 class ScaledMMBackend(GemmBackend):
@@ -34,6 +35,8 @@ class ScaledMMBackend(GemmBackend):
 
     def quantize_a(self, a: torch.Tensor, *, is_grad: bool) -> QuantOperand:
         dtype = self.grad_dtype if is_grad else torch.float8_e4m3fn
+        if self.granularity == "rowwise" and dtype == torch.float8_e4m3fn and use_triton(a):
+            return quant_rowwise(a)  # one fused kernel instead of ~7 eager ops (see triton_quant)
         q, scale_inv = quantize(a, self.granularity, dtype)
         return q.contiguous(), scale_inv
 

@@ -38,8 +38,10 @@ class TritonBlockwise(GemmBackend):
     def quantize_b(self, b: torch.Tensor, *, is_grad: bool) -> QuantOperand:
         # NOTE: gradients as the b operand (weight_grad: xᵀ is b, dyᵀ is a) keep 1x128 scales; only
         # weights get 128x128 tiles, which is what lets a weight be cast once per step for both layouts.
-        granularity = "block1x128" if is_grad else "block128x128"
-        q, scale_inv = quantize(b, granularity, torch.float8_e4m3fn)
+        if is_grad:
+            from loka_trainer.kernels.triton_gemm import quantize_1x128
+            return quantize_1x128(b)  # one fused kernel (reads transposed views with their strides)
+        q, scale_inv = quantize(b, "block128x128", torch.float8_e4m3fn)
         return q.contiguous(), scale_inv
 
     def weight_grad(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 - fp32 / bf16: nothing (autocast is the trainer's job, from ``config.compute_dtype``).
 - fp8_*: torchao ``convert_to_float8_training`` with ``Float8LinearConfig.from_recipe_name``.
 - loka (dispatch): build the plan (or load ``config.plan``), swap target Linears for ``LoKALinear``s,
-  log the plan table, write ``run_dir/dispatch_plan.json``.
+  log the plan table, write ``run_dir/dispatch_plan.json``; with ``config.mods`` each Linear -> BlockNorm ->
+  HardSwish triple then becomes one ``FusedLinearMods`` using the plan's choices (same state_dict keys).
 
 Targets: ``nn.Linear``s with K and N multiples of 16 and >= ``config.min_features``, never a 1-output
 prediction layer, and accepted by the optional ``module_filter_fn(module, fqn) -> bool``. Embedding modules
@@ -22,6 +23,7 @@ from torch import nn
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.kernels.config import PrecisionConfig
 from loka_trainer.kernels.dispatch import build_layer_plan, default_timer, wall_clock_timer
+from loka_trainer.kernels.fused_linear import fuse_linear_mods, kernels_from_plan_backends
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.kernels.plan import DispatchPlan, format_plan_table, load_plan, save_plan, validate_plan
 
@@ -136,6 +138,14 @@ def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear])
                                module_filter_fn=lambda mod, fqn: fqn in targets)
 
 
+def _fuse_mods(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Optional[ModuleFilter],
+               log: Callable[[str], None]) -> None:
+    """Mods on: each Linear -> BlockNorm -> HardSwish becomes one FusedLinearMods with the plan's GEMM choices."""
+    kernels = {fqn: kernels_from_plan_backends(lp.backends()) for fqn, lp in plan.layers.items()}
+    fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn)
+    log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods")
+
+
 def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,
                     run_dir: Optional[Path] = None, module_filter_fn: Optional[ModuleFilter] = None,
                     log: Callable[[str], None] = _rank0_print) -> Optional[DispatchPlan]:
@@ -158,6 +168,8 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
                   list(available_backends(device)))
     swap_in_lokalinears(model, plan)
     log(format_plan_table(plan))
+    if config.mods:
+        _fuse_mods(model, plan, module_filter_fn=module_filter_fn, log=log)
     if run_dir is not None and _is_rank0():
         log(f"dispatch plan written to {save_plan(plan, Path(run_dir) / PLAN_FILE)}")
     return plan

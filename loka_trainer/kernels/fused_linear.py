@@ -1,0 +1,127 @@
+"""FusedLinearMods and the model transform that puts it in place of Linear -> BlockNorm -> HardSwish.
+
+Notation: M = prod(leading dims of x), K in_features, N out_features, B the BlockNorm block.
+
+``layers.mlp`` builds ``nn.Sequential(Linear, norm, activation, ...)`` with stable child indices. With the
+Mods on (no bias, ``BlockNorm`` without affine, ``HardSwish``) each triple is one fusable layer:
+``fuse_linear_mods`` puts a ``FusedLinearMods`` at the Linear's index (same ``weight`` Parameter object, so
+optimizer / FSDP state stay valid and the state_dict keys are unchanged: ``mlp.0.weight``) and
+``nn.Identity`` at the norm and activation indices (they hold no parameters or buffers).
+
+On a device without Triton (CPU) the module runs the exact unfused math in x's dtype, so CPU training is
+unchanged; on CUDA it runs ``mods_ops.LinearModsFn`` (fused forward, fused dz backward).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loka_trainer.kernels import triton_mods
+from loka_trainer.kernels.linear import WeightCache
+from loka_trainer.kernels.mods_ops import FORWARD_MODES, linear_mods
+from loka_trainer.kernels.triton_quant import interpreting
+from loka_trainer.models.layers import BlockNorm, block_rms_norm
+
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+class FusedLinearMods(nn.Module):
+    """HardSwish(BlockNorm(x·Wᵀ)) as one module: x (..., K) -> (..., N). Parameter ``weight`` (N, K), no bias.
+
+    ``mode`` is the forward kernel (``mods_ops.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
+    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, block_size: int = 256, eps: float = 1e-6,
+                 mode: str = "fused_bf16", dgrad: str = "bf16", wgrad: str = "bf16", device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)  # nn.Linear's init
+        self.block_size, self.eps = block_size, eps
+        self.set_kernels(mode=mode, dgrad=dgrad, wgrad=wgrad)
+        self._weight_cache = WeightCache()
+
+    def set_kernels(self, *, mode: str, dgrad: str, wgrad: str) -> None:
+        """Choose the forward mode and the two backward backends; unknown names -> ValueError."""
+        if mode not in FORWARD_MODES:
+            raise ValueError(f"FusedLinearMods mode: unknown {mode!r}; valid: {sorted(FORWARD_MODES)}")
+        from loka_trainer.kernels.backends import get_backend
+        get_backend(dgrad), get_backend(wgrad)
+        self.mode, self.dgrad, self.wgrad = mode, dgrad, wgrad
+
+    @classmethod
+    def from_linear(cls, linear: nn.Module, norm: BlockNorm, **kernels: str) -> "FusedLinearMods":
+        """Replacement sharing ``linear.weight`` (the Parameter object itself)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.block_size, new.eps = norm.block_size, norm.eps
+        new.set_kernels(**{"mode": "fused_bf16", "dgrad": "bf16", "wgrad": "bf16", **kernels})
+        new._weight_cache = WeightCache()
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., K) -> (..., N)."""
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        # NOTE: is_cuda first so torch.compile never traces the environment lookup of interpreting().
+        if not (x2.is_cuda or (not torch.compiler.is_compiling() and interpreting())):
+            # exact unfused math in x's dtype: CPU training stays as it was
+            y = F.hardswish(block_rms_norm(F.linear(x2, self.weight.to(x2.dtype)), self.block_size, self.eps))
+        else:
+            y = linear_mods(x2, self.weight, block=self.block_size, eps=self.eps, mode=self.mode,
+                            dgrad=self.dgrad, wgrad=self.wgrad, cache=self._weight_cache)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, block_size={self.block_size}, mode={self.mode}, "
+                f"dgrad={self.dgrad}, wgrad={self.wgrad}")
+
+
+def _is_fusable(lin: nn.Module, norm: nn.Module, act: nn.Module) -> bool:
+    """Linear (no bias) -> BlockNorm (no affine, over the Linear's output) -> HardSwish, kernel-supported."""
+    return (isinstance(lin, nn.Linear) and lin.bias is None and isinstance(norm, BlockNorm)
+            and norm.weight is None and norm.num_features == lin.out_features
+            and isinstance(act, nn.Hardswish)
+            and triton_mods.supports(lin.in_features, lin.out_features, norm.block_size))
+
+
+def find_fusable(model: nn.Module, *, module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, tuple]:
+    """Linear FQN -> (parent Sequential, index) for each fusable Linear -> BlockNorm -> HardSwish triple."""
+    out = {}
+    for seq_fqn, seq in model.named_modules():
+        if not isinstance(seq, nn.Sequential):
+            continue
+        children = list(seq)
+        for i in range(len(children) - 2):
+            fqn = f"{seq_fqn}.{i}" if seq_fqn else str(i)
+            if _is_fusable(*children[i:i + 3]) and (module_filter_fn is None or module_filter_fn(children[i], fqn)):
+                out[fqn] = (seq, i)
+    return out
+
+
+def fuse_linear_mods(model: nn.Module, *, kernels: Optional[dict[str, dict[str, str]]] = None,
+                     module_filter_fn: Optional[ModuleFilter] = None) -> list[str]:
+    """Replace each fusable triple in place; ``kernels`` maps Linear FQN -> {mode, dgrad, wgrad} (default
+    all BF16, fused forward). Returns the fused Linear FQNs. State_dict keys are unchanged."""
+    fused = []
+    for fqn, (seq, i) in find_fusable(model, module_filter_fn=module_filter_fn).items():
+        seq[i] = FusedLinearMods.from_linear(seq[i], seq[i + 1], **(kernels or {}).get(fqn, {}))
+        seq[i + 1], seq[i + 2] = nn.Identity(), nn.Identity()
+        fused.append(fqn)
+    return fused
+
+
+def kernels_from_plan_backends(backends: dict[str, str]) -> dict[str, str]:
+    """A Dispatch plan's per-GEMM choice {forward, input_grad, weight_grad} -> FusedLinearMods kernels.
+
+    A forward that Dispatch found worth FP8 runs the fused kernel on rowwise-FP8 inputs, else BF16; the two
+    backward GEMMs keep the plan's backends.
+    """
+    mode = "fused_bf16" if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
+    return {"mode": mode, "dgrad": backends.get("input_grad", "bf16"), "wgrad": backends.get("weight_grad", "bf16")}

@@ -1,0 +1,84 @@
+"""The Triton kernels of ``triton_mods`` (imports triton at module level: import this module lazily).
+
+See ``triton_mods`` for the math and the notation; launchers live there.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
+              out_scale, BLOCK_N: tl.constexpr, WRITE_FP8: tl.constexpr, FP8_MAX_: tl.constexpr):
+    # BlockNorm over the whole N tile (= the norm block), then HardSwish, all on chip.
+    r = tl.rsqrt(tl.sum(acc * acc, axis=1) / BLOCK_N + eps)
+    u = acc * r[:, None]
+    h = u * tl.minimum(tl.maximum(u + 3.0, 0.0), 6.0) / 6.0
+    idx = offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = mask_m[:, None]
+    tl.store(y_ptr + idx, h.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(u_ptr + idx, u.to(u_ptr.dtype.element_ty), mask=mask)
+    tl.store(r_ptr + offs_m * stride_rm + pid_n, r, mask=mask_m)
+    if WRITE_FP8:
+        q = tl.minimum(tl.maximum(h * out_scale, -FP8_MAX_), FP8_MAX_)
+        tl.store(q_ptr + idx, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+           for bm, bk, w, s in [(64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (32, 64, 4, 4),
+                                (32, 128, 4, 3), (16, 128, 4, 4), (16, 256, 4, 3)]]
+
+@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8"])
+@triton.jit
+def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, M, N, K,
+                     stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_rm, eps, out_scale,
+                     FP8_MAX_: tl.constexpr, HAS_SCALES: tl.constexpr, WRITE_FP8: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # (BLOCK_K, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(x_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    if HAS_SCALES:
+        sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
+        sw = tl.load(sw_ptr + offs_n)
+        acc = acc * sx[:, None] * sw[None, :]
+    _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
+              out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_)
+
+@triton.jit
+def norm_fwd_kernel(z_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_ym, stride_rm, eps, out_scale,
+                    FP8_MAX_: tl.constexpr, WRITE_FP8: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    z = tl.load(z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :], mask=mask_m[:, None], other=0.0)
+    _epilogue(z.to(tl.float32), offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm,
+              pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_)
+
+@triton.jit
+def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, M, stride_dym, stride_um, stride_rm, stride_dzm,
+                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask = mask_m[:, None]
+    dy = tl.load(dy_ptr + offs_m[:, None] * stride_dym + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + offs_m * stride_rm + pid_n, mask=mask_m, other=0.0)
+    slope = tl.where(u < -3.0, 0.0, tl.where(u > 3.0, 1.0, (2.0 * u + 3.0) / 6.0))  # HardSwish'(u)
+    g = dy * slope
+    mean_gu = tl.sum(g * u, axis=1) / BLOCK_N
+    dz = r[:, None] * (g - u * mean_gu[:, None])
+    tl.store(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,105 @@
+"""Fused FP8 quantization in one Triton kernel per call: amax -> scale -> saturating cast (rowwise).
+
+Notation: t (R, C) any 2-D view (e.g. ``dy.t()``), contraction dim C. ``quantize_rowwise_fused(t)`` returns
+q (R, C) contiguous fp8 and scale_inv (R, 1) fp32 with ``t ≈ q * scale_inv`` — the same math as
+``quant.quantize_rowwise`` (EPS clamp, saturating cast), so it is a drop-in for it.
+
+Why one kernel: the eager chain (abs, amax, clamp, div, mul, clamp, cast) is ~7 launches and ~5 passes over
+t; here each program owns ROWS rows, reads them once for the amax and once more (from L2) for the cast.
+A transposed view (``dy.t()`` for the weight-grad GEMM) is read with its own strides, so no ``.contiguous()``
+copy is made first.
+
+``use_triton(t)`` decides: CUDA tensor and triton importable, or ``TRITON_INTERPRET=1`` (Triton's CPU
+interpreter, used by the tests). Otherwise callers fall back to the plain-torch reference.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from loka_trainer.kernels.quant import EPS, quantize_rowwise
+
+
+@functools.lru_cache(maxsize=1)
+def triton_importable() -> bool:
+    """True if triton can be imported (checked without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """True when Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``): kernels accept CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True if Triton kernels can run on ``t``'s device in this process."""
+    return triton_importable() and (t.is_cuda or interpreting())
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel():
+    """Define the kernel once (importing triton here, never at module import)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def quant_rowwise_kernel(t_ptr, q_ptr, s_ptr, R, C, stride_tr, stride_tc, stride_qr,
+                             FP8_MAX: tl.constexpr, EPS_: tl.constexpr, ROWS: tl.constexpr,
+                             COLS: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < R
+        amax = tl.zeros((ROWS,), dtype=tl.float32)
+        for i in range(0, tl.cdiv(C, COLS)):
+            cols = i * COLS + tl.arange(0, COLS)
+            mask = row_ok[:, None] & (cols[None, :] < C)
+            t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask, other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
+        # NOTE: same guard as quant.amax_to_scale: an all-zero row gets a finite scale and exact zeros.
+        scale = FP8_MAX / tl.minimum(tl.maximum(amax, EPS_), 3.4028234663852886e38)
+        for i in range(0, tl.cdiv(C, COLS)):
+            cols = i * COLS + tl.arange(0, COLS)
+            mask = row_ok[:, None] & (cols[None, :] < C)
+            t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask, other=0.0)
+            q = tl.minimum(tl.maximum(t.to(tl.float32) * scale[:, None], -FP8_MAX), FP8_MAX)
+            tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + rows, 1.0 / scale, mask=row_ok)
+
+    return triton, quant_rowwise_kernel
+
+
+def _tile(R: int, C: int, row_major: bool) -> tuple[int, int]:
+    """(ROWS, COLS) per program: wide along the contiguous dim so loads coalesce, ~4K elements a tile."""
+    import triton
+    cols = min(triton.next_power_of_2(C), 512 if row_major else 64)
+    rows = max(1, min(triton.next_power_of_2(R), 4096 // cols))
+    return rows, cols
+
+
+def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """t (R, C) any strides -> (q (R, C) fp8 contiguous, scale_inv (R, 1) fp32); reference off-Triton."""
+    if not use_triton(t):
+        q, s = quantize_rowwise(t, dtype)
+        return q.contiguous(), s
+    triton, kernel = _kernel()
+    R, C = t.shape
+    q = torch.empty((R, C), dtype=dtype, device=t.device)
+    s = torch.empty((R, 1), dtype=torch.float32, device=t.device)
+    rows, cols = _tile(R, C, row_major=t.stride(1) == 1)
+    kernel[(triton.cdiv(R, rows),)](t, q, s, R, C, t.stride(0), t.stride(1), q.stride(0),
+                                   FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, COLS=cols)
+    return q, s
+
+
+@torch.library.custom_op("loka::quant_rowwise", mutates_args=())
+def quant_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 ``quantize_rowwise_fused`` as a custom op (opaque to torch.compile, so the one kernel stays one)."""
+    return quantize_rowwise_fused(t, torch.float8_e4m3fn)
+
+
+@quant_rowwise.register_fake
+def _(t):
+    return t.new_empty(t.shape, dtype=torch.float8_e4m3fn), t.new_empty((t.shape[0], 1), dtype=torch.float32)

@@ -1,0 +1,73 @@
+"""FusedLinearMods and the Linear -> BlockNorm -> HardSwish transform (CPU: exact unfused math)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer.kernels.config import PrecisionConfig
+from loka_trainer.kernels.convert import apply_precision
+from loka_trainer.kernels.fused_linear import FusedLinearMods, find_fusable, fuse_linear_mods, kernels_from_plan_backends
+from loka_trainer.models.layers import mlp
+
+
+def _mlp(**kw):
+    torch.manual_seed(0)
+    args = dict(bias=False, norm="blocknorm", activation="hardswish", block_size=256)
+    args.update(kw)
+    return nn.Sequential(nn.Sequential(mlp(64, [512, 256], **args)), nn.Linear(256, 1))
+
+
+def test_fuses_mods_triples_keeps_state_dict_and_outputs():
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    w0 = model[0][0][0].weight
+    assert fuse_linear_mods(model) == ["0.0.0", "0.0.3"]
+    inner = model[0][0]
+    assert isinstance(inner[0], FusedLinearMods) and inner[0].weight is w0  # same Parameter object
+    assert isinstance(inner[1], nn.Identity) and isinstance(inner[5], nn.Identity)
+    assert list(model.state_dict()) == list(ref.state_dict())
+    x = torch.randn(16, 64, requires_grad=True)
+    torch.testing.assert_close(model(x), ref(x))
+    model(x).sum().backward()
+    assert w0.grad is not None and torch.isfinite(w0.grad).all()
+    ref.load_state_dict(model.state_dict())  # checkpoint of the fused model loads into the plain one
+
+
+@pytest.mark.parametrize("kw", [dict(bias=True), dict(norm="layernorm"), dict(activation="silu"),
+                                dict(block_size=128 + 64)])
+def test_published_or_unsupported_layers_are_not_fused(kw):
+    assert find_fusable(_mlp(**kw)) == {}
+
+
+def test_filter_and_kernels():
+    model = _mlp()
+    fused = fuse_linear_mods(model, kernels={"0.0.3": {"mode": "split_bf16", "wgrad": "scaled_mm_rowwise"}},
+                             module_filter_fn=lambda mod, fqn: mod.out_features == 256)
+    assert fused == ["0.0.3"] and model[0][0][3].mode == "split_bf16" and model[0][0][3].wgrad == "scaled_mm_rowwise"
+    with pytest.raises(ValueError, match="mode"):
+        model[0][0][3].set_kernels(mode="nope", dgrad="bf16", wgrad="bf16")
+    with pytest.raises(ValueError, match="backend"):
+        model[0][0][3].set_kernels(mode="fused_bf16", dgrad="nope", wgrad="bf16")
+
+
+def test_plan_backends_map_to_kernels():
+    assert kernels_from_plan_backends({"forward": "bf16", "input_grad": "bf16", "weight_grad": "bf16"}) == \
+        {"mode": "fused_bf16", "dgrad": "bf16", "wgrad": "bf16"}
+    k = kernels_from_plan_backends({"forward": "torchao_rowwise", "input_grad": "scaled_mm_rowwise",
+                                    "weight_grad": "bf16"})
+    assert k == {"mode": "fused_fp8", "dgrad": "scaled_mm_rowwise", "wgrad": "bf16"}
+
+
+def test_apply_precision_loka_with_mods_fuses_after_dispatch():
+    model = _mlp()
+    keys = list(model.state_dict())
+    cfg = PrecisionConfig(name="loka", mods=True, dispatch=True, timing_repeats=1, backends=["scaled_mm_rowwise"])
+    logs = []
+    plan = apply_precision(model, config=cfg, device="cpu", calibration_batch=torch.randn(32, 64), log=logs.append)
+    assert set(plan.layers) == {"0.0.0", "0.0.3"}
+    assert all(isinstance(model[0][0][i], FusedLinearMods) for i in (0, 3))
+    assert any("fused into FusedLinearMods" in line for line in logs) and list(model.state_dict()) == keys
+    assert torch.isfinite(model(torch.randn(8, 64))).all()

@@ -1,0 +1,15 @@
+"""The fused rowwise quantizer off Triton (the interpreter cases are in interp_cases.py)."""
+from __future__ import annotations
+
+import torch
+
+from loka_trainer.kernels.quant import quantize_rowwise
+from loka_trainer.kernels.triton_quant import quantize_rowwise_fused
+
+
+def test_off_triton_falls_back_to_reference(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.randn(16, 32)
+    q, s = quantize_rowwise_fused(x.t())
+    qr, sr = quantize_rowwise(x.t(), torch.float8_e4m3fn)
+    assert torch.equal(q.float(), qr.float()) and torch.equal(s, sr) and q.is_contiguous()
