@@ -177,7 +177,9 @@ class TokenMix(nn.Module):
         self.linear = nn.Linear(num_in, num_out, bias=bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.linear(tokens.transpose(1, 2)).transpose(1, 2)
+        # NOTE: contiguous on both sides: FP8 Linears (torchao rowwise) reject non-contiguous inputs with
+        # axiswise scales, and the next Linear (e.g. InterFormer's gate) gets this output as its input.
+        return self.linear(tokens.transpose(1, 2).contiguous()).transpose(1, 2).contiguous()
 
 
 class DenseEmbeddingArch(nn.Module):

@@ -1,0 +1,186 @@
+"""Streaming activation statistics of one Linear input: count, mean and scatter (batched Welford / Chan merge).
+
+Notation: B rows in one observed batch (all leading dims flattened; rows are independent samples, the
+batch-independence assumption of LoKA III-A), K input features, G covariance blocks of width Kb (G*Kb >= K).
+
+Representation (bounded memory): the scatter is kept block-diagonal, as a (G, Kb, Kb) tensor.
+  - "full":  G = 1, Kb = K: the exact K x K scatter (used when K <= max_full_covariance).
+  - "block_diagonal:Kb": K is split into consecutive blocks of Kb features (the last block zero-padded);
+    memory is O(K * Kb) instead of O(K^2). Kept: mean, per-feature variance, every correlation *inside* a
+    block. Lost: correlations *between* features of different blocks (samples treat blocks as independent).
+Also kept per feature: the max |x| seen (merges by max), for outlier inspection; it is not used to sample.
+
+Chan merge of (n_a, mu_a, S_a) and (n_b, mu_b, S_b), n = n_a + n_b, d = mu_b - mu_a:
+  mu = mu_a + (n_b / n) d,   S = S_a + S_b + (n_a n_b / n) d d^T.   Covariance = S / (n - 1).
+The merge is associative and commutative, so per-rank partials can be merged in any order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Optional
+
+import torch
+
+STATS_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def representation_name(num_features: int, block: int) -> str:
+    """'full' when one block covers all features, else 'block_diagonal:<block>'."""
+    return "full" if block >= num_features else f"block_diagonal:{block}"
+
+
+def choose_block(num_features: int, *, max_full_covariance: int, covariance_block: int) -> int:
+    """Block width Kb: K itself when K <= max_full_covariance, else covariance_block."""
+    if max_full_covariance < 1 or covariance_block < 1:
+        raise ValueError("max_full_covariance and covariance_block must be >= 1")
+    return num_features if num_features <= max_full_covariance else min(covariance_block, num_features)
+
+
+@dataclasses.dataclass
+class Moments:
+    """Sufficient statistics. count: scalar; mean: (K,); scatter: (G, Kb, Kb); max_abs: (K,)."""
+
+    count: torch.Tensor
+    mean: torch.Tensor
+    scatter: torch.Tensor
+    max_abs: torch.Tensor
+
+    @property
+    def num_features(self) -> int:
+        return self.mean.shape[0]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """(count, mean, scatter, max_abs) without copying (dataclasses.astuple would deep-copy them)."""
+        return self.count, self.mean, self.scatter, self.max_abs
+
+    @property
+    def block(self) -> int:
+        return self.scatter.shape[-1]
+
+
+def _blocked(x: torch.Tensor, block: int) -> torch.Tensor:
+    """(B, K) -> (B, G, Kb), zero-padding K up to G*Kb."""
+    num_rows, num_features = x.shape
+    num_blocks = math.ceil(num_features / block)
+    pad = num_blocks * block - num_features
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad))
+    return x.reshape(num_rows, num_blocks, block)
+
+
+@torch.no_grad()
+def batch_moments(x: torch.Tensor, *, block: int, compute_dtype: torch.dtype = torch.float32) -> Moments:
+    """Moments of one batch. x: (..., K) -> count (), mean (K,), scatter (G, Kb, Kb), max_abs (K,).
+
+    The scatter is formed from the *centered* batch, so computing it in fp32 loses little even when the mean
+    is large; the caller accumulates the merged result in its (usually fp64) stats dtype.
+    """
+    x2 = x.detach().reshape(-1, x.shape[-1]).to(compute_dtype)  # (B, K)
+    mean = x2.mean(dim=0)  # (K,)
+    centered = _blocked(x2 - mean, block)  # (B, G, Kb)
+    scatter = torch.einsum("bgi,bgj->gij", centered, centered)  # (G, Kb, Kb)
+    count = x2.new_full((), float(x2.shape[0]))  # a fill kernel, not a host-to-device copy (which syncs)
+    return Moments(count, mean, scatter, x2.abs().amax(dim=0))
+
+
+def _block_outer(d: torch.Tensor, block: int) -> torch.Tensor:
+    """Block-diagonal part of d d^T. d: (K,) -> (G, Kb, Kb)."""
+    db = _blocked(d.unsqueeze(0), block)[0]  # (G, Kb)
+    return db.unsqueeze(-1) * db.unsqueeze(-2)
+
+
+@torch.no_grad()
+def merge_moments(a: Moments, b: Moments) -> Moments:
+    """Chan merge of two partial statistics (same K and block); result in a's dtype. Either may be empty."""
+    b = Moments(*(t.to(a.mean.dtype) for t in b.tensors()))
+    count = a.count + b.count
+    safe = count.clamp_min(1.0)  # both empty -> weights 0, no NaN; no host sync (this runs inside forward)
+    d = b.mean - a.mean  # (K,)
+    mean = a.mean + (b.count / safe) * d
+    scatter = a.scatter + b.scatter + (a.count * b.count / safe) * _block_outer(d, a.block)
+    return Moments(count, mean, scatter, torch.maximum(a.max_abs, b.max_abs))
+
+
+@torch.no_grad()
+def merge_all(parts: Iterable[Moments]) -> Moments:
+    """Merge any number of partials (associative, so the order does not matter beyond rounding)."""
+    parts = list(parts)
+    out = parts[0]
+    for part in parts[1:]:
+        out = merge_moments(out, part)
+    return out
+
+
+def empty_moments(num_features: int, block: int, *, dtype: torch.dtype,
+                  device: Optional[torch.device] = None) -> Moments:
+    """Zero statistics for K features: mean (K,), scatter (G, Kb, Kb)."""
+    num_blocks = math.ceil(num_features / block)
+    return Moments(
+        torch.zeros((), dtype=dtype, device=device),
+        torch.zeros(num_features, dtype=dtype, device=device),
+        torch.zeros(num_blocks, block, block, dtype=dtype, device=device),
+        torch.zeros(num_features, dtype=dtype, device=device),
+    )
+
+
+@torch.no_grad()
+def block_covariance(m: Moments) -> torch.Tensor:
+    """Unbiased covariance blocks S / (n - 1): (G, Kb, Kb). Needs n > 1."""
+    if float(m.count) <= 1:
+        raise ValueError(f"covariance needs more than one observed row, got count={float(m.count):g}")
+    return m.scatter / (m.count - 1)
+
+
+@torch.no_grad()
+def dense_covariance(m: Moments) -> torch.Tensor:
+    """Covariance as a (K, K) matrix (zeros off the blocks). For tests and small K only."""
+    blocks = block_covariance(m)
+    full = torch.block_diag(*blocks.unbind(0))
+    return full[: m.num_features, : m.num_features]
+
+
+class ActivationTracker:
+    """Accumulates Moments of one Linear's input over observed batches (fp64 or fp32 accumulators)."""
+
+    def __init__(self, num_features: int, *, max_full_covariance: int = 4096, covariance_block: int = 256,
+                 stats_dtype: str = "float64", device: Optional[torch.device] = None):
+        if stats_dtype not in STATS_DTYPES:
+            raise ValueError(f"stats_dtype={stats_dtype!r}; valid values: {', '.join(STATS_DTYPES)}")
+        self.block = choose_block(num_features, max_full_covariance=max_full_covariance,
+                                  covariance_block=covariance_block)
+        self.moments = empty_moments(num_features, self.block, dtype=STATS_DTYPES[stats_dtype], device=device)
+        self.rows_per_call = 0  # rows of the last observed call: the GEMM's M at this layer
+
+    @property
+    def representation(self) -> str:
+        return representation_name(self.moments.num_features, self.block)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Fold in one batch x: (..., K)."""
+        if x.shape[-1] != self.moments.num_features:
+            raise ValueError(f"activation has {x.shape[-1]} features, tracker expects {self.moments.num_features}")
+        if self.moments.mean.device != x.device:
+            self.moments = Moments(*(t.to(x.device) for t in self.moments.tensors()))
+        self.moments = merge_moments(self.moments, batch_moments(x, block=self.block))
+        self.rows_per_call = x.numel() // x.shape[-1]
+
+    def state_dict(self) -> dict:
+        m = self.moments
+        return {"count": m.count, "mean": m.mean, "scatter": m.scatter, "max_abs": m.max_abs,
+                "representation": self.representation, "rows_per_call": self.rows_per_call}
+
+    def load_state_dict(self, state: dict) -> None:
+        dtype, device = self.moments.mean.dtype, self.moments.mean.device
+        loaded = Moments(*(state[k].to(dtype=dtype, device=device) for k in ("count", "mean", "scatter", "max_abs")))
+        if loaded.scatter.shape != self.moments.scatter.shape or loaded.mean.shape != self.moments.mean.shape:
+            raise ValueError(f"activation state has scatter {tuple(loaded.scatter.shape)}, "
+                             f"expected {tuple(self.moments.scatter.shape)}")
+        self.moments = loaded
+        self.rows_per_call = int(state.get("rows_per_call", 0))
+
+
+def moments_from_state(state: dict) -> Moments:
+    """Moments from an ActivationTracker.state_dict() (e.g. loaded from a stats file)."""
+    return Moments(state["count"], state["mean"], state["scatter"], state["max_abs"])

@@ -1,0 +1,58 @@
+"""Which Linears the probe observes, and the layer names (FQNs) that stats files and reports use.
+
+FQNs are cleaned of wrapper components so that the same layer has the same name with or without TorchRec's
+DistributedModelParallel, torch.compile, activation checkpointing or DDP: Dispatch must apply the same
+``clean_fqn`` when it maps report entries back onto a model.
+"""
+from __future__ import annotations
+
+import fnmatch
+from typing import Callable, Optional, Sequence
+
+from torch import nn
+
+# Wrapper attribute names that never belong to the user's model structure.
+WRAPPER_COMPONENTS = ("_dmp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
+
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+def clean_fqn(fqn: str) -> str:
+    """'_dmp_wrapped_module.dense._orig_mod.0' -> 'dense.0'; a leading DDP 'module.' is dropped too."""
+    parts = [p for p in fqn.split(".") if p and p not in WRAPPER_COMPONENTS]
+    if parts[:1] == ["module"]:
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def _class_names(module: nn.Module) -> set[str]:
+    return {cls.__name__ for cls in type(module).__mro__}
+
+
+def select_linears(model: nn.Module, *, include: Optional[Sequence[str]] = None,
+                   exclude: Optional[Sequence[str]] = None, module_types: Optional[Sequence[str]] = None,
+                   min_features: int = 1, module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, nn.Linear]:
+    """Target layers keyed by clean FQN.
+
+    A module qualifies when it is an nn.Linear (any subclass: torchao Float8Linear, LoKALinear), its class or a
+    base class is named in ``module_types`` (if given), its clean FQN matches an ``include`` glob (if given) and
+    no ``exclude`` glob, both in_features and out_features are >= ``min_features``, and
+    ``module_filter_fn(module, fqn)`` (if given) is true.
+    """
+    targets: dict[str, nn.Linear] = {}
+    for raw_fqn, module in model.named_modules():
+        fqn = clean_fqn(raw_fqn)
+        if not isinstance(module, nn.Linear) or fqn in targets:
+            continue
+        if module_types and not (_class_names(module) & set(module_types)):
+            continue
+        if include and not any(fnmatch.fnmatchcase(fqn, pat) for pat in include):
+            continue
+        if exclude and any(fnmatch.fnmatchcase(fqn, pat) for pat in exclude):
+            continue
+        if min(module.in_features, module.out_features) < min_features:
+            continue
+        if module_filter_fn is not None and not module_filter_fn(module, fqn):
+            continue
+        targets[fqn] = module
+    return targets

@@ -1,0 +1,217 @@
+"""End-to-end training-step and inference throughput of zoo models per precision, measured side by side.
+
+    python scripts/bench_e2e_gpu.py OUT_DIR [--models wukong interformer] [--batch 4096] [--steps 20]
+        [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka] [--no-compile] [--budget-s 240]
+
+One process, one device. Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
+e.g. `WukongConfig()`), on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
+**unsharded** TorchRec embeddings (plain `EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec
+sharding is not part of this measurement), then applies the precision exactly as `train.py` does
+(`apply_precision`; `loka` also builds the model with the LoKA Mods, as `precision=loka` does). The dense units
+(`model.dense_units()`) are compiled with `torch.compile` unless `--no-compile`. A training step = forward
+under BF16 autocast, BCE loss, backward, Adam on the dense parameters and SGD on the embeddings; inference =
+forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
+is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
+GEMM kernels vs the rest (the paper's figure-11 view). Writes OUT_DIR/bench_e2e.json (after every variant) and
+OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not started before --budget-s are skipped and
+listed as such.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loka_trainer.data import DataConfig, build_stream, data_schema  # noqa: E402
+from loka_trainer.kernels.config import PrecisionConfig  # noqa: E402
+from loka_trainer.kernels.convert import apply_precision  # noqa: E402
+from loka_trainer.models.zoo import MODELS, build_model  # noqa: E402
+from loka_trainer.sharding.parallelize import embedding_modules  # noqa: E402
+
+GEMM_KERNEL_MARKERS = ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem")
+
+
+def precision_config(name: str) -> PrecisionConfig:
+    raw = OmegaConf.load(ROOT / "conf" / "precision" / f"{name}.yaml")
+    raw.pop("defaults", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrecisionConfig), raw))
+
+
+def build_variant(model_name: str, precision: str, *, batch: int, device: torch.device, compile_dense: bool):
+    data_cfg = DataConfig(batch_size=batch, num_sequences=2 if model_name == "interformer" else 0, prefetch=0)
+    sample = next(iter(build_stream(data_cfg, split="eval", rank=0, world_size=1))).to(device)
+    pcfg = precision_config(precision)
+    torch.manual_seed(0)
+    model = build_model(MODELS[model_name].config_cls(), schema=data_schema(data_cfg), loka_mods=pcfg.mods)
+    logs: list[str] = []
+    model = model.to(device)
+    apply_precision(model, config=pcfg, device=device, calibration_batch=sample, log=logs.append)
+    if compile_dense:
+        for unit in model.dense_units():
+            unit.compile()
+    sparse = [p for _, m in embedding_modules(model) for p in m.parameters()]
+    sparse_ids = {id(p) for p in sparse}
+    dense = [p for p in model.parameters() if id(p) not in sparse_ids]
+    opts = [torch.optim.Adam(dense, lr=1e-3), torch.optim.SGD(sparse, lr=0.01)]
+    return model, sample, opts, logs
+
+
+def train_step(model, batch, opts) -> None:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(batch).float()
+    F.binary_cross_entropy_with_logits(logits, batch.labels).backward()
+    for opt in opts:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def infer_step(model, batch) -> None:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(batch)
+
+
+def timed_ms(fn, steps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(steps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def gemm_split_ms(fn) -> dict[str, float]:
+    """GPU kernel time of one call of `fn`, split into GEMM kernels and the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    gemm = other = 0.0
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if evt.device_type.name != "CUDA" or t <= 0:
+            continue
+        if any(m in evt.key.lower() for m in GEMM_KERNEL_MARKERS):
+            gemm += t
+        else:
+            other += t
+    return {"gemm_ms": gemm / 1e3, "other_ms": other / 1e3}
+
+
+def measure(model_name: str, precision: str, args, device) -> dict:
+    row = {"model": model_name, "precision": precision, "batch": args.batch}
+    t0 = time.perf_counter()
+    model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
+                                             compile_dense=not args.no_compile)
+    row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
+    row.update({f"train_{k}": v for k, v in gemm_split_ms(lambda: train_step(model, batch, opts)).items()})
+    model.eval()
+    row["infer_step_ms"] = timed_ms(lambda: infer_step(model, batch), args.steps, args.warmup)
+    row["train_examples_per_s"] = args.batch / row["train_step_ms"] * 1e3
+    row["infer_examples_per_s"] = args.batch / row["infer_step_ms"] * 1e3
+    row["setup_and_measure_s"] = time.perf_counter() - t0
+    row["log"] = [line for line in logs if "GEMMs in FP8" in line or "fused" in line or "torchao" in line]
+    return row
+
+
+def add_ratios(rows: list[dict]) -> None:
+    for r in rows:
+        base = next((b for b in rows if b["model"] == r["model"] and b["precision"] == "bf16"
+                     and "train_step_ms" in b), None)
+        if base and "train_step_ms" in r:
+            r["train_speedup_vs_bf16"] = base["train_step_ms"] / r["train_step_ms"]
+            r["infer_speedup_vs_bf16"] = base["infer_step_ms"] / r["infer_step_ms"]
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'model':<12} {'precision':<18} {'train ms':>9} {'x bf16':>7} {'infer ms':>9} {'x bf16':>7} "
+             f"{'GEMM ms':>8} {'rest ms':>8}"]
+    for r in rows:
+        if "train_step_ms" not in r:
+            lines.append(f"{r['model']:<12} {r['precision']:<18} {r.get('status', 'error')}")
+            continue
+        lines.append(f"{r['model']:<12} {r['precision']:<18} {r['train_step_ms']:9.3f} "
+                     f"{r.get('train_speedup_vs_bf16', float('nan')):7.2f} {r['infer_step_ms']:9.3f} "
+                     f"{r.get('infer_speedup_vs_bf16', float('nan')):7.2f} {r['train_gemm_ms']:8.3f} "
+                     f"{r['train_other_ms']:8.3f}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "train_step_ms" in r]
+    if not ok:
+        return
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(ok)), 4))
+    labels = [f"{r['model']}\n{r['precision']}" for r in ok]
+    ax.bar(labels, [r["train_gemm_ms"] for r in ok], label="GEMM kernels")
+    ax.bar(labels, [r["train_other_ms"] for r in ok], bottom=[r["train_gemm_ms"] for r in ok], label="other kernels")
+    ax.scatter(labels, [r["train_step_ms"] for r in ok], color="black", zorder=3, label="step wall time")
+    ax.set_ylabel("ms per training step")
+    ax.set_title(f"training step, batch {ok[0]['batch']}: GPU kernel time split and wall time")
+    ax.legend(fontsize=8)
+    plt.xticks(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--models", nargs="+", default=["wukong", "interformer"])
+    ap.add_argument("--precisions", nargs="+",
+                    default=["bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "loka"])
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_e2e_gpu.py needs a CUDA device")
+    device = torch.device("cuda", 0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(device),
+            "torch": torch.__version__, "command": " ".join(sys.argv), "compiled_dense": not args.no_compile}
+    rows, start = [], time.perf_counter()
+    jobs = [(m, p) for m in args.models for p in args.precisions]
+    for model_name, precision in tqdm(jobs, desc="e2e variants", unit="variant"):
+        if time.perf_counter() - start > args.budget_s:
+            rows.append({"model": model_name, "precision": precision, "status": "skipped (time budget)"})
+            continue
+        try:
+            rows.append(measure(model_name, precision, args, device))
+        except Exception as exc:  # one variant failing must not lose the others
+            rows.append({"model": model_name, "precision": precision, "status": f"error: {exc!r}"[:300],
+                         "traceback": traceback.format_exc()[-2000:]})
+        torch.cuda.empty_cache()
+        add_ratios(rows)
+        (args.out / "bench_e2e.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    plot(rows, args.out / "bench_e2e.png")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loka_trainer.probe.activation import (ActivationTracker, batch_moments, dense_covariance, empty_moments,
+                                           merge_all, merge_moments)
+
+from .helpers import DT, gaussian_rows, random_spd, rel_err
+
+
+def test_tracker_recovers_known_mean_and_covariance():
+    gen = torch.Generator().manual_seed(0)
+    num_features, num_rows = 12, 40_000
+    mean = 3.0 * torch.randn(num_features, generator=gen, dtype=DT)
+    cov = random_spd(num_features, gen=gen)
+    tracker = ActivationTracker(num_features)
+    for chunk in gaussian_rows(num_rows, mean, cov, gen=gen).split(997):  # uneven batches
+        tracker.update(chunk.float())
+    # Tolerances: ~4 standard errors of the sample mean / covariance at n = 40k.
+    stderr = (cov.diagonal() / num_rows).sqrt()
+    assert torch.all((tracker.moments.mean - mean).abs() < 4 * stderr)
+    assert rel_err(dense_covariance(tracker.moments), cov) < 0.03
+    assert int(tracker.moments.count) == num_rows
+
+
+@pytest.mark.parametrize("block", [10, 4, 3])
+def test_streaming_merge_equals_one_shot(block):
+    gen = torch.Generator().manual_seed(1)
+    x = gaussian_rows(3000, torch.randn(10, generator=gen, dtype=DT), random_spd(10, gen=gen), gen=gen)
+    tracker = ActivationTracker(10, max_full_covariance=block if block == 10 else 1, covariance_block=block)
+    for chunk in x.split(128):
+        tracker.update(chunk)
+    one_shot = torch.cov(x.T)
+    mask = torch.block_diag(*[torch.ones(block, block, dtype=DT)] * 4)[:10, :10]  # keep only in-block entries
+    torch.testing.assert_close(dense_covariance(tracker.moments), one_shot * mask, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tracker.moments.mean, x.mean(0), rtol=1e-6, atol=1e-6)
+    assert tracker.representation == ("full" if block == 10 else f"block_diagonal:{block}")
+
+
+def test_merging_two_ranks_equals_one_process():
+    gen = torch.Generator().manual_seed(2)
+    x = gaussian_rows(2500, torch.randn(6, generator=gen, dtype=DT) * 5, random_spd(6, gen=gen), gen=gen)
+    rank0, rank1, single = ActivationTracker(6), ActivationTracker(6), ActivationTracker(6)
+    rank0.update(x[:700])  # unequal shares, as with uneven last batches
+    rank1.update(x[700:1500]); rank1.update(x[1500:])
+    single.update(x)
+    for merged in (merge_moments(rank0.moments, rank1.moments), merge_moments(rank1.moments, rank0.moments)):
+        torch.testing.assert_close(merged.scatter, single.moments.scatter, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(merged.mean, single.moments.mean)
+        assert float(merged.count) == 2500
+        torch.testing.assert_close(merged.max_abs, x.abs().amax(0))
+
+
+def test_merge_is_associative_and_empty_is_identity():
+    gen = torch.Generator().manual_seed(3)
+    parts = [batch_moments(torch.randn(n, 5, generator=gen) + n, block=5) for n in (3, 50, 17)]
+    left = merge_all(parts)
+    right = merge_moments(parts[0], merge_moments(parts[1], parts[2]))
+    torch.testing.assert_close(left.scatter, right.scatter, rtol=1e-5, atol=1e-4)
+    empty = empty_moments(5, 5, dtype=torch.float32)
+    both_empty = merge_moments(empty, empty)
+    assert torch.isfinite(both_empty.mean).all() and float(both_empty.count) == 0
+    torch.testing.assert_close(merge_moments(empty, parts[1]).scatter, parts[1].scatter)
+
+
+def test_leading_dims_are_flattened_and_shape_checked():
+    tracker = ActivationTracker(4)
+    tracker.update(torch.randn(3, 5, 4))
+    assert int(tracker.moments.count) == 15 and tracker.rows_per_call == 15
+    with pytest.raises(ValueError, match="features"):
+        tracker.update(torch.randn(2, 3))
+
+
+def test_state_dict_round_trip():
+    src = ActivationTracker(8, max_full_covariance=4, covariance_block=3)
+    src.update(torch.randn(64, 8))
+    dst = ActivationTracker(8, max_full_covariance=4, covariance_block=3)
+    dst.load_state_dict(src.state_dict())
+    torch.testing.assert_close(dst.moments.scatter, src.moments.scatter)
+    with pytest.raises(ValueError, match="scatter"):
+        ActivationTracker(8).load_state_dict(src.state_dict())

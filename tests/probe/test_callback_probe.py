@@ -1,0 +1,153 @@
+"""ProbeCallback in a plain user loop (the module docstring's recipe), filters, saving, TensorBoard, checkpoint."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+import loka_trainer.callbacks.probe as probe_mod
+from loka_trainer.callbacks.base import TrainState
+from loka_trainer.callbacks.probe import ProbeCallback, ProbeConfig
+from loka_trainer.probe.stats_io import AsyncSaver, load_stats
+
+ROWS = 16
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), MyLinear(32, 16, bias=False), nn.ReLU())
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.inner(x))
+
+
+class MyLinear(nn.Linear):
+    """Stands in for Float8Linear / LoKALinear: any nn.Linear subclass is a target."""
+
+
+def run_plain_loop(probe: ProbeCallback, *, steps: int, model: nn.Module | None = None, seed: int = 0) -> TrainState:
+    torch.manual_seed(seed)
+    model = model or Tower()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = TrainState(model=model)
+    probe.on_train_start(state)
+    for step in range(steps):
+        state.step = step
+        probe.on_step_start(state)
+        loss = model(torch.randn(ROWS, 8)).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad()
+        probe.on_step_end(state)
+    probe.on_train_end(state)
+    return state
+
+
+def test_plain_loop_observes_every_interval_and_writes_stats(tmp_path):
+    probe = ProbeCallback(interval=5, save_interval=10, out_dir=str(tmp_path / "probe"), tensorboard=False)
+    run_plain_loop(probe, steps=23)  # observed at 0, 5, 10, 15, 20; saved after 9, 19 and at the end (22)
+    stats = load_stats(tmp_path / "probe")
+    assert stats["step"] == 22 and set(stats["layers"]) == {"inner.0", "inner.2", "head"}
+    layer = stats["layers"]["inner.2"]
+    assert float(layer["activation"]["count"]) == 5 * ROWS
+    assert layer["weight"]["count"] == 5 and tuple(layer["weight"]["mean"].shape) == (16, 32)
+    assert layer["has_bias"] is False and stats["layers"]["head"]["has_bias"] is True
+
+
+def test_no_hooks_between_observed_steps():
+    probe = ProbeCallback(interval=3, save_interval=1000, tensorboard=False, out_dir="unused")
+    model = Tower()
+    state = TrainState(model=model)
+    probe.attach(model)
+    for step in range(7):
+        state.step = step
+        probe.on_step_start(state)
+        hooked = sum(len(m._forward_pre_hooks) for m in model.modules())
+        assert hooked == (3 if step % 3 == 0 else 0)
+        model(torch.randn(4, 8))
+        probe.on_step_end(state)
+    assert sum(len(m._forward_pre_hooks) for m in model.modules()) == 0
+    assert float(probe.layers["head"].activation.moments.count) == 3 * 4  # steps 0, 3, 6
+
+
+def test_filters_by_name_type_and_size():
+    model = Tower()
+    pick = lambda **kw: set(ProbeCallback(tensorboard=False, **kw).attach(model))  # noqa: E731
+    assert pick(include=["inner.*"]) == {"inner.0", "inner.2"}
+    assert pick(exclude=["head"]) == {"inner.0", "inner.2"}
+    assert pick(module_types=["MyLinear"]) == {"inner.2"}
+    assert pick(min_features=8) == {"inner.0", "inner.2"}  # head has out_features 1
+    assert set(ProbeCallback(tensorboard=False, module_filter_fn=lambda m, fqn: m.bias is None).attach(model)) == {"inner.2"}
+
+
+def test_config_paths_and_errors(tmp_path):
+    cfg = OmegaConf.structured(ProbeConfig(enabled=True, interval=7, include=["a.*"]))
+    probe = ProbeCallback.from_config(cfg, run_dir=tmp_path)
+    assert probe.config.interval == 7 and probe.config.include == ["a.*"]
+    assert probe.stats_path == tmp_path / "probe" / "stats.pt"
+    assert ProbeCallback.from_config({"interval": 3}).config.interval == 3
+    with pytest.raises(ValueError, match="valid fields"):
+        ProbeCallback(intervall=3)
+    with pytest.raises(ValueError, match="callbacks.probe.interval"):
+        ProbeCallback(interval=0)
+    with pytest.raises(ValueError, match="stats_dtype"):
+        ProbeCallback(stats_dtype="float16")
+
+
+def test_save_does_not_block_the_step(tmp_path, monkeypatch):
+    release, started = threading.Event(), threading.Event()
+
+    def blocked_writer(obj, f):
+        started.set()
+        assert release.wait(20)
+        torch.save(obj, f)
+
+    monkeypatch.setattr(probe_mod, "AsyncSaver", lambda: AsyncSaver(writer=blocked_writer))
+    probe = ProbeCallback(interval=1, save_interval=2, out_dir=str(tmp_path), tensorboard=False)
+    model = Tower()
+    state = TrainState(model=model)
+    probe.on_train_start(state)
+    for step in range(6):  # saves after steps 1, 3, 5 while the first write is still blocked
+        state.step = step
+        probe.on_step_start(state)
+        model(torch.randn(ROWS, 8))
+        probe.on_step_end(state)
+    assert started.wait(5) and not (tmp_path / "stats.pt").exists()  # the loop ran on while disk was "slow"
+    release.set()
+    probe.close()
+    assert load_stats(tmp_path)["step"] == 5
+
+
+def test_tensorboard_scalars_per_layer(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    probe = ProbeCallback(interval=2, save_interval=100, run_dir=tmp_path)
+    run_plain_loop(probe, steps=6)
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "probe"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"probe/head/act_max_abs", "probe/head/weight_norm", "probe/head/bias_norm"} <= tags
+    assert "probe/inner.2/bias_norm" not in tags  # bias-free layer
+    steps = [e.step for e in events.Scalars("probe/inner.0/act_std")]
+    assert steps == [0, 2, 4]
+    weight_norms = [e.value for e in events.Scalars("probe/head/weight_norm")]
+    assert weight_norms[-1] != weight_norms[0]  # tracks training, not a constant
+
+
+def test_checkpoint_round_trip_resumes_statistics(tmp_path):
+    first = ProbeCallback(interval=1, save_interval=100, out_dir=str(tmp_path / "a"), tensorboard=False)
+    run_plain_loop(first, steps=3)
+    state = first.state_dict()
+    resumed = ProbeCallback(interval=1, save_interval=100, out_dir=str(tmp_path / "b"), tensorboard=False)
+    resumed.load_state_dict(state)  # before attach: applied when the model is attached
+    run_plain_loop(resumed, steps=2)
+    assert float(resumed.layers["head"].activation.moments.count) == 5 * ROWS
+    assert resumed.layers["head"].weight.count == 5
+    other_rank = ProbeCallback(interval=1, tensorboard=False)
+    other_rank.attach(Tower(), rank=1, world_size=2)
+    other_rank.load_state_dict(state)  # rank 0's rows must not be counted again on rank 1
+    assert float(other_rank.layers["head"].activation.moments.count) == 0
+    assert other_rank.layers["head"].weight.count == 3

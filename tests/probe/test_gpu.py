@@ -1,0 +1,48 @@
+"""CUDA-only checks: trackers on the GPU match the CPU, and kernel timing goes through triton's do_bench."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer.callbacks.base import TrainState
+from loka_trainer.callbacks.probe import ProbeCallback
+from loka_trainer.probe.activation import ActivationTracker
+from loka_trainer.probe.mere import median_time
+from loka_trainer.probe.stats_io import load_stats
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_cuda_trackers_match_cpu():
+    x = torch.randn(4096, 300) * torch.linspace(0.1, 30, 300) + 2
+    cpu, gpu = ActivationTracker(300, max_full_covariance=256, covariance_block=128), \
+        ActivationTracker(300, max_full_covariance=256, covariance_block=128)
+    for chunk in x.split(1000):
+        cpu.update(chunk)
+        gpu.update(chunk.cuda())
+    assert gpu.moments.scatter.is_cuda
+    torch.testing.assert_close(gpu.moments.mean.cpu(), cpu.moments.mean, rtol=1e-5, atol=1e-5)
+    scale = float(cpu.moments.scatter.abs().max())  # fp32 sums: error scales with the largest entry
+    torch.testing.assert_close(gpu.moments.scatter.cpu(), cpu.moments.scatter, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_callback_on_cuda_bf16_model_saves_cpu_stats(tmp_path):
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).cuda().bfloat16()
+    probe = ProbeCallback(interval=2, save_interval=4, out_dir=str(tmp_path), tensorboard=False)
+    state = TrainState(model=model, device=torch.device("cuda"))
+    probe.on_train_start(state)
+    for step in range(8):
+        state.step = step
+        probe.on_step_start(state)
+        model(torch.randn(1024, 256, device="cuda", dtype=torch.bfloat16)).float().square().mean().backward()
+        probe.on_step_end(state)
+    probe.on_train_end(state)
+    stats = load_stats(tmp_path)
+    assert float(stats["layers"]["2"]["activation"]["count"]) == 4 * 1024
+    assert stats["layers"]["2"]["weight"]["u"].device.type == "cpu"
+
+
+def test_median_time_on_cuda_is_positive():
+    x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    assert 0 < median_time(lambda a, b: a @ b.T, x, x) < 1.0

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loka_trainer.probe.activation import ActivationTracker
+from loka_trainer.probe.mere import exact_fp32_forward, mere
+from loka_trainer.probe.report import analyze_layer
+from loka_trainer.probe.weight import WeightTracker
+
+from .helpers import outlier_activations
+
+TILE = 128  # the faulty kernel looks only at the first K-tile of each row
+FP8_MAX = 448.0
+
+
+def test_mere_values_and_zero_guard():
+    ref = torch.tensor([[1.0, -2.0], [4.0, -8.0]])
+    assert float(mere(ref, ref)) == 0.0
+    assert float(mere(ref * 1.1, ref)) == pytest.approx(0.1, rel=1e-5)
+    # A zero reference element is counted relative to the floor (zero_floor * mean|ref|), not dropped or inf.
+    ref0 = torch.tensor([0.0, 2.0])
+    assert float(mere(torch.tensor([0.1, 2.0]), ref0, zero_floor=0.1)) == pytest.approx(0.1 / 0.1 / 2)
+    assert float(mere(torch.zeros(3), torch.zeros(3))) == 0.0
+    with pytest.raises(ValueError, match="shape"):
+        mere(torch.zeros(2), torch.zeros(3))
+
+
+def _fake_fp8(t: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize rows of t (R, C) to e4m3 with per-row amax (R, 1); out-of-range values saturate."""
+    scale = amax.clamp_min(1e-12) / FP8_MAX
+    return (t / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale
+
+
+def rowwise_fp8(x, w):
+    return _fake_fp8(x, x.abs().amax(1, keepdim=True)) @ _fake_fp8(w, w.abs().amax(1, keepdim=True)).T
+
+
+def faulty_rowwise_fp8(x, w):
+    """Bug: the activation row scale comes from the first K-tile only, so later outlier features saturate.
+    On i.i.d. normal rows the first tile's max is close to the row max, so the bug barely shows."""
+    return _fake_fp8(x, x[:, :TILE].abs().amax(1, keepdim=True)) @ _fake_fp8(w, w.abs().amax(1, keepdim=True)).T
+
+
+class _Fake:
+    def __init__(self, name, fn):
+        self.name, self.forward = name, fn
+
+    def supports(self, M, K, N):
+        return True
+
+
+def _learned_layer(num_in: int = 256, num_out: int = 64) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    act = ActivationTracker(num_in)
+    act.update(outlier_activations(4096, num_in, gen=gen, outliers=(150, 201, 240)))
+    act.rows_per_call = 128
+    weight = WeightTracker(num_out, num_in, momentum=0.9)
+    base = torch.randn(num_out, num_in, generator=gen, dtype=torch.float64) / num_in**0.5
+    for _ in range(5):
+        weight.update(base + 1e-3 * torch.randn(base.shape, generator=gen, dtype=torch.float64))
+    return {"in_features": num_in, "out_features": num_out,
+            "activation": act.state_dict(), "weight": weight.state_dict()}
+
+
+def test_learned_samples_expose_a_faulty_kernel_that_normal_samples_hide():
+    """The paper's table-V effect: same kernels, learned vs standard-normal operands."""
+    backends = {"exact": _Fake("exact", exact_fp32_forward), "fp8_rowwise": _Fake("fp8_rowwise", rowwise_fp8),
+                "faulty": _Fake("faulty", faulty_rowwise_fp8)}
+    entry = analyze_layer(_learned_layer(), backends, num_samples=8, threshold=0.2, min_speedup=1.05,
+                          device=torch.device("cpu"), timing=False)
+    c = entry["candidates"]
+    assert c["exact"]["mere"] == 0.0 and c["exact"]["mere_normal"] == 0.0
+    assert c["faulty"]["mere"] > 5 * c["faulty"]["mere_normal"]  # learned inputs reveal the bug
+    assert c["faulty"]["mere_normal"] < 2 * c["fp8_rowwise"]["mere_normal"]  # normal inputs: looks like fp8
+    assert c["faulty"]["mere"] > 5 * c["fp8_rowwise"]["mere"]
+    assert c["faulty"]["unsafe"] and not c["exact"]["unsafe"]
+    assert entry["shape"] == {"M": 128, "K": 256, "N": 64}
+    assert all(v["not_worth_it"] and v["speedup"] is None for v in c.values())  # timing off: no speedup
