@@ -1,9 +1,9 @@
 """Built-in preprocessors: batch-size replication and precision (BF16 autocast; FP8 via LoKA Dispatch)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
-import importlib.util
 from typing import Any
 
 import torch
@@ -71,19 +71,43 @@ class Precision(Preprocessor):
     def __init__(self, mode: str = "fp32") -> None:
         if mode not in self.MODES:
             raise ValueError(f"bench.precision={mode!r} is unknown; valid values: {list(self.MODES)}")
-        if mode == "fp8" and importlib.util.find_spec("loka_trainer.kernels.dispatch") is None:
-            raise ValueError("bench.precision='fp8' needs loka_trainer.kernels.dispatch (LoKA Dispatch), "
-                             "which is not available yet; valid values now: ['fp32', 'bf16']")
         self.mode = mode
 
     def apply(self, job: Job, ctx: RunContext) -> Job:
         if self.mode == "fp32":
             return job
-        if self.mode == "bf16":
-            factory = functools.partial(_autocast, ctx.device.type, torch.bfloat16)
-            return dataclasses.replace(job, contexts=job.contexts + [factory])
-        # TODO(fp8): convert a deep copy of job.module with LoKA Dispatch once its convert() API exists.
-        raise NotImplementedError("fp8 precision awaits the LoKA Dispatch convert API")
+        factory = functools.partial(_autocast, ctx.device.type, torch.bfloat16)
+        job = dataclasses.replace(job, contexts=job.contexts + [factory])
+        return job if self.mode == "bf16" else _with_dispatch(job, ctx.device)
+
+
+class _ReplayCaptured(torch.nn.Module):
+    """Wraps a submodule so that Dispatch's one-argument calibration forward replays its captured inputs."""
+
+    def __init__(self, inner: torch.nn.Module, inputs: ModuleInputs) -> None:
+        super().__init__()
+        self.inner, self.inputs = inner, inputs
+
+    def forward(self, _: Any) -> Any:
+        return self.inputs.call(self.inner)
+
+
+def _with_dispatch(job: Job, device: torch.device) -> Job:
+    """A deep copy of the submodule under LoKA Dispatch (plan measured here, on its captured inputs), BF16 around.
+
+    The model being profiled is never modified: each submodule gets its own converted copy.
+    """
+    from loka_trainer.kernels.config import PrecisionConfig
+    from loka_trainer.kernels.convert import apply_precision
+
+    wrapper = _ReplayCaptured(copy.deepcopy(job.module), job.inputs)
+    config = PrecisionConfig(name="loka", compute_dtype="bfloat16", dispatch=True)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        plan = apply_precision(wrapper, config=config, device=device, calibration_batch=job.inputs,
+                              log=lambda _: None)
+    num_fp8 = sum(b != "bf16" for lp in plan.layers.values() for b in lp.backends().values()) if plan else 0
+    note = f"LoKA Dispatch: {num_fp8} of {3 * len(plan.layers) if plan else 0} GEMMs in FP8"
+    return dataclasses.replace(job, module=wrapper.inner, notes=job.notes + [note])
 
 
 def compute_dtype(mode: str, device: torch.device) -> str:
