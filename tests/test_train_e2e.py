@@ -103,3 +103,18 @@ def test_resume_continues_step_for_step(tmp_path):
     assert sorted(got) == list(range(1, 25))
     for step in range(13, 25):
         assert got[step] == pytest.approx(want[step], rel=1e-6, abs=1e-7), step
+
+
+def test_loka_with_probe_on_two_ranks_writes_plan_and_statistics(tmp_path):
+    """precision=loka (Mods + Dispatch, plan measured on rank 0 and broadcast) with the probe callback on."""
+    run_dir = tmp_path / "loka"
+    run_train(["model=wukong", "precision=loka", "trainer.steps=20", "trainer.eval_interval=0",
+               "callbacks.probe.enabled=true", "callbacks.probe.interval=5", "callbacks.probe.save_interval=10",
+               f"hydra.run.dir={run_dir}", *SMALL], nproc=2)
+    plan = json.loads((run_dir / "dispatch_plan.json").read_text())
+    assert plan["layers"] and all(set(lp) >= {"forward", "input_grad", "weight_grad"}
+                                  for lp in plan["layers"].values())
+    assert (run_dir / "probe" / "stats.pt").is_file()
+    log = (run_dir / "train.log").read_text()
+    assert "LoKA Dispatch plan" in log and "GEMMs in FP8" in log
+    assert json.loads((run_dir / "summary.json").read_text())["precision"] == "loka"
