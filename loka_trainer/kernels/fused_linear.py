@@ -120,8 +120,10 @@ def fuse_linear_mods(model: nn.Module, *, kernels: Optional[dict[str, dict[str, 
 def kernels_from_plan_backends(backends: dict[str, str]) -> dict[str, str]:
     """A Dispatch plan's per-GEMM choice {forward, input_grad, weight_grad} -> FusedLinearMods kernels.
 
-    A forward that Dispatch found worth FP8 runs the fused kernel on rowwise-FP8 inputs, else BF16; the two
+    A forward that Dispatch found worth FP8 runs the fused kernel on rowwise-FP8 inputs; a BF16 forward runs
+    "split_bf16" (cuBLAS GEMM + one Triton BlockNorm/HardSwish epilogue kernel), which was at least as fast as
+    the single fused BF16 kernel at every figure-13 shape on the H200 (docs/kernels/README.md). The two
     backward GEMMs keep the plan's backends.
     """
-    mode = "fused_bf16" if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
+    mode = "split_bf16" if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
     return {"mode": mode, "dgrad": backends.get("input_grad", "bf16"), "wgrad": backends.get("weight_grad", "bf16")}

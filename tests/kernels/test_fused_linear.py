@@ -55,7 +55,7 @@ def test_filter_and_kernels():
 
 def test_plan_backends_map_to_kernels():
     assert kernels_from_plan_backends({"forward": "bf16", "input_grad": "bf16", "weight_grad": "bf16"}) == \
-        {"mode": "fused_bf16", "dgrad": "bf16", "wgrad": "bf16"}
+        {"mode": "split_bf16", "dgrad": "bf16", "wgrad": "bf16"}
     k = kernels_from_plan_backends({"forward": "torchao_rowwise", "input_grad": "scaled_mm_rowwise",
                                     "weight_grad": "bf16"})
     assert k == {"mode": "fused_fp8", "dgrad": "scaled_mm_rowwise", "wgrad": "bf16"}
