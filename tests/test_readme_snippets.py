@@ -1,0 +1,23 @@
+"""The README's Python snippets run as written (in a temporary working directory)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_the_three_adoption_snippets():
+    assert len(SNIPPETS) == 3
+
+
+@pytest.mark.parametrize("index", range(len(SNIPPETS)))
+def test_readme_snippet_runs(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(SNIPPETS[index], f"README snippet {index}", "exec"), {})
+    runs = tmp_path / "runs" / "readme"
+    expected = [runs / "probe" / "stats.pt", runs / "dispatch_plan.json", runs / "bench"][index]
+    assert expected.exists()
