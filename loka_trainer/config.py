@@ -15,7 +15,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from loka_trainer.callbacks.probe import ProbeConfig
 from loka_trainer.data.config import DataConfig
 from loka_trainer.kernels.config import PrecisionConfig
-from loka_trainer.models.zoo import MODELS
+from loka_trainer.models.configs import MODEL_CONFIGS
 from loka_trainer.sharding.config import ShardingConfig
 
 DENSE_OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
@@ -108,8 +108,8 @@ def register_schemas() -> None:
     cs.store(group="data", name="data_schema", node=DataConfig)
     cs.store(group="precision", name="precision_schema", node=PrecisionConfig)
     cs.store(group="sharding", name="sharding_schema", node=ShardingConfig)
-    for name, spec in MODELS.items():
-        cs.store(group="model", name=f"{name}_schema", node=spec.config_cls)
+    for name, config_cls in MODEL_CONFIGS.items():
+        cs.store(group="model", name=f"{name}_schema", node=config_cls)
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

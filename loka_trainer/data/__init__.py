@@ -7,17 +7,23 @@
 """
 from __future__ import annotations
 
-from loka_trainer.data.base import BatchStream
-from loka_trainer.data.batch import Batch, DataSchema
-from loka_trainer.data.config import DataConfig
-from loka_trainer.data.criteo import write_criteo_tsv
-from loka_trainer.data.prefetch import PrefetchStream
-from loka_trainer.data.schema import data_schema
-from loka_trainer.data.stream import DATA_SOURCES, build_stream
-from loka_trainer.data.synthetic import SyntheticSource
+import importlib
+from typing import Any
 
-__all__ = [
-    "Batch", "BatchStream", "DATA_SOURCES", "DataConfig", "DataSchema", "PrefetchStream", "SyntheticSource",
-    "build_stream",
-    "data_schema", "write_criteo_tsv",
-]
+from loka_trainer.data.config import DataConfig
+
+# Everything else is imported on first use (PEP 562): validating a command line needs only DataConfig, and
+# the rest pulls in TorchRec.
+_LAZY = {
+    "BatchStream": "base", "Batch": "batch", "DataSchema": "batch", "write_criteo_tsv": "criteo",
+    "PrefetchStream": "prefetch", "data_schema": "schema", "DATA_SOURCES": "stream", "build_stream": "stream",
+    "SyntheticSource": "synthetic",
+}
+
+__all__ = ["DataConfig", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'loka_trainer.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"loka_trainer.data.{_LAZY[name]}"), name)

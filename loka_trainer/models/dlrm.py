@@ -10,8 +10,6 @@ net's ``U_l`` biases. The dot interaction has no parameters.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import List
 
 import torch
 from torch import nn
@@ -19,30 +17,11 @@ from torch import nn
 from loka_trainer.data.batch import Batch, DataSchema
 from loka_trainer.models.interactions import CrossInteraction, DotInteraction
 from loka_trainer.models.layers import OverArch, mlp
-from loka_trainer.models.mods import ModsConfig, ResolvedMods, resolve_mods
+from loka_trainer.models.configs import DLRMConfig, DLRMDCNv2Config  # noqa: F401 - re-exported
+from loka_trainer.models.mods import ResolvedMods, resolve_mods
 from loka_trainer.models.sparse import SparseArch, build_ebc
 
 PUBLISHED_MODS = ResolvedMods(bias=True, norm="none", activation="relu")
-
-
-@dataclasses.dataclass
-class DLRMConfig:
-    """Hydra schema ``model=dlrm``. ``dense_arch_widths[-1]`` must equal ``embedding_dim``."""
-
-    name: str = "dlrm"
-    embedding_dim: int = 128
-    dense_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 256, 128])
-    over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [1024, 1024, 512, 256])
-    mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
-
-
-@dataclasses.dataclass
-class DLRMDCNv2Config(DLRMConfig):
-    """Hydra schema ``model=dlrm_dcnv2``: DLRM with a low-rank DCNv2 cross net as interaction."""
-
-    name: str = "dlrm_dcnv2"
-    cross_layers: int = 3
-    cross_rank: int = 512
 
 
 class InteractionArch(nn.Module):

@@ -20,8 +20,6 @@ and Sequence Arch; activation = every MLP activation. Softmax and the sigmoid ga
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import List
 
 import torch
 from torch import nn
@@ -29,36 +27,11 @@ from torch import nn
 from loka_trainer.data.batch import Batch, DataSchema
 from loka_trainer.models.interformer_arches import CrossArch, SequenceArch, build_interaction_arch
 from loka_trainer.models.layers import DenseEmbeddingArch, OverArch
-from loka_trainer.models.mods import ModsConfig, ResolvedMods, resolve_mods
+from loka_trainer.models.configs import InterFormerConfig  # noqa: F401 - re-exported
+from loka_trainer.models.mods import ResolvedMods, resolve_mods
 from loka_trainer.models.sparse import SparseArch, build_ebc, build_ec, left_pad_jagged
 
 PUBLISHED_MODS = ResolvedMods(bias=True, norm="layernorm", activation="silu")
-
-
-@dataclasses.dataclass
-class InterFormerConfig:
-    """Hydra schema ``model=interformer``; defaults are paper-like, ``conf/model/interformer.yaml`` is CPU-sized."""
-
-    name: str = "interformer"
-    # Behaviour-sequence features the data must provide; conf/data/synthetic.yaml reads this value
-    # (`data.num_sequences: ${oc.select:model.num_sequences,0}`), so `model=interformer` needs no data override.
-    num_sequences: int = 2
-    embedding_dim: int = 128
-    num_dense_embeddings: int = 4
-    dense_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512])
-    num_layers: int = 3
-    num_heads: int = 4
-    interaction: str = "dcnv2"
-    interaction_widths: List[int] = dataclasses.field(default_factory=lambda: [1024])
-    cross_layers: int = 2
-    cross_rank: int = 256
-    num_summary_embeddings: int = 8
-    num_cls_tokens: int = 4
-    num_pma_seeds: int = 2
-    num_recent_tokens: int = 4
-    pffn_widths: List[int] = dataclasses.field(default_factory=lambda: [256])
-    over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 256])
-    mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
 
 
 class InputArch(nn.Module):

@@ -18,7 +18,6 @@ each MLP layer's norm and the inter-layer norm over D; activation = every MLP ac
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import List
 
 import torch
@@ -26,27 +25,11 @@ from torch import nn
 
 from loka_trainer.data.batch import Batch, DataSchema
 from loka_trainer.models.layers import DenseEmbeddingArch, OverArch, TokenMix, make_norm, mlp
-from loka_trainer.models.mods import ModsConfig, ResolvedMods, resolve_mods
+from loka_trainer.models.configs import WukongConfig  # noqa: F401 - re-exported
+from loka_trainer.models.mods import ResolvedMods, resolve_mods
 from loka_trainer.models.sparse import SparseArch, build_ebc
 
 PUBLISHED_MODS = ResolvedMods(bias=True, norm="layernorm", activation="silu")
-
-
-@dataclasses.dataclass
-class WukongConfig:
-    """Hydra schema ``model=wukong``; defaults are paper-like (d=128, 3 layers, n_F=n_L=16, k=24)."""
-
-    name: str = "wukong"
-    embedding_dim: int = 128
-    num_dense_embeddings: int = 4
-    dense_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512])
-    num_layers: int = 3
-    num_fm_embeddings: int = 16
-    num_lc_embeddings: int = 16
-    fm_rank: int = 24
-    fmb_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 512])
-    over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 512])
-    mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
 
 
 class FactorizationMachineBlock(nn.Module):

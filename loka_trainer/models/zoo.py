@@ -11,9 +11,10 @@ from typing import Any, Callable
 from torch import nn
 
 from loka_trainer.data.batch import DataSchema
-from loka_trainer.models.dlrm import DLRMConfig, DLRMDCNv2Config, build_dlrm, build_dlrm_dcnv2
-from loka_trainer.models.interformer import InterFormerConfig, build_interformer
-from loka_trainer.models.wukong import WukongConfig, build_wukong
+from loka_trainer.models.configs import MODEL_CONFIGS
+from loka_trainer.models.dlrm import build_dlrm, build_dlrm_dcnv2
+from loka_trainer.models.interformer import build_interformer
+from loka_trainer.models.wukong import build_wukong
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,12 +25,13 @@ class ModelSpec:
     build: Callable[..., nn.Module]
 
 
-MODELS: dict[str, ModelSpec] = {
-    "dlrm": ModelSpec(DLRMConfig, build_dlrm),
-    "dlrm_dcnv2": ModelSpec(DLRMDCNv2Config, build_dlrm_dcnv2),
-    "wukong": ModelSpec(WukongConfig, build_wukong),
-    "interformer": ModelSpec(InterFormerConfig, build_interformer),
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "dlrm": build_dlrm,
+    "dlrm_dcnv2": build_dlrm_dcnv2,
+    "wukong": build_wukong,
+    "interformer": build_interformer,
 }
+MODELS: dict[str, ModelSpec] = {name: ModelSpec(MODEL_CONFIGS[name], build) for name, build in _BUILDERS.items()}
 
 
 def build_model(model_cfg: Any, *, schema: DataSchema, loka_mods: bool) -> nn.Module:

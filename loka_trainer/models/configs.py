@@ -1,0 +1,81 @@
+"""Config schemas of the zoo's models (Hydra structured configs), apart from the modules so that validating a
+command line imports neither TorchRec nor the models. ``MODEL_CONFIGS`` is keyed like ``zoo.MODELS``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List
+
+from loka_trainer.models.mods import ModsConfig
+
+
+@dataclasses.dataclass
+class DLRMConfig:
+    """Hydra schema ``model=dlrm``. ``dense_arch_widths[-1]`` must equal ``embedding_dim``."""
+
+    name: str = "dlrm"
+    embedding_dim: int = 128
+    dense_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 256, 128])
+    over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [1024, 1024, 512, 256])
+    mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
+
+
+@dataclasses.dataclass
+class DLRMDCNv2Config(DLRMConfig):
+    """Hydra schema ``model=dlrm_dcnv2``: DLRM with a low-rank DCNv2 cross net as interaction."""
+
+    name: str = "dlrm_dcnv2"
+    cross_layers: int = 3
+    cross_rank: int = 512
+
+
+@dataclasses.dataclass
+class WukongConfig:
+    """Hydra schema ``model=wukong``; defaults are paper-like (d=128, 3 layers, n_F=n_L=16, k=24)."""
+
+    name: str = "wukong"
+    embedding_dim: int = 128
+    num_dense_embeddings: int = 4
+    dense_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512])
+    num_layers: int = 3
+    num_fm_embeddings: int = 16
+    num_lc_embeddings: int = 16
+    fm_rank: int = 24
+    fmb_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 512])
+    over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 512])
+    mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
+
+
+@dataclasses.dataclass
+class InterFormerConfig:
+    """Hydra schema ``model=interformer``; defaults are paper-like, ``conf/model/interformer.yaml`` is CPU-sized."""
+
+    name: str = "interformer"
+    # Behaviour-sequence features the data must provide; conf/data/synthetic.yaml reads this value
+    # (`data.num_sequences: ${oc.select:model.num_sequences,0}`), so `model=interformer` needs no data override.
+    num_sequences: int = 2
+    embedding_dim: int = 128
+    num_dense_embeddings: int = 4
+    dense_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512])
+    num_layers: int = 3
+    num_heads: int = 4
+    interaction: str = "dcnv2"
+    interaction_widths: List[int] = dataclasses.field(default_factory=lambda: [1024])
+    cross_layers: int = 2
+    cross_rank: int = 256
+    num_summary_embeddings: int = 8
+    num_cls_tokens: int = 4
+    num_pma_seeds: int = 2
+    num_recent_tokens: int = 4
+    pffn_widths: List[int] = dataclasses.field(default_factory=lambda: [256])
+    over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 256])
+    mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
+
+
+
+MODEL_CONFIGS: dict[str, type] = {
+    "dlrm": DLRMConfig,
+    "dlrm_dcnv2": DLRMDCNv2Config,
+    "wukong": WukongConfig,
+    "interformer": InterFormerConfig,
+}
