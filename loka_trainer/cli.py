@@ -55,7 +55,6 @@ def compose_config(config_name: str, argv: list[str]) -> tuple[DictConfig, Path]
             cfg = compose(config_name=config_name, overrides=list(argv), return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)
         run_dir = Path(cfg.hydra.run.dir)
-        overrides = list(cfg.hydra.overrides.task)
         with open_dict(cfg):
             del cfg["hydra"]
         OmegaConf.resolve(cfg)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import ROOT, SMALL, run_train
+from tests.launch import SMALL, run_train
 
 
 def _records(run_dir: Path) -> list[dict]:

@@ -1,7 +1,6 @@
 """The Component Benchmark workflow (paper Fig. 2): capture inputs, walk, preprocess, profile, estimate."""
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
 from typing import Optional, Sequence
@@ -12,7 +11,7 @@ from tqdm import tqdm
 from loka_trainer.bench.metrics import derive, lookup_peak, sum_children
 from loka_trainer.bench.options import BenchOptions
 from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, RunContext, make
-from loka_trainer.bench.preprocessors import PREPROCESSORS, BatchReplicate, Precision, compute_dtype
+from loka_trainer.bench.preprocessors import BatchReplicate, Precision, compute_dtype
 from loka_trainer.bench.profilers import PROFILERS, judge
 from loka_trainer.bench.timing import TIMERS, default_timer
 from loka_trainer.bench.tree import BenchResult, Node, build_nodes, capture_inputs, walk

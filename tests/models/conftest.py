@@ -98,11 +98,3 @@ def schema() -> DataSchema:
 def batch(schema) -> Batch:
     return _make_batch(schema, 16)
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on the shared 2-core CI box (10x slower)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
