@@ -84,10 +84,11 @@ def plot_quality(result: dict, out_dir: Path) -> Path:
             ax.plot(xs, mean, label=p)
         ax.axhspan(-floors[m], floors[m], color="grey", alpha=0.2, label="BF16 seed noise (eval)")
         ax.axhline(0, color="black", lw=0.8)
-        ax.set_title(f"{m}: train log loss vs BF16 (windows of {WINDOW} logs, mean over {len(seeds)} seeds)")
+        ax.set_title(f"{m} (mean over {len(seeds)} seeds)")
         ax.set_xlabel("step")
         ax.set_ylabel("relative log loss (%)")
         ax.legend(fontsize=8)
+    fig.suptitle(f"Train log loss relative to BF16 of the same seed, windows of {WINDOW} logged steps")
     fig.tight_layout()
     path = Path(out_dir) / "quality_rll.png"
     fig.savefig(path, dpi=120)
