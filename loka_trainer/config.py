@@ -36,6 +36,7 @@ class TrainerConfig:
     log_interval: int = 10
     eval_interval: int = 100
     checkpoint_interval: int = 0
+    checkpoint_at_end: bool = True  # also save after the last step (a restart then only re-evaluates)
     checkpoint_dir: Optional[str] = None  # default: <run dir>/checkpoints
     resume: bool = True  # continue from the newest complete checkpoint in checkpoint_dir, if any
     stop_after: Optional[int] = None  # end the run early after this step (a checkpoint is saved there)

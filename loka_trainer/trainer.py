@@ -67,10 +67,12 @@ class Trainer:
                 done = step + 1
                 if t.eval_interval and done % t.eval_interval == 0 and done != t.steps:
                     self._evaluate()
-                if (t.checkpoint_interval and done % t.checkpoint_interval == 0) or done == t.stop_after:
+                if _saved_at(t, done):
                     self._save_checkpoint(done)
             if last + 1 == t.steps:
                 self._evaluate()
+                if t.checkpoint_at_end and start < t.steps and not _saved_at(t, t.steps):
+                    self._save_checkpoint(t.steps)
             self.callbacks.fire("on_train_end", self.state)
         except BaseException as exc:
             self.callbacks.fire("on_exception", self.state, exc)
@@ -158,6 +160,11 @@ class Trainer:
         self.log(f"resumed from {path} at step {extra['step']}")
         self.callbacks.fire("on_checkpoint_load", self.state)
         return int(extra["step"])
+
+
+def _saved_at(t, done: int) -> bool:
+    """Whether the loop already checkpointed after `done` steps."""
+    return bool(t.checkpoint_interval and done % t.checkpoint_interval == 0) or done == t.stop_after
 
 
 def _gather(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -54,6 +54,7 @@ def test_two_ranks_learn_the_planted_teacher(two_rank_run):
     evals = [r for r in _records(two_rank_run) if "eval_auc" in r]
     assert [r["step"] for r in evals] == [60, 120]
     assert list((two_rank_run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (two_rank_run / "checkpoints" / "latest").read_text() == "step_000120"  # saved at the end
     log = (two_rank_run / "train.log").read_text()
     assert "falls back to fp16/fp16" in log and "FSDP2 units" in log
 
