@@ -13,11 +13,17 @@ What each switch touches (every model; the model files list their own extra deta
 - ``activation``: every activation of every MLP. Softmax inside attention and sigmoid gates are
   not activations in this sense and keep their form.
 - ``block_size``: BlockNorm's block (only used when ``norm == "blocknorm"``).
+- ``keep_bias``: fnmatch patterns of Linear FQNs that keep (get back) a bias when ``bias`` is off, applied
+  after the model is built (``keep_biases``): an escape hatch for the few layers a model needs a bias in.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import fnmatch
+from typing import Any, List, Optional
+
+import torch
+from torch import nn
 
 from loka_trainer.models.layers import ACTIVATIONS, NORMS
 
@@ -30,6 +36,7 @@ class ModsConfig:
     norm: Optional[str] = None
     activation: Optional[str] = None
     block_size: int = 256
+    keep_bias: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,3 +72,17 @@ def resolve_mods(cfg: ModsConfig, *, published: ResolvedMods, loka_mods: bool) -
     if resolved.block_size <= 0:
         raise ValueError(f"model.mods.block_size must be a positive int, got {resolved.block_size}")
     return resolved
+
+
+def keep_biases(model: nn.Module, patterns: List[str]) -> list[str]:
+    """Give every bias-less ``nn.Linear`` whose FQN matches one of ``patterns`` a zero-initialised bias.
+
+    Returns the FQNs changed. A zero bias leaves the model's initial function unchanged.
+    """
+    changed = []
+    for fqn, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.bias is None and any(fnmatch.fnmatch(fqn, p) for p in patterns):
+            module.bias = nn.Parameter(torch.zeros(module.out_features, device=module.weight.device,
+                                                   dtype=module.weight.dtype))
+            changed.append(fqn)
+    return changed

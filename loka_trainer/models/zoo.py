@@ -12,6 +12,7 @@ from torch import nn
 
 from loka_trainer.data.batch import DataSchema
 from loka_trainer.models.configs import MODEL_CONFIGS
+from loka_trainer.models.mods import keep_biases
 from loka_trainer.models.dlrm import build_dlrm, build_dlrm_dcnv2
 from loka_trainer.models.interformer import build_interformer
 from loka_trainer.models.wukong import build_wukong
@@ -49,4 +50,8 @@ def build_model(model_cfg: Any, *, schema: DataSchema, loka_mods: bool) -> nn.Mo
             f"model config for {name!r} must be a {spec.config_cls.__name__} (use OmegaConf.to_object), "
             f"got {type(model_cfg).__name__}"
         )
-    return spec.build(model_cfg, schema=schema, loka_mods=loka_mods)
+    model = spec.build(model_cfg, schema=schema, loka_mods=loka_mods)
+    if model_cfg.mods.keep_bias and not keep_biases(model, model_cfg.mods.keep_bias):
+        raise ValueError(f"model.mods.keep_bias={list(model_cfg.mods.keep_bias)} matches no bias-less Linear of "
+                         f"{name}")
+    return model

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from loka_trainer.models.mods import LOKA_MODS, ModsConfig, ResolvedMods, resolve_mods
 
@@ -37,3 +38,21 @@ def test_explicit_value_always_wins(field, value, loka_mods):
 def test_invalid_values_raise_naming_the_field(cfg, match):
     with pytest.raises(ValueError, match=match):
         resolve_mods(cfg, published=PUBLISHED, loka_mods=False)
+
+
+def test_keep_bias_gives_matching_biasless_linears_a_zero_bias_only():
+    from torch import nn
+
+    from loka_trainer.models.mods import keep_biases
+
+    model = nn.Sequential()
+    model.add_module("gate", nn.Linear(4, 4, bias=False))
+    model.add_module("mlp", nn.Linear(4, 4, bias=False))
+    model.add_module("head", nn.Linear(4, 1))
+    x = torch.randn(3, 4)
+    before = model(x)
+    assert keep_biases(model, ["*gate"]) == ["gate"]
+    assert model.gate.bias is not None and torch.count_nonzero(model.gate.bias) == 0
+    assert model.mlp.bias is None
+    torch.testing.assert_close(model(x), before)
+    assert keep_biases(model, ["head"]) == []  # already has one
