@@ -12,6 +12,7 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+from typing import Optional
 
 WINDOW = 5  # logged train points per trajectory window
 
@@ -64,7 +65,10 @@ def trajectory_rll(run: dict, base: dict) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_quality(result: dict, out_dir: Path) -> Path:
+def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
+    """The RLL trajectories of every non-BF16 precision; None (no file) when the runs are BF16 only."""
+    if all(r["precision"] == "bf16" for r in result["runs"]):
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
