@@ -43,6 +43,7 @@ from loka_trainer.probe.distributed import all_reduce_moments
 from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, to_cpu
 from loka_trainer.probe.targets import ModuleFilter, select_linears
 from loka_trainer.probe.weight import WeightTracker
+from loka_trainer.probe.worker import SerialWorker
 
 log = logging.getLogger(__name__)
 
@@ -100,19 +101,18 @@ def _full_weight(module: nn.Linear) -> torch.Tensor:
     return full_tensor() if callable(full_tensor) else weight
 
 
-class _WeightWorker:
+class _WeightWorker(SerialWorker):
     """Runs WeightTracker updates on one background thread, over host copies of the weights.
 
     The matrix-normal update is a chain of small Cholesky factorizations and triangular solves: latency-bound,
     about 2 ms per 512-wide layer on an H200 (measured), which would land on the observed step. The hook only
     enqueues a device-to-host copy (ordered on the current stream before the optimizer changes the weight and
     before FSDP2 frees the unsharded storage); the thread waits for that copy and updates the tracker on CPU.
-    NOTE: callers drain() before reading trackers (save, state_dict, close).
+    NOTE: callers wait() before reading trackers (save, state_dict, close).
     """
 
     def __init__(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-weight")
-        self._pending: list[concurrent.futures.Future] = []
+        super().__init__("probe-weight")
         # One pinned buffer per tracker, reused: a fresh pinned allocation (cudaHostAlloc) costs ~0.4 ms (H200).
         self._buffers: dict[int, tuple[torch.Tensor, concurrent.futures.Future]] = {}
 
@@ -141,23 +141,9 @@ class _WeightWorker:
                 event.synchronize()
             tracker.update(host)
 
-        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
-        future = self._pool.submit(job)
-        self._pending.append(future)
+        future = self.run(job)
         if event is not None:
             self._buffers[id(tracker)] = (host, future)
-
-    def drain(self) -> None:
-        """Wait for every queued update; re-raise the first failure."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
-
-    def close(self) -> None:
-        try:
-            self.drain()
-        finally:
-            self._pool.shutdown(wait=True)
 
 
 class _LayerProbe:
@@ -310,7 +296,7 @@ class ProbeCallback(Callback):
     def save(self, step: int) -> None:
         """Merge per-rank activation stats (collective: call on every rank) and write them from rank 0 in the
         background. Only the device-side clone is paid here; serialization and disk I/O are not."""
-        self._weights.drain()
+        self._weights.wait()
         merged = {fqn: all_reduce_moments(lp.activation.moments) for fqn, lp in self.layers.items()}
         self._last_saved_step = step  # on every rank: on_train_end must agree on whether to call save again
         if self.rank != 0:
@@ -340,7 +326,7 @@ class ProbeCallback(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._weights.drain()
+        self._weights.wait()
         if self._saver is not None:
             saver, self._saver = self._saver, None
             saver.close()
@@ -355,13 +341,13 @@ class ProbeCallback(Callback):
     # ----- checkpointing ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Rank-local partial statistics (merging needs all ranks, which state_dict may not be called on)."""
-        self._weights.drain()
+        self._weights.wait()
         return {"rank": self.rank, "layers": {fqn: {"activation": lp.activation.state_dict(),
                                                      "weight": lp.weight.state_dict()}
                                                for fqn, lp in self.layers.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._weights.drain()
+        self._weights.wait()
         if self.layers:
             self._apply_state(state_dict)
         else:

@@ -23,6 +23,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from loka_trainer.probe.worker import SerialWorker
+
 STATS_VERSION = 1
 STATS_FILE = "stats.pt"
 
@@ -55,7 +57,7 @@ def atomic_save(obj: Any, path: Path, *, writer: Callable[[Any, Any], None] = to
         raise
 
 
-class AsyncSaver:
+class AsyncSaver(SerialWorker):
     """Serializes and writes snapshots on one background thread, in submission order.
 
     NOTE: the caller passes a snapshot it will not mutate (see to_cpu); the step loop only pays for that copy.
@@ -63,34 +65,13 @@ class AsyncSaver:
     """
 
     def __init__(self, *, writer: Callable[[Any, Any], None] = torch.save):
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-save")
+        super().__init__("probe-save")
         self._writer = writer
-        self._pending: list[concurrent.futures.Future] = []
 
     def submit(self, snapshot_fn: Callable[[], Any], path: Path) -> concurrent.futures.Future:
         """Run ``atomic_save(snapshot_fn(), path)`` in the background; snapshot_fn runs there too."""
-        self._raise_finished_errors()
-        future = self._pool.submit(lambda: atomic_save(snapshot_fn(), path, writer=self._writer))
-        self._pending.append(future)
-        return future
-
-    def wait(self) -> None:
-        """Block until every submitted save finished; re-raise the first error."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self._pool.shutdown(wait=True)
-
-    def _raise_finished_errors(self) -> None:
-        done = [f for f in self._pending if f.done()]
-        self._pending = [f for f in self._pending if not f.done()]
-        for future in done:
-            future.result()
+        self.raise_finished_errors()
+        return self.run(lambda: atomic_save(snapshot_fn(), path, writer=self._writer))
 
 
 def _check(cond: bool, path: Path, reason: str) -> None:
