@@ -7,9 +7,11 @@ One process, one device. Each variant builds the zoo model at its paper-size def
 e.g. `WukongConfig()`), on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
 **unsharded** TorchRec embeddings (plain `EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec
 sharding is not part of this measurement), then applies the precision exactly as `train.py` does
-(`apply_precision`; `loka` also builds the model with the LoKA Mods, as `precision=loka` does). The dense units
+(`apply_precision`; `loka` also builds the model with the LoKA Mods, as `precision=loka` does; `P+mods`,
+e.g. `bf16+mods`, is precision P on the model with the Mods, which separates the Mods from Dispatch). The dense units
 (`model.dense_units()`) are compiled with `torch.compile` unless `--no-compile`. A training step = forward
-under BF16 autocast, BCE loss, backward, Adam on the dense parameters and SGD on the embeddings; inference =
+under BF16 autocast, BCE loss, backward, fused Adam on the dense parameters and SGD on the embeddings (dense
+embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here); inference =
 forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
 is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
 GEMM kernels vs the rest (the paper's figure-11 view). Writes OUT_DIR/bench_e2e.json (after every variant) and
@@ -43,10 +45,18 @@ from loka_trainer.sharding.parallelize import embedding_modules  # noqa: E402
 GEMM_KERNEL_MARKERS = ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem")
 
 
+MODS_SUFFIX = "+mods"  # e.g. "bf16+mods": that precision on the model built with the LoKA Mods
+
+
 def precision_config(name: str) -> PrecisionConfig:
-    raw = OmegaConf.load(ROOT / "conf" / "precision" / f"{name}.yaml")
+    """conf/precision/<name>.yaml as a PrecisionConfig; ``<name>+mods`` also turns the Mods on."""
+    base = name.removesuffix(MODS_SUFFIX)
+    raw = OmegaConf.load(ROOT / "conf" / "precision" / f"{base}.yaml")
     raw.pop("defaults", None)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrecisionConfig), raw))
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrecisionConfig), raw))
+    if name.endswith(MODS_SUFFIX):
+        cfg.mods = True
+    return cfg
 
 
 def build_variant(model_name: str, precision: str, *, batch: int, device: torch.device, compile_dense: bool):
@@ -64,7 +74,7 @@ def build_variant(model_name: str, precision: str, *, batch: int, device: torch.
     sparse = [p for _, m in embedding_modules(model) for p in m.parameters()]
     sparse_ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in sparse_ids]
-    opts = [torch.optim.Adam(dense, lr=1e-3), torch.optim.SGD(sparse, lr=0.01)]
+    opts = [torch.optim.Adam(dense, lr=1e-3, fused=True), torch.optim.SGD(sparse, lr=0.01)]
     return model, sample, opts, logs
 
 
@@ -96,23 +106,27 @@ def timed_ms(fn, steps: int, warmup: int) -> float:
     return start.elapsed_time(end) / steps
 
 
-def gemm_split_ms(fn) -> dict[str, float]:
-    """GPU kernel time of one call of `fn`, split into GEMM kernels and the rest."""
+def gemm_split_ms(fn, top: int = 15) -> dict:
+    """GPU kernel time of one call of `fn`, split into GEMM kernels and the rest, plus the ``top`` kernels
+    by time as [name[:90], µs, calls]."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     gemm = other = 0.0
+    kernels = []
     for evt in prof.key_averages():
         t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
         if evt.device_type.name != "CUDA" or t <= 0:
             continue
+        kernels.append([evt.key[:90], round(t, 1), evt.count])
         if any(m in evt.key.lower() for m in GEMM_KERNEL_MARKERS):
             gemm += t
         else:
             other += t
-    return {"gemm_ms": gemm / 1e3, "other_ms": other / 1e3}
+    kernels.sort(key=lambda k: -k[1])
+    return {"gemm_ms": gemm / 1e3, "other_ms": other / 1e3, "top_kernels": kernels[:top]}
 
 
 def measure(model_name: str, precision: str, args, device) -> dict:
@@ -122,12 +136,13 @@ def measure(model_name: str, precision: str, args, device) -> dict:
                                              compile_dense=not args.no_compile)
     row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
     row.update({f"train_{k}": v for k, v in gemm_split_ms(lambda: train_step(model, batch, opts)).items()})
+    row.update({f"infer_{k}": v for k, v in gemm_split_ms(lambda: infer_step(model, batch)).items()})
     model.eval()
     row["infer_step_ms"] = timed_ms(lambda: infer_step(model, batch), args.steps, args.warmup)
     row["train_examples_per_s"] = args.batch / row["train_step_ms"] * 1e3
     row["infer_examples_per_s"] = args.batch / row["infer_step_ms"] * 1e3
     row["setup_and_measure_s"] = time.perf_counter() - t0
-    row["log"] = [line for line in logs if "GEMMs in FP8" in line or "fused" in line or "torchao" in line]
+    row["log"] = [line.splitlines()[-1] for line in logs]
     return row
 
 
@@ -182,7 +197,7 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--models", nargs="+", default=["wukong", "interformer"])
     ap.add_argument("--precisions", nargs="+",
-                    default=["bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "loka"])
+                    default=["bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "bf16+mods", "loka"])
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)

@@ -7,7 +7,7 @@
   HardSwish triple then becomes one ``FusedLinearMods`` using the plan's choices (same state_dict keys).
 
 Targets: ``nn.Linear``s with K and N multiples of 16 and >= ``config.min_features``, never a 1-output
-prediction layer, and accepted by the optional ``module_filter_fn(module, fqn) -> bool``. Embedding modules
+prediction layer, for torchao also a real input row count M % 16 == 0 (Dispatch checks M per backend), and accepted by the optional ``module_filter_fn(module, fqn) -> bool``. Embedding modules
 are TorchRec modules, not ``nn.Linear``, so they are never touched.
 """
 from __future__ import annotations
@@ -73,6 +73,36 @@ def capture_linear_inputs(model: nn.Module, linears: dict[str, nn.Linear], batch
         for h in handles:
             h.remove()
     return captured
+
+
+@torch.no_grad()
+def linear_input_rows(model: nn.Module, linears: dict[str, nn.Linear], batch) -> dict[str, set[int]]:
+    """One forward of ``model(batch)``: FQN -> the row counts M of every call of that Linear (a Linear
+    may run on several inputs, e.g. tokens and learned seeds)."""
+    rows: dict[str, set[int]] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, fqn=fqn: rows.setdefault(fqn, set()).add(
+        args[0].numel() // mod.in_features)) for fqn, m in linears.items()]
+    try:
+        model(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    return rows
+
+
+def drop_unaligned_rows(model: nn.Module, linears: dict[str, nn.Linear], batch,
+                        log: Callable[[str], None]) -> dict[str, nn.Linear]:
+    """``linears`` without those whose real input has a row count M not a multiple of 16 (e.g. attention
+    queries computed from a few learned seeds): FP8 GEMMs need every dim % 16 (the weight grad contracts over
+    M). Without a batch nothing is dropped."""
+    if batch is None:
+        return linears
+    rows = linear_input_rows(model, linears, batch)
+    dropped = sorted(f for f, ms in rows.items() if any(m % 16 for m in ms))
+    if dropped:
+        log(f"precision: {len(dropped)} Linear(s) stay high precision, input rows not a multiple of 16: "
+            + ", ".join(f"{f} (M={sorted(rows[f])})" for f in dropped))
+    return {f: m for f, m in linears.items() if f not in dropped}
 
 
 def read_probe_mere(stats_dir: Optional[str]) -> dict[str, dict[str, float]]:
@@ -153,6 +183,7 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
     config.validate()
     linears = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
     if config.fp8_recipe is not None:
+        linears = drop_unaligned_rows(model, linears, calibration_batch, log)
         _apply_torchao(model, config.fp8_recipe, linears)
         log(f"precision={config.name}: torchao float8 '{config.fp8_recipe}' on {len(linears)} Linear(s)")
         return None

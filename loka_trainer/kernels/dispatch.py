@@ -1,41 +1,24 @@
 """Dispatch: measure each candidate backend per layer and GEMM, then pick by the LoKA rule.
 
-Rule (paper III-C): keep candidates with MERE < threshold and speedup over BF16 > min_speedup at the
-layer's real shape on this device; the fastest wins; otherwise BF16. ``select_backend`` is that rule alone,
+Rule (paper III-C): keep candidates with MERE < threshold and speedup over BF16 > min_speedup at the layer's
+real shape on this device; the fastest wins; otherwise BF16. MERE is ``kernels.error.mere`` (the Probe's too). ``select_backend`` is that rule alone,
 a pure function of injected numbers; ``measure_gemm`` produces the numbers; ``build_layer_plan`` joins them.
 """
 from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from typing import Callable, Optional
 
 import torch
 
 from loka_trainer.kernels.backend_base import GemmBackend
 from loka_trainer.kernels.backends import BASELINE
+from loka_trainer.kernels.error import mere
 from loka_trainer.kernels.plan import GEMMS, GemmChoice, LayerPlan
 
 Timer = Callable[[Callable[[], object]], float]  # fn -> median time in µs
-
-# NOTE: MERE divides by |ref|; elements with |ref| below this fraction of mean |ref| are left out, since
-# their relative error is dominated by cancellation in the reference itself, not by the kernel.
-MERE_REF_FLOOR = 1e-3
-
-
-@torch.no_grad()
-def mere(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Mean element-wise relative error of out vs ref (any equal shapes), |ref| ≈ 0 elements excluded.
-
-    MERE = mean(|out − ref| / |ref|) over elements with |ref| > MERE_REF_FLOOR · mean(|ref|); 0.0 when the
-    reference is all zero and out matches it, inf when it does not.
-    """
-    out, ref = out.double(), ref.double()
-    mag = ref.abs()
-    keep = mag > MERE_REF_FLOOR * mag.mean()
-    if not bool(keep.any()):
-        return 0.0 if bool(torch.equal(out, ref)) else float("inf")
-    return float(((out - ref).abs()[keep] / mag[keep]).mean())
 
 
 def select_backend(candidates: dict[str, dict[str, Optional[float]]], bf16_time_us: Optional[float], *,
@@ -122,7 +105,13 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
             continue
         call = _gemm_call(backend, gemm, x, w, dy)
         err = (known_mere or {}).get(name)
-        out[name] = {"mere": float(err) if err is not None else mere(call(), ref), "time_us": timer(call)}
+        try:
+            err = float(err) if err is not None else float(mere(call(), ref))
+            out[name] = {"mere": err, "time_us": timer(call)}
+        except RuntimeError as exc:  # a kernel that fails at this shape is not a candidate, never an error
+            warnings.warn(f"dispatch: {name} {gemm} failed at M×K×N={M}×{K}×{N}, not a candidate: "
+                          f"{str(exc).splitlines()[0][:200]}")
+            out[name] = {"mere": None, "time_us": None}
     return out
 
 

@@ -1,15 +1,9 @@
 """Error and speed of candidate GEMM kernels on sampled operands (LoKA III-A offline phase).
 
-MERE(out, ref) = mean_ij |out_ij - ref_ij| / max(|ref_ij|, floor),  floor = zero_floor * mean_ij |ref_ij|.
-
-Near-zero references: an output element whose exact value is ~0 has an unbounded relative error, and with
-continuous inputs a fixed fraction of elements is arbitrarily close to 0, so the plain mean diverges as the
-sample grows. The denominator is therefore floored at ``zero_floor`` (default 1e-2) times the mean |ref| of
-the same output; such elements are counted (not dropped), with their error measured relative to the output's
-typical magnitude. ``zero_floor`` is a reported parameter of the analysis; if all of ref is 0 the floor
-falls back to the smallest normal fp32, so an exact kernel still scores 0.
-For scale (CPU, x 512x512 and w 256x512 standard normal): bf16 0.009, e4m3 rowwise 0.14 with the 1e-2 floor;
-0.02 and 0.36 with no floor at all, which is how strongly near-zero outputs dominate an unguarded MERE.
+MERE is ``kernels.error.mere`` (one definition for the Probe and Dispatch; its docstring has the formula and
+the near-zero floor). For scale (CPU, x 512x512 and w 256x512 standard normal): bf16 0.009, e4m3 rowwise
+0.14 with the default 1e-2 floor; 0.02 and 0.36 with no floor at all, which is how strongly near-zero outputs
+dominate an unguarded MERE.
 
 The reference is an fp32 GEMM with TF32 disabled (``exact_fp32_forward``).
 """
@@ -22,20 +16,9 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from loka_trainer.kernels.error import DEFAULT_ZERO_FLOOR, mere  # noqa: F401 (re-exported)
+
 GemmFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # x (M, K), w (N, K) -> y (M, N)
-
-DEFAULT_ZERO_FLOOR = 1e-2
-
-
-@torch.no_grad()
-def mere(out: torch.Tensor, ref: torch.Tensor, *, zero_floor: float = DEFAULT_ZERO_FLOOR) -> torch.Tensor:
-    """Mean element-wise relative error. out, ref: same shape (any) -> scalar fp32 tensor."""
-    if out.shape != ref.shape:
-        raise ValueError(f"out {tuple(out.shape)} and ref {tuple(ref.shape)} differ in shape")
-    out, ref = out.float(), ref.float()
-    abs_ref = ref.abs()
-    floor = (zero_floor * abs_ref.mean()).clamp_min(torch.finfo(torch.float32).tiny)
-    return ((out - ref).abs() / torch.maximum(abs_ref, floor)).mean()
 
 
 @contextlib.contextmanager

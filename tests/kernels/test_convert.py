@@ -59,6 +59,24 @@ def test_uniform_torchao_converts_targets_only(recipe):
     assert torch.isfinite(m.mlp[0].weight.grad).all()
 
 
+def test_uniform_torchao_keeps_linears_with_unaligned_input_rows_high_precision():
+    from torchao.float8.float8_linear import Float8Linear
+
+    class SeedQuery(TinyModel):  # mlp.2 also runs on 2 learned seed rows: M = 2 there
+        def __init__(self):
+            super().__init__()
+            self.seeds = nn.Parameter(torch.randn(2, 128))
+
+        def forward(self, batch):
+            return super().forward(batch) + self.mlp[2](self.seeds).sum()
+
+    m, logs = SeedQuery(), []
+    apply_precision(m, config=PrecisionConfig(name="fp8_rowwise", fp8_recipe="rowwise"), device="cpu",
+                    calibration_batch=_batch(), log=logs.append)
+    assert isinstance(m.mlp[0], Float8Linear) and type(m.mlp[2]) is nn.Linear
+    assert any("mlp.2 (M=[2, 64])" in line for line in logs)
+
+
 def test_loka_builds_logs_writes_and_reuses_plan(tmp_path, monkeypatch):
     m = TinyModel()
     logs = []

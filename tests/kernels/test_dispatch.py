@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loka_trainer.kernels.backends import available_backends
-from loka_trainer.kernels.dispatch import build_layer_plan, mere, select_backend
+from loka_trainer.kernels.backends import available_backends, get_backend
+from loka_trainer.kernels.dispatch import build_layer_plan, measure_gemm, select_backend
+from loka_trainer.kernels.error import mere
 
 RULE = dict(mere_threshold=0.2, min_speedup=1.05)
 
@@ -28,12 +29,35 @@ def test_threshold_is_strict(threshold, expected):
     assert select_backend(cands, 100.0, mere_threshold=threshold, min_speedup=1.05) == expected
 
 
-def test_mere_guards_near_zero_reference():
-    ref = torch.tensor([1.0, -2.0, 0.0, 1e-12])
-    out = torch.tensor([1.1, -2.0, 5.0, 1.0])
-    assert mere(out, ref) == pytest.approx(0.05)  # only the two well-conditioned elements count
-    assert mere(torch.zeros(3), torch.zeros(3)) == 0.0
-    assert mere(torch.ones(3), torch.zeros(3)) == float("inf")
+def test_dispatch_and_probe_share_one_mere():
+    import importlib
+    dispatch = importlib.import_module("loka_trainer.kernels.dispatch")
+    probe_mere = importlib.import_module("loka_trainer.probe.mere")
+    assert dispatch.mere is probe_mere.mere is mere
+
+
+def test_mere_floors_near_zero_reference():
+    ref = torch.tensor([1.0, -2.0, 0.0, 1e-12])  # mean |ref| = 0.75 -> floor 0.0075
+    out = torch.tensor([1.1, -2.0, 0.0075, 0.0])
+    assert float(mere(out, ref)) == pytest.approx((0.1 + 0.0 + 1.0 + 1e-12 / 0.0075) / 4, rel=1e-5)
+    assert float(mere(torch.zeros(3), torch.zeros(3))) == 0.0
+    assert float(mere(torch.ones(3), torch.zeros(3))) > 1e30  # any error on an all-zero reference is huge
+
+
+def test_a_backend_failing_at_a_shape_is_not_a_candidate():
+    class Failing:
+        def supports(self, M, K, N):
+            return True
+
+        def forward(self, x, w):
+            raise RuntimeError("CUDA kernel launch failed: invalid argument")
+
+    x, w, dy = torch.randn(32, 16), torch.randn(16, 16), torch.randn(32, 16)
+    backends = {"bf16": get_backend("bf16"), "failing": Failing()}
+    with pytest.warns(UserWarning, match="failing forward failed"):
+        cands = measure_gemm("forward", x, w, dy, backends, timer=lambda fn: 1.0)
+    assert cands["failing"] == {"mere": None, "time_us": None}
+    assert select_backend(cands, cands["bf16"]["time_us"], **RULE) == "bf16"
 
 
 def _fake_timer(times_by_backend):
