@@ -9,7 +9,8 @@ launch-bound eager time reported separately with ``triton.testing.do_bench``):
     included, per available backend vs BF16.
 (b) The paper's figure-13 layers at batch 1024: Linear(bias)+LayerNorm+SiLU in BF16 (eager, compiled), the
     Mods in plain PyTorch compiled, torchao FP8 rowwise + Mods compiled, the fused Mods layer
-    (``mods_ops.linear_mods``: fused forward + fused dz backward; BF16 fused / split, FP8 forward, FP8 all
+    (``mods_ops.linear_mods``: fused forward + fused dz backward; BF16 fused / split, FP8 forward fused /
+    split (``_scaled_mm`` + epilogue kernel), FP8 dgrad with dz's amax from the dz kernel, FP8 all
     three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
     ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
@@ -51,6 +52,12 @@ FUSED_VARIANTS = {
     "split_bf16": dict(mode="split_bf16"),
     "fused_fp8_fwd": dict(mode="fused_fp8"),
     "fused_fp8_all": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
+    # split_fp8: quant_rowwise(x) + torch._scaled_mm (cached e4m3 W) + the Triton epilogue kernel.
+    # dgrad scaled_mm_rowwise runs fused in linear_mods: dz kernel writes the amax, one cast kernel, _scaled_mm.
+    "split_fp8_fwd": dict(mode="split_fp8"),
+    "split_bf16_fp8_dgrad": dict(mode="split_bf16", dgrad="scaled_mm_rowwise"),
+    "split_fp8_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise"),
+    "split_fp8_all": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
 }
 
 
@@ -166,6 +173,7 @@ def bench_fig13(shapes, progress, only: Optional[set] = None) -> list[dict]:
     """Suite (b): one figure-13 layer fwd+bwd at batch 1024 per variant (``only``: names to keep)."""
     rows = []
     for K, N in shapes:
+        torch._dynamo.reset()  # the lambdas share code objects across shapes: keep each shape's graphs fresh
         x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
         for name, f in _fig13_variants(K, N, only).items():

@@ -1,6 +1,6 @@
 """End-to-end training-step and inference throughput of zoo models per precision, measured side by side.
 
-    python scripts/bench_e2e_gpu.py OUT_DIR [--models wukong interformer] [--batch 4096] [--steps 20]
+    python scripts/bench_e2e_gpu.py OUT_DIR [--models wukong interformer] [--batch 4096] [--steps 20] [--vocab 100000]
         [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka] [--no-compile] [--budget-s 240]
 
 One process, one device. Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
@@ -59,8 +59,15 @@ def precision_config(name: str) -> PrecisionConfig:
     return cfg
 
 
-def build_variant(model_name: str, precision: str, *, batch: int, device: torch.device, compile_dense: bool):
-    data_cfg = DataConfig(batch_size=batch, num_sequences=2 if model_name == "interformer" else 0, prefetch=0)
+def build_variant(model_name: str, precision: str, *, batch: int, device: torch.device, compile_dense: bool,
+                  vocab: int = DataConfig.max_vocab_size, shard_dense=None):
+    """(model, sample batch on device, [dense Adam, embedding SGD], log lines) for one variant;
+    ``shard_dense(model)``, when given, runs after the precision transform and before compiling."""
+    # Each variant builds new modules running the same forward code: without a reset, dynamo's per-code
+    # cache fills up across variants, hits its recompile limit and silently runs later variants eagerly.
+    torch._dynamo.reset()
+    data_cfg = DataConfig(batch_size=batch, num_sequences=2 if model_name == "interformer" else 0, prefetch=0,
+                          max_vocab_size=vocab)
     sample = next(iter(build_stream(data_cfg, split="eval", rank=0, world_size=1))).to(device)
     pcfg = precision_config(precision)
     torch.manual_seed(0)
@@ -68,6 +75,8 @@ def build_variant(model_name: str, precision: str, *, batch: int, device: torch.
     logs: list[str] = []
     model = model.to(device)
     apply_precision(model, config=pcfg, device=device, calibration_batch=sample, log=logs.append)
+    if shard_dense is not None:
+        shard_dense(model)
     if compile_dense:
         for unit in model.dense_units():
             unit.compile()
@@ -133,7 +142,7 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     row = {"model": model_name, "precision": precision, "batch": args.batch}
     t0 = time.perf_counter()
     model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
-                                             compile_dense=not args.no_compile)
+                                             compile_dense=not args.no_compile, vocab=args.vocab)
     row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
     row.update({f"train_{k}": v for k, v in gemm_split_ms(lambda: train_step(model, batch, opts)).items()})
     row.update({f"infer_{k}": v for k, v in gemm_split_ms(lambda: infer_step(model, batch)).items()})
@@ -199,6 +208,7 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+",
                     default=["bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "bf16+mods", "loka"])
     ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=DataConfig.max_vocab_size, help="rows per embedding table")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true")
@@ -209,9 +219,10 @@ def main() -> None:
     device = torch.device("cuda", 0)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(device),
-            "torch": torch.__version__, "command": " ".join(sys.argv), "compiled_dense": not args.no_compile}
+            "torch": torch.__version__, "command": " ".join(sys.argv), "compiled_dense": not args.no_compile,
+            "rows_per_table": args.vocab}
     rows, start = [], time.perf_counter()
-    jobs = [(m, p) for m in args.models for p in args.precisions]
+    jobs = [(m, p) for p in args.precisions for m in args.models]  # every model gets the first precisions first
     for model_name, precision in tqdm(jobs, desc="e2e variants", unit="variant"):
         if time.perf_counter() - start > args.budget_s:
             rows.append({"model": model_name, "precision": precision, "status": "skipped (time budget)"})

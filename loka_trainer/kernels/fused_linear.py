@@ -32,7 +32,7 @@ class FusedLinearMods(nn.Module):
     """HardSwish(BlockNorm(x·Wᵀ)) as one module: x (..., K) -> (..., N). Parameter ``weight`` (N, K), no bias.
 
     ``mode`` is the forward kernel (``mods_ops.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
-    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS).
+    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; dgrad ``scaled_mm_rowwise`` runs fused, ``mods_ops.FUSED_DGRAD``).
     """
 
     def __init__(self, in_features: int, out_features: int, *, block_size: int = 256, eps: float = 1e-6,
@@ -123,7 +123,9 @@ def kernels_from_plan_backends(backends: dict[str, str]) -> dict[str, str]:
     A forward that Dispatch found worth FP8 runs the fused kernel on rowwise-FP8 inputs; a BF16 forward runs
     "split_bf16" (cuBLAS GEMM + one Triton BlockNorm/HardSwish epilogue kernel), which was at least as fast as
     the single fused BF16 kernel at every figure-13 shape on the H200 (docs/kernels/README.md). The two
-    backward GEMMs keep the plan's backends.
+    backward GEMMs keep the plan's backends; a ``scaled_mm_rowwise`` dgrad then runs fused (dz amax from
+    the dz kernel, one cast pass, ``mods_ops.FUSED_DGRAD``) with the backend's numerics. "split_fp8" (``_scaled_mm``
+    + epilogue kernel) is not picked here until H200 numbers show where it beats "fused_fp8".
     """
     mode = "split_bf16" if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
     return {"mode": mode, "dgrad": backends.get("input_grad", "bf16"), "wgrad": backends.get("weight_grad", "bf16")}

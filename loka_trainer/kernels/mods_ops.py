@@ -7,34 +7,65 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 
 - ``loka::quant_rowwise`` (``triton_quant``): rowwise e4m3 quantization in one fused Triton kernel.
 - ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split) -> (h, u, r)``: GEMM -> BlockNorm -> HardSwish
-  (``split``: cuBLAS GEMM + one Triton epilogue kernel instead of the single fused kernel).
+  (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs — + one Triton epilogue kernel instead of
+  the single fused kernel).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
+- ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16) -> (dz_q, scale_inv, dz)``: the same dz quantized
+  rowwise to e4m3 (for an FP8 dgrad): the dz kernel also writes per-block amaxes, one cast kernel follows.
 
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8) + mods_fwd, saving x, w, u (bf16) and r (fp32);
-backward = mods_bwd_dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose
-(bf16 -> cuBLAS directly). Forward modes (``FORWARD_MODES``): ``fused_bf16``, ``split_bf16``, ``fused_fp8``.
+backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
+directly). Forward modes: ``FORWARD_MODES``.
+
+Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` the layer does not
+call the backend (dz kernel, then a quantization kernel reading dz twice: amax, cast) but has the dz kernel
+write per-block amaxes, so one cast pass reads dz once, and runs ``torch._scaled_mm`` against the backend's cached (K, N) e4m3 weight. The numerics are
+the backend's exactly (rowwise e4m3 of the bf16 dz, rowwise e4m3 of Wᵀ), so the Dispatch plan's name and
+its MERE stay valid; only the kernels differ. Any other dgrad backend runs unfused, as before.
 """
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from loka_trainer.kernels import triton_mods
-from loka_trainer.kernels.backends import get_backend
+from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish
+from loka_trainer.kernels.quant import quantize_rowwise
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
 
-FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weight is what the fused FP8 kernel reads
+FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
+FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 
-# forward mode -> (uses FP8 inputs, split GEMM and epilogue)
-FORWARD_MODES: dict[str, tuple[bool, bool]] = {
-    "fused_bf16": (False, False),
-    "split_bf16": (False, True),
-    "fused_fp8": (True, False),
+
+@dataclasses.dataclass(frozen=True)
+class ForwardMode:
+    """``fp8``: x and W rowwise e4m3 (x by ``quant_rowwise``, W from the WeightCache), else bf16.
+    ``split``: a cuBLAS GEMM (bf16 or ``torch._scaled_mm``) + the Triton epilogue kernel, else one fused
+    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs)."""
+
+    fp8: bool
+    split: bool
+
+
+FORWARD_MODES: dict[str, ForwardMode] = {
+    "fused_bf16": ForwardMode(fp8=False, split=False),
+    "split_bf16": ForwardMode(fp8=False, split=True),
+    "fused_fp8": ForwardMode(fp8=True, split=False),
+    "split_fp8": ForwardMode(fp8=True, split=True),
 }
+
+
+def scaled_mm_nt(qa: Tensor, sa: Tensor, qb: Tensor, sb: Tensor) -> Tensor:
+    """qa (R, C), qb (P, C) row-major e4m3, sa (R, 1), sb (P, 1) fp32 -> (qa·sa)·(qb·sb)ᵀ (R, P) bf16.
+
+    cuBLASLt's rowwise FP8 GEMM on CUDA (torch's reference kernel on CPU); R, C, P multiples of 16.
+    """
+    return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb.reshape(1, -1), out_dtype=torch.bfloat16)
 
 
 @torch.no_grad()
@@ -51,8 +82,9 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
              split: bool) -> tuple[Tensor, Tensor, Tensor]:
     """x (M, K), w (N, K) bf16 (or e4m3 with sx (M, 1), sw (N, 1)) -> (h, u, r); see module docstring."""
     if use_triton(x) and triton_mods.supports(x.shape[1], w.shape[0], block):
-        if split and sx is None:
-            return triton_mods.norm_forward(x @ w.t(), block=block, eps=eps)[:3]
+        if split:
+            z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw)  # (M, N) bf16
+            return triton_mods.norm_forward(z, block=block, eps=eps)[:3]
         return triton_mods.fused_forward(x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps)[:3]
     xf = x.float() if sx is None else x.float() * sx.reshape(-1, 1)
     wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
@@ -90,39 +122,89 @@ def _(dh, u, r, block):
     return dh.new_empty(dh.shape, dtype=torch.bfloat16)
 
 
+@torch.no_grad()
+def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """dh (M, N), u (M, N), r (M, NB) -> (dz_q (M, N) e4m3, scale_inv (M, 1) fp32, dz (M, N) bf16)."""
+    dz = mods_backward_ref(dh, u, r, block)
+    dz_q, scale_inv = quantize_rowwise(dz, torch.float8_e4m3fn)
+    return dz_q, scale_inv, dz
+
+
+@torch.library.custom_op("loka::mods_bwd_dz_fp8", mutates_args=())
+def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bool
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) e4m3, scale_inv (M, 1) fp32, dz (M, N) bf16);
+    dz is an empty (0, N) tensor unless ``write_bf16`` (custom ops cannot return None)."""
+    if use_triton(dh):
+        dz_q, scale_inv, dz = triton_mods.backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16)
+    else:
+        dz_q, scale_inv, dz = mods_backward_fp8_ref(dh, u, r, block)
+    return dz_q, scale_inv, dz if write_bf16 else dh.new_empty((0, dh.shape[1]), dtype=torch.bfloat16)
+
+
+@mods_bwd_dz_fp8.register_fake
+def _(dh, u, r, block, write_bf16):
+    M, N = dh.shape
+    dz = dh.new_empty((M if write_bf16 else 0, N), dtype=torch.bfloat16)
+    return dh.new_empty((M, N), dtype=torch.float8_e4m3fn), dh.new_empty((M, 1), dtype=torch.float32), dz
+
+
+def _dgrad_fp8_rowwise(dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor, cache: WeightCache,
+                       need_dz: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """dh (M, N) -> (dx (M, K) bf16, dz (M, N) bf16 or None): one dz+quantization kernel, then cuBLAS rowwise
+    FP8 against Wᵀ (K, N) e4m3, cast once per weight version by the ``scaled_mm_rowwise`` backend."""
+    dz_q, s_dz, dz = mods_bwd_dz_fp8(dh, u, r, block, need_dz)
+    wt_q, s_wt = cache.get(w, FP8_WEIGHT_BACKEND, "input_grad")
+    return scaled_mm_nt(dz_q, s_dz, wt_q, s_wt), (dz if need_dz else None)
+
+
+# dgrad backend name -> the fused implementation of the same numerics (see the module docstring)
+FUSED_DGRAD: dict[str, Callable[..., tuple[Tensor, Optional[Tensor]]]] = {
+    "scaled_mm_rowwise": _dgrad_fp8_rowwise,
+}
+
+
 def _weight_grad(name: str, dz: Tensor, x: Tensor) -> Tensor:
     """dz (M, N), x (M, K) -> dW (N, K) on backend ``name`` (bf16: one cuBLAS GEMM, no casts)."""
-    if name == "bf16":
+    if name == BASELINE:
         return dz.t() @ x
     return get_backend(name).weight_grad(dz, x)
 
 
 def _input_grad(name: str, dz: Tensor, w: Tensor, cache) -> Tensor:
     """dz (M, N), w (N, K) -> dx (M, K) on backend ``name``, its weight operand from ``cache``."""
-    if name == "bf16":
+    if name == BASELINE:
         return dz @ w
     return get_backend(name).input_grad(dz, w, wt_q=cache.get(w, name, "input_grad"))
+
+
+def _runnable(name: str, M: int, K: int, N: int) -> str:
+    """``name``, or BF16 when that backend cannot run this shape (e.g. a ragged last batch, M % 16)."""
+    return name if name == BASELINE or get_backend(name).supports(M, K, N) else BASELINE
 
 
 class LinearModsFn(torch.autograd.Function):
     """h = HardSwish(BlockNorm(x·Wᵀ)): x (M, K), w (N, K) -> h (M, N) bf16.
 
-    ``mode`` one of FORWARD_MODES; ``dgrad``/``wgrad`` backend names; ``cache`` a ``linear.WeightCache``
-    (FP8 weight operands cast once per weight version, i.e. per optimizer step).
+    ``mode`` one of FORWARD_MODES; ``dgrad``/``wgrad`` backend names (``FUSED_DGRAD`` ones run fused);
+    ``cache`` a ``linear.WeightCache`` (FP8 weight operands cast once per weight version, i.e. per step).
     """
 
     @staticmethod
     def forward(ctx, x, w, block: int, eps: float, mode: str, dgrad: str, wgrad: str, cache):
-        fp8, split = FORWARD_MODES[mode]
+        fwd = FORWARD_MODES[mode]
+        (M, K), N = x.shape, w.shape[0]
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
-        if fp8:
+        if fwd.fp8:
             xq, sx = quant_rowwise(xb)
             wq, sw = cache.get(w, FP8_WEIGHT_BACKEND, "forward")
-            h, u, r = mods_fwd(xq, wq, sx, sw, block, eps, False)
+            # torch._scaled_mm needs M % 16 == 0; the fused kernel has no such limit
+            h, u, r = mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0)
         else:
-            h, u, r = mods_fwd(xb, wb, None, None, block, eps, split)
+            h, u, r = mods_fwd(xb, wb, None, None, block, eps, fwd.split)
         ctx.save_for_backward(xb, wb, u, r)
-        ctx.block, ctx.names, ctx.cache = block, (dgrad, wgrad), cache
+        ctx.block, ctx.cache = block, cache
+        ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
         ctx.dtypes = (x.dtype, w.dtype)
         return h
 
@@ -130,9 +212,16 @@ class LinearModsFn(torch.autograd.Function):
     def backward(ctx, dh):
         xb, wb, u, r = ctx.saved_tensors
         dgrad, wgrad = ctx.names
-        dz = mods_bwd_dz(dh, u, r, ctx.block)
-        dx = _input_grad(dgrad, dz, wb, ctx.cache).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
-        dw = _weight_grad(wgrad, dz, xb).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        dx = dw = None
+        if need_dx and dgrad in FUSED_DGRAD:
+            dx, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
+        else:
+            dz = mods_bwd_dz(dh, u, r, ctx.block)
+            dx = _input_grad(dgrad, dz, wb, ctx.cache) if need_dx else None
+        if need_dw:
+            dw = _weight_grad(wgrad, dz, xb).to(ctx.dtypes[1])
+        dx = dx.to(ctx.dtypes[0]) if dx is not None else None
         return dx, dw, None, None, None, None, None, None
 
 
@@ -149,4 +238,3 @@ def linear_mods(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6, mo
     if cache is None:
         cache = WeightCache()
     return LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache)
-

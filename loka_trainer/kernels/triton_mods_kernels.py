@@ -67,18 +67,49 @@ def norm_fwd_kernel(z_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_ym, 
               pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_)
 
 @triton.jit
-def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, M, stride_dym, stride_um, stride_rm, stride_dzm,
-                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+def _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_um, stride_rm,
+             BLOCK_N: tl.constexpr):
+    # dz (BLOCK_M, BLOCK_N) fp32 of norm block j: g = dy·HardSwish'(u), dz = r·(g − u·mean_B(g·u)).
+    mask = mask_m[:, None]
+    dy = tl.load(dy_ptr + offs_m[:, None] * stride_dym + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + offs_m * stride_rm + j, mask=mask_m, other=0.0)
+    slope = tl.where(u < -3.0, 0.0, tl.where(u > 3.0, 1.0, (2.0 * u + 3.0) / 6.0))  # HardSwish'(u)
+    g = dy * slope
+    mean_gu = tl.sum(g * u, axis=1) / BLOCK_N
+    return r[:, None] * (g - u * mean_gu[:, None])
+
+@triton.jit
+def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, M, stride_dym, stride_um, stride_rm, stride_dzm,
+                  stride_am, WRITE_AMAX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
+    dz = _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, pid_n, stride_dym, stride_um, stride_rm, BLOCK_N)
+    dz = dz.to(dz_ptr.dtype.element_ty)
+    tl.store(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], dz, mask=mask_m[:, None])
+    if WRITE_AMAX:  # of the stored (rounded) dz, so the FP8 cast matches quantizing the bf16 dz
+        tl.store(amax_ptr + offs_m * stride_am + pid_n, tl.max(tl.abs(dz.to(tl.float32)), axis=1), mask=mask_m)
+
+@triton.jit
+def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, M, NB, stride_dzm, stride_am, stride_qm,
+                      FP8_MAX_: tl.constexpr, EPS_: tl.constexpr, NB_P2: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
+    # Row amax from the (M, NB) per-block amaxes bwd_dz_kernel wrote: no pass over dz to find it, so this
+    # kernel reads dz once and is as parallel (rows x blocks) as the dz kernel.
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_b = tl.arange(0, NB_P2)
+    mask_m = offs_m < M
+    a = tl.load(amax_ptr + offs_m[:, None] * stride_am + offs_b[None, :],
+                mask=mask_m[:, None] & (offs_b[None, :] < NB), other=0.0)
+    # same guard as quant.amax_to_scale: an all-zero row gets a finite scale and exact zeros
+    scale = FP8_MAX_ / tl.minimum(tl.maximum(tl.max(a, axis=1), EPS_), 3.4028234663852886e38)
     mask = mask_m[:, None]
-    dy = tl.load(dy_ptr + offs_m[:, None] * stride_dym + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + offs_m * stride_rm + pid_n, mask=mask_m, other=0.0)
-    slope = tl.where(u < -3.0, 0.0, tl.where(u > 3.0, 1.0, (2.0 * u + 3.0) / 6.0))  # HardSwish'(u)
-    g = dy * slope
-    mean_gu = tl.sum(g * u, axis=1) / BLOCK_N
-    dz = r[:, None] * (g - u * mean_gu[:, None])
-    tl.store(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], dz.to(dz_ptr.dtype.element_ty), mask=mask)
+    dz = tl.load(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    q = tl.minimum(tl.maximum(dz * scale[:, None], -FP8_MAX_), FP8_MAX_)
+    tl.store(q_ptr + offs_m[:, None] * stride_qm + offs_n[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    if pid_n == 0:
+        tl.store(s_ptr + offs_m, 1.0 / scale, mask=mask_m)

@@ -1,0 +1,126 @@
+"""Multi-GPU training throughput with FSDP2 on the dense part, LoKA on vs off, measured side by side.
+
+    torchrun --nproc_per_node=2 scripts/bench_fsdp2_gpu.py OUT_DIR [--model wukong] [--batch 4096]
+        [--precisions bf16 fp8_rowwise_gw_hp bf16+mods loka] [--vocab 10000] [--steps 20]
+
+Each variant is built as in ``bench_e2e_gpu.py`` (zoo model at its paper-size defaults, precision applied as
+``train.py`` does; a ``loka`` plan is measured on rank 0 and broadcast), then every dense unit
+(``model.dense_units()``) gets FSDP2 ``fully_shard`` with a BF16 gradient reduce (``MixedPrecisionPolicy``,
+as ``sharding.fsdp_reduce_dtype=bfloat16`` does in training) and is compiled.
+
+Embeddings: TorchRec's sharded embedding kernels need the CUDA fbgemm build, so here the tables are
+**unsharded and replicated** on every rank (like TorchRec's ``data_parallel`` sharding type): their dense
+gradients are all-reduced (mean, fp32) after backward and each rank applies SGD. ``--vocab`` rows per table
+keeps that all-reduce small; it is the same for every precision.
+
+A step = forward under BF16 autocast, BCE, backward (FSDP2 reduce-scatters dense grads in BF16), embedding
+all-reduce, fused Adam (dense) + SGD (embeddings). Time = CUDA-event wall time per step on rank 0 after a
+barrier-synchronised warm-up, over ``--steps`` steps. Writes OUT_DIR/bench_fsdp2.json and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_e2e_gpu import build_variant, timed_ms  # noqa: E402
+
+
+def shard_dense_units(model: torch.nn.Module) -> None:
+    """FSDP2 on each dense unit, parameters in their dtype, gradients reduced in BF16."""
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+    for unit in model.dense_units():
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+
+
+def train_step(model, batch, opts, embedding_params) -> None:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(batch).float()
+    F.binary_cross_entropy_with_logits(logits, batch.labels).backward()
+    for p in embedding_params:  # replicated tables: data-parallel mean of their gradients
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    for opt in opts:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def measure(precision: str, args, device) -> dict:
+    model, batch, opts, logs = build_variant(args.model, precision, batch=args.batch, device=device,
+                                             compile_dense=True, vocab=args.vocab, shard_dense=shard_dense_units)
+    embedding_params = list(opts[1].param_groups[0]["params"])
+    step = lambda: train_step(model, batch, opts, embedding_params)
+    for _ in range(args.warmup):
+        step()
+    dist.barrier()
+    ms = timed_ms(step, args.steps, warmup=0)
+    world = dist.get_world_size()
+    return {"precision": precision, "step_ms": ms, "examples_per_s": world * args.batch / ms * 1e3,
+            "log": [line.splitlines()[-1] for line in logs]}
+
+
+def table(rows: list[dict]) -> str:
+    base = next((r for r in rows if r["precision"] == "bf16" and "step_ms" in r), None)
+    lines = [f"{'precision':<20} {'step ms':>9} {'examples/s':>12} {'x bf16':>7}"]
+    for r in rows:
+        if "step_ms" not in r:
+            lines.append(f"{r['precision']:<20} {r.get('status', 'error')[:80]}")
+            continue
+        ratio = base["step_ms"] / r["step_ms"] if base else float("nan")
+        r["speedup_vs_bf16"] = ratio
+        lines.append(f"{r['precision']:<20} {r['step_ms']:9.3f} {r['examples_per_s']:12.0f} {ratio:7.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--model", default="wukong")
+    ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_rowwise_gw_hp", "bf16+mods", "loka"])
+    ap.add_argument("--batch", type=int, default=4096, help="per-GPU batch")
+    ap.add_argument("--vocab", type=int, default=10_000, help="rows per (replicated) embedding table")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    args = ap.parse_args()
+    if not torch.cuda.is_available() or "LOCAL_RANK" not in os.environ:
+        raise SystemExit("bench_fsdp2_gpu.py needs CUDA devices and torchrun (--nproc_per_node=N)")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl")
+    device = torch.device("cuda", local_rank)
+    rows = []
+    for precision in args.precisions:
+        try:
+            rows.append(measure(precision, args, device))
+        except Exception as exc:  # one variant failing must not lose the others
+            rows.append({"precision": precision, "status": f"error: {exc!r}"[:300],
+                         "traceback": traceback.format_exc()[-2000:]})
+        torch.cuda.empty_cache()
+        dist.barrier()
+    if dist.get_rank() == 0:
+        text = table(rows)
+        meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(device),
+                "gpus": dist.get_world_size(), "torch": torch.__version__, "command": " ".join(sys.argv),
+                "model": args.model, "per_gpu_batch": args.batch, "rows_per_table": args.vocab,
+                "embeddings": "unsharded, replicated, gradients all-reduced (fp32 mean)",
+                "dense": "FSDP2 fully_shard per dense unit, BF16 reduce, compiled"}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_fsdp2.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        print(text)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
