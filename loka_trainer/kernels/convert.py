@@ -176,6 +176,24 @@ def _fuse_mods(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Option
     log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods")
 
 
+# A compiled frame keeps one graph per distinct guard set. LoKA layers carry per-layer kernel choices (Python
+# strings the graph specializes on), so N same-class blocks with different plans need N entries per grad mode
+# and input dtype; past dynamo's recompile limit (default 8) the remaining ones silently run eagerly.
+COMPILE_ENTRIES_PER_LAYER = 4
+
+
+def reserve_compile_cache(num_layers: int, log: Callable[[str], None]) -> None:
+    """Raise dynamo's per-frame recompile limit to COMPILE_ENTRIES_PER_LAYER · num_layers (never lower it)."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    want = COMPILE_ENTRIES_PER_LAYER * num_layers
+    if getattr(cfg, name) < want:
+        setattr(cfg, name, want)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 2 * want)
+        log(f"torch._dynamo.config.{name} raised to {want} for {num_layers} LoKA layers (one compiled graph "
+            f"per distinct layer plan, grad mode and input dtype)")
+
+
 def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,
                     run_dir: Optional[Path] = None, module_filter_fn: Optional[ModuleFilter] = None,
                     log: Callable[[str], None] = _rank0_print) -> Optional[DispatchPlan]:
@@ -198,6 +216,7 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
     validate_plan(plan, {f: (m.in_features, m.out_features) for f, m in linears.items()},
                   list(available_backends(device)))
     swap_in_lokalinears(model, plan)
+    reserve_compile_cache(len(plan.layers), log)
     log(format_plan_table(plan))
     if config.mods:
         _fuse_mods(model, plan, module_filter_fn=module_filter_fn, log=log)

@@ -97,6 +97,34 @@ def test_loka_builds_logs_writes_and_reuses_plan(tmp_path, monkeypatch):
     m2(_batch()).sum().backward()
 
 
+@pytest.fixture
+def dynamo_config():
+    """torch._dynamo.config with its limits restored afterwards (monkeypatch would delete config entries)."""
+    import torch._dynamo.config as cfg
+    saved = cfg.recompile_limit, cfg.accumulated_recompile_limit
+    cfg.recompile_limit = 8
+    yield cfg
+    cfg.recompile_limit, cfg.accumulated_recompile_limit = saved
+
+
+def test_loka_reserves_one_compiled_graph_per_layer_plan(dynamo_config):
+
+    class Deep(TinyModel):  # 12 planned layers: more than dynamo's default 8 graphs per frame
+        def __init__(self):
+            super().__init__()
+            self.mlp = nn.Sequential(*[nn.Linear(64, 64) for _ in range(12)])
+
+    logs = []
+    plan = apply_precision(Deep(), config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(),
+                           log=logs.append)
+    assert len(plan.layers) == 12
+    assert dynamo_config.recompile_limit == convert_mod.COMPILE_ENTRIES_PER_LAYER * 12
+    assert any("recompile_limit raised to 48" in line for line in logs)
+    apply_precision(TinyModel(), config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(),
+                    log=logs.append)
+    assert dynamo_config.recompile_limit == 48  # a smaller model never lowers it
+
+
 def test_plan_for_other_model_rejected(tmp_path):
     m = TinyModel()
     apply_precision(m, config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(), run_dir=tmp_path,
