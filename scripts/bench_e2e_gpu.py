@@ -118,11 +118,15 @@ def timed_ms(fn, steps: int, warmup: int) -> float:
 def gemm_split_ms(fn, top: int = 15) -> dict:
     """GPU kernel time of one call of `fn`, split into GEMM kernels and the rest, plus the ``top`` kernels
     by time as [name[:90], µs, calls]."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, schedule
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+    # One warm-up step inside the profiler first: entering it can make dynamo recompile (and inductor autotune)
+    # on the next call, which must not be counted as the step's kernels.
+    with profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=0, warmup=1, active=1)) as prof:
+        for _ in range(2):
+            fn()
+            torch.cuda.synchronize()
+            prof.step()
     gemm = other = 0.0
     kernels = []
     for evt in prof.key_averages():
