@@ -88,7 +88,7 @@ def build_variant(model_name: str, precision: str, *, batch: int, device: torch.
 
 
 def train_step(model, batch, opts) -> None:
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(batch.labels.device.type, dtype=torch.bfloat16):
         logits = model(batch).float()
     F.binary_cross_entropy_with_logits(logits, batch.labels).backward()
     for opt in opts:
@@ -98,13 +98,19 @@ def train_step(model, batch, opts) -> None:
 
 @torch.no_grad()
 def infer_step(model, batch) -> None:
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(batch.labels.device.type, dtype=torch.bfloat16):
         model(batch)
 
 
-def timed_ms(fn, steps: int, warmup: int) -> float:
+def timed_ms(fn, steps: int, warmup: int, device_type: str = "cuda") -> float:
+    """Mean ms per call of ``fn`` after ``warmup`` calls: CUDA events, or wall clock on a CPU."""
     for _ in range(warmup):
         fn()
+    if device_type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / steps
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()

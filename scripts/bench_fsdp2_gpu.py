@@ -1,7 +1,8 @@
 """Multi-GPU training throughput with FSDP2 on the dense part, LoKA on vs off, measured side by side.
 
     torchrun --nproc_per_node=2 scripts/bench_fsdp2_gpu.py OUT_DIR [--model wukong] [--batch 4096]
-        [--precisions bf16 fp8_rowwise_gw_hp bf16+mods loka] [--vocab 10000] [--steps 20]
+        [--precisions bf16 fp8_rowwise_gw_hp bf16+mods loka] [--vocab 10000] [--steps 20] [--no-compile]
+        [--device cpu]   (gloo on CPU: a functional check of this script, its times mean nothing)
 
 Each variant is built as in ``bench_e2e_gpu.py`` (zoo model at its paper-size defaults, precision applied as
 ``train.py`` does; a ``loka`` plan is measured on rank 0 and broadcast), then every dense unit
@@ -39,14 +40,14 @@ from bench_e2e_gpu import build_variant, timed_ms  # noqa: E402
 
 def shard_dense_units(model: torch.nn.Module) -> None:
     """FSDP2 on each dense unit, parameters in their dtype, gradients reduced in BF16."""
-    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
     for unit in model.dense_units():
         fully_shard(unit, mesh=mesh, mp_policy=policy)
 
 
 def train_step(model, batch, opts, embedding_params) -> None:
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(batch.labels.device.type, dtype=torch.bfloat16):
         logits = model(batch).float()
     F.binary_cross_entropy_with_logits(logits, batch.labels).backward()
     for p in embedding_params:  # replicated tables: data-parallel mean of their gradients
@@ -59,13 +60,14 @@ def train_step(model, batch, opts, embedding_params) -> None:
 
 def measure(precision: str, args, device) -> dict:
     model, batch, opts, logs = build_variant(args.model, precision, batch=args.batch, device=device,
-                                             compile_dense=True, vocab=args.vocab, shard_dense=shard_dense_units)
+                                             compile_dense=not args.no_compile, vocab=args.vocab,
+                                             shard_dense=shard_dense_units)
     embedding_params = list(opts[1].param_groups[0]["params"])
     step = lambda: train_step(model, batch, opts, embedding_params)
     for _ in range(args.warmup):
         step()
     dist.barrier()
-    ms = timed_ms(step, args.steps, warmup=0)
+    ms = timed_ms(step, args.steps, warmup=0, device_type=device.type)
     world = dist.get_world_size()
     return {"precision": precision, "step_ms": ms, "examples_per_s": world * args.batch / ms * 1e3,
             "log": [line.splitlines()[-1] for line in logs]}
@@ -93,13 +95,18 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=10_000, help="rows per (replicated) embedding table")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = ap.parse_args()
-    if not torch.cuda.is_available() or "LOCAL_RANK" not in os.environ:
-        raise SystemExit("bench_fsdp2_gpu.py needs CUDA devices and torchrun (--nproc_per_node=N)")
+    if "LOCAL_RANK" not in os.environ or (args.device == "cuda" and not torch.cuda.is_available()):
+        raise SystemExit("bench_fsdp2_gpu.py needs torchrun (--nproc_per_node=N) and CUDA devices (or --device cpu)")
     local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl")
-    device = torch.device("cuda", local_rank)
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rows = []
     for precision in args.precisions:
         try:
@@ -107,15 +114,17 @@ def main() -> None:
         except Exception as exc:  # one variant failing must not lose the others
             rows.append({"precision": precision, "status": f"error: {exc!r}"[:300],
                          "traceback": traceback.format_exc()[-2000:]})
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         dist.barrier()
     if dist.get_rank() == 0:
         text = table(rows)
-        meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(device),
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        meta = {"date": datetime.date.today().isoformat(), "device": name,
                 "gpus": dist.get_world_size(), "torch": torch.__version__, "command": " ".join(sys.argv),
                 "model": args.model, "per_gpu_batch": args.batch, "rows_per_table": args.vocab,
                 "embeddings": "unsharded, replicated, gradients all-reduced (fp32 mean)",
-                "dense": "FSDP2 fully_shard per dense unit, BF16 reduce, compiled"}
+                "dense": "FSDP2 fully_shard per dense unit, BF16 reduce" + ("" if args.no_compile else ", compiled")}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_fsdp2.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         print(text)
