@@ -123,20 +123,24 @@ def timed_ms(fn, steps: int, warmup: int, device_type: str = "cuda") -> float:
 
 def gemm_split_ms(fn, top: int = 15) -> dict:
     """GPU kernel time of one call of `fn`, split into GEMM kernels and the rest, plus the ``top`` kernels
-    by time as [name[:90], µs, calls]."""
+    by time as [name[:90], µs, calls] and the ``top`` host-side ops by self CPU time (where a launch-bound
+    step spends its Python/dispatcher time) as [name[:90], self µs, calls]."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     # One warm-up step inside the profiler first: entering it can make dynamo recompile (and inductor autotune)
     # on the next call, which must not be counted as the step's kernels.
-    with profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=0, warmup=1, active=1)) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 schedule=schedule(wait=0, warmup=1, active=1)) as prof:
         for _ in range(2):
             fn()
             torch.cuda.synchronize()
             prof.step()
     gemm = other = 0.0
-    kernels = []
+    kernels, host = [], []
     for evt in prof.key_averages():
         t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if evt.device_type.name == "CPU" and evt.self_cpu_time_total > 0:
+            host.append([evt.key[:90], round(evt.self_cpu_time_total, 1), evt.count])
         if evt.device_type.name != "CUDA" or t <= 0:
             continue
         kernels.append([evt.key[:90], round(t, 1), evt.count])
@@ -145,7 +149,8 @@ def gemm_split_ms(fn, top: int = 15) -> dict:
         else:
             other += t
     kernels.sort(key=lambda k: -k[1])
-    return {"gemm_ms": gemm / 1e3, "other_ms": other / 1e3, "top_kernels": kernels[:top]}
+    host.sort(key=lambda k: -k[1])
+    return {"gemm_ms": gemm / 1e3, "other_ms": other / 1e3, "top_kernels": kernels[:top], "top_host_ops": host[:top]}
 
 
 def measure(model_name: str, precision: str, args, device) -> dict:
