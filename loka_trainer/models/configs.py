@@ -46,6 +46,21 @@ class WukongConfig:
     mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
 
 
+def interformer_mods() -> ModsConfig:
+    """InterFormer's Mods default: under the no-bias Mod the sequence merge Linear keeps an ``nn.Linear``-drawn bias.
+
+    Why (docs/results/interformer_mods_cpu, BF16 + all three Mods, 300 steps, eval RLL vs the published model):
+    bias-free everywhere costs +0.52%; a bias drawn like ``nn.Linear``'s on ``input_arch.merge`` alone brings it
+    back to the seed noise (-0.05 +- 0.09%, 3 seeds); a zero-initialised one there does not (+0.69%, seed 0), nor do
+    nn.Linear-drawn biases in any other sub-arch (+0.32 to +0.54%, seed 0). TorchRec's embedding
+    init is tiny (+-1/sqrt(vocab)), so a bias-free merge makes sequence tokens tiny random vectors that the
+    Sequence Arch's norms blow up to unit size; the bias (one D-vector, ``(We + b) * valid``) is a learned
+    "an item is here" embedding that dominates at the start. One small GEMM (F_q*D -> D) keeps a bias; every
+    GEMM inside the InterFormer layers stays bias-free. Under the published Mods (biases on) this is a no-op.
+    """
+    return ModsConfig(keep_bias=["input_arch.merge"], keep_bias_init="linear")
+
+
 @dataclasses.dataclass
 class InterFormerConfig:
     """Hydra schema ``model=interformer``; defaults are paper-like, ``conf/model/interformer.yaml`` is CPU-sized."""
@@ -69,8 +84,7 @@ class InterFormerConfig:
     num_recent_tokens: int = 4
     pffn_widths: List[int] = dataclasses.field(default_factory=lambda: [256])
     over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 256])
-    mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
-
+    mods: ModsConfig = dataclasses.field(default_factory=interformer_mods)
 
 
 MODEL_CONFIGS: dict[str, type] = {

@@ -15,12 +15,15 @@ What each switch touches (every model; the model files list their own extra deta
 - ``block_size``: BlockNorm's block (only used when ``norm == "blocknorm"``).
 - ``keep_bias``: fnmatch patterns of Linear FQNs that keep (get back) a bias when ``bias`` is off, applied
   after the model is built (``keep_biases``): an escape hatch for the few layers a model needs a bias in.
+- ``keep_bias_init``: how those biases start (``BIAS_INITS``): ``zero`` keeps the built model's function,
+  ``linear`` draws them like ``nn.Linear`` does (uniform in +-1/sqrt(in_features)).
 """
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from typing import Any, List, Optional
+import math
+from typing import Any, Callable, List, Optional
 
 import torch
 from torch import nn
@@ -37,6 +40,7 @@ class ModsConfig:
     activation: Optional[str] = None
     block_size: int = 256
     keep_bias: List[str] = dataclasses.field(default_factory=list)
+    keep_bias_init: str = "zero"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,15 +78,38 @@ def resolve_mods(cfg: ModsConfig, *, published: ResolvedMods, loka_mods: bool) -
     return resolved
 
 
-def keep_biases(model: nn.Module, patterns: List[str]) -> list[str]:
-    """Give every bias-less ``nn.Linear`` whose FQN matches one of ``patterns`` a zero-initialised bias.
+@torch.no_grad()
+def _zero_bias(linear: nn.Linear) -> torch.Tensor:
+    """(out_features,) zeros: the model's function is unchanged."""
+    return torch.zeros(linear.out_features, device=linear.weight.device, dtype=linear.weight.dtype)
+
+
+@torch.no_grad()
+def _linear_bias(linear: nn.Linear) -> torch.Tensor:
+    """(out_features,) uniform in +-1/sqrt(in_features), as ``nn.Linear.reset_parameters`` draws it."""
+    bound = 1.0 / math.sqrt(linear.in_features) if linear.in_features > 0 else 0.0
+    return _zero_bias(linear).uniform_(-bound, bound)
+
+
+BIAS_INITS: dict[str, Callable[[nn.Linear], torch.Tensor]] = {"zero": _zero_bias, "linear": _linear_bias}
+
+
+def matching_linears(model: nn.Module, patterns: List[str]) -> list[str]:
+    """FQNs of every ``nn.Linear`` of ``model`` (biased or not) that matches one of the fnmatch ``patterns``."""
+    return [fqn for fqn, module in model.named_modules()
+            if isinstance(module, nn.Linear) and any(fnmatch.fnmatch(fqn, p) for p in patterns)]
+
+
+def keep_biases(model: nn.Module, patterns: List[str], *, init: str = "zero") -> list[str]:
+    """Give every bias-less ``nn.Linear`` whose FQN matches one of ``patterns`` a bias drawn by ``BIAS_INITS[init]``.
 
     Returns the FQNs changed. A zero bias leaves the model's initial function unchanged.
     """
+    if init not in BIAS_INITS:
+        raise ValueError(f"model.mods.keep_bias_init={init!r} is not one of {sorted(BIAS_INITS)}")
     changed = []
     for fqn, module in model.named_modules():
         if isinstance(module, nn.Linear) and module.bias is None and any(fnmatch.fnmatch(fqn, p) for p in patterns):
-            module.bias = nn.Parameter(torch.zeros(module.out_features, device=module.weight.device,
-                                                   dtype=module.weight.dtype))
+            module.bias = nn.Parameter(BIAS_INITS[init](module))
             changed.append(fqn)
     return changed

@@ -12,7 +12,7 @@ from torch import nn
 
 from loka_trainer.data.batch import DataSchema
 from loka_trainer.models.configs import MODEL_CONFIGS
-from loka_trainer.models.mods import keep_biases
+from loka_trainer.models.mods import keep_biases, matching_linears
 from loka_trainer.models.dlrm import build_dlrm, build_dlrm_dcnv2
 from loka_trainer.models.interformer import build_interformer
 from loka_trainer.models.wukong import build_wukong
@@ -51,7 +51,10 @@ def build_model(model_cfg: Any, *, schema: DataSchema, loka_mods: bool) -> nn.Mo
             f"got {type(model_cfg).__name__}"
         )
     model = spec.build(model_cfg, schema=schema, loka_mods=loka_mods)
-    if model_cfg.mods.keep_bias and not keep_biases(model, model_cfg.mods.keep_bias):
-        raise ValueError(f"model.mods.keep_bias={list(model_cfg.mods.keep_bias)} matches no bias-less Linear of "
-                         f"{name}")
+    patterns = list(model_cfg.mods.keep_bias)
+    # NOTE: a pattern that names only Linears that already have a bias is fine (e.g. a model's LoKA default
+    # ``keep_bias`` under ``precision=bf16``); one that names no Linear at all is a typo.
+    if patterns and not matching_linears(model, patterns):
+        raise ValueError(f"model.mods.keep_bias={patterns} matches no nn.Linear of {name}")
+    keep_biases(model, patterns, init=model_cfg.mods.keep_bias_init)
     return model

@@ -29,9 +29,11 @@ def test_blocknorm_with_one_block_equals_rmsnorm(width, block):
 
 
 def test_blocknorm_normalizes_each_block_to_unit_rms():
-    x = torch.randn(4, 96) * torch.tensor([0.1] * 32 + [100.0] * 32 + [1.0] * 32)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 96, generator=gen) * torch.tensor([0.1] * 32 + [100.0] * 32 + [1.0] * 32)
     blocks = BlockNorm(96, block_size=32)(x).view(4, 3, 32)
-    torch.testing.assert_close(blocks.pow(2).mean(-1), torch.ones(4, 3), atol=1e-4, rtol=1e-4)
+    # NOTE: eps (1e-6) pulls the 0.1-scaled block's mean square below 1 by ~1e-6 / 0.01: tolerance 1e-3, not 1e-4
+    torch.testing.assert_close(blocks.pow(2).mean(-1), torch.ones(4, 3), atol=1e-3, rtol=1e-3)
 
 
 def test_blocknorm_statistics_are_per_block():

@@ -56,3 +56,36 @@ def test_keep_bias_gives_matching_biasless_linears_a_zero_bias_only():
     assert model.mlp.bias is None
     torch.testing.assert_close(model(x), before)
     assert keep_biases(model, ["head"]) == []  # already has one
+
+
+def test_keep_bias_linear_init_draws_like_nn_linear_and_changes_the_function():
+    from torch import nn
+
+    from loka_trainer.models.mods import keep_biases
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(9, 64, bias=False))
+    x = torch.randn(3, 9)
+    before = model(x)
+    assert keep_biases(model, ["0"], init="linear") == ["0"]
+    bias = model[0].bias
+    assert bias.abs().max() <= 9**-0.5 and bias.abs().min() > 0 and bias.std() > 0.1 * 9**-0.5
+    assert not torch.allclose(model(x), before)
+
+
+def test_keep_bias_unknown_init_raises_naming_the_field():
+    from torch import nn
+
+    from loka_trainer.models.mods import keep_biases
+
+    with pytest.raises(ValueError, match="model.mods.keep_bias_init"):
+        keep_biases(nn.Sequential(nn.Linear(2, 2, bias=False)), ["*"], init="normal")
+
+
+@pytest.mark.parametrize("init,nonzero", [("zero", False), ("linear", True)])
+def test_build_model_passes_keep_bias_init(init, nonzero, small_config, schema):
+    from loka_trainer.models.zoo import build_model
+
+    mods = ModsConfig(keep_bias=["head_arch.over_arch.mlp.0"], keep_bias_init=init)
+    model = build_model(small_config("interformer", mods=mods), schema=schema, loka_mods=True)
+    assert bool(torch.count_nonzero(model.head_arch.over_arch.mlp[0].bias)) == nonzero

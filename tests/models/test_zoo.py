@@ -68,3 +68,42 @@ def test_yaml_composes_and_builds(yaml_name, _registered_schemas, make_schema, m
     batch = make_batch(schema, 3)
     with torch.no_grad():
         assert build_model(model_cfg, schema=schema, loka_mods=True)(batch).shape == (3,)
+
+
+def _biased(model) -> set:
+    return {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m.bias is not None}
+
+
+def test_keep_bias_that_names_no_linear_is_a_typo(schema, small_config):
+    from loka_trainer.models.mods import ModsConfig
+
+    cfg = small_config("wukong", mods=ModsConfig(keep_bias=["over_arch.mlpp.*"]))
+    with pytest.raises(ValueError, match="model.mods.keep_bias"):
+        build_model(cfg, schema=schema, loka_mods=True)
+
+
+def test_keep_bias_on_already_biased_linears_is_a_no_op(schema, small_config):
+    from loka_trainer.models.mods import ModsConfig
+
+    plain = build_model(small_config("dlrm", mods=ModsConfig(bias=True)), schema=schema, loka_mods=False)
+    kept = build_model(small_config("dlrm", mods=ModsConfig(bias=True, keep_bias=["over_arch.*"])), schema=schema,
+                       loka_mods=False)
+    assert _biased(kept) == _biased(plain) and len(_biased(kept)) > 1
+
+
+def test_interformer_default_keeps_only_the_merge_and_prediction_bias_under_loka(schema, small_config):
+    torch.manual_seed(0)
+    model = build_model(small_config("interformer"), schema=schema, loka_mods=True)
+    assert _biased(model) == {"input_arch.merge", "head_arch.over_arch.prediction"}
+    bias, bound = model.input_arch.merge.bias, model.input_arch.merge.in_features ** -0.5
+    assert 0 < bias.abs().min() and bias.abs().max() <= bound  # drawn like nn.Linear's, not zero
+    published = build_model(small_config("interformer"), schema=schema, loka_mods=False)
+    assert "input_arch.merge" in _biased(published) and len(_biased(published)) > 2
+
+
+@pytest.mark.parametrize("yaml_name", ["interformer", "interformer_paper"])
+def test_interformer_yamls_keep_the_merge_bias(yaml_name, _registered_schemas):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name=None, overrides=[f"+model={yaml_name}"])
+    mods = OmegaConf.to_object(cfg.model).mods
+    assert (list(mods.keep_bias), mods.keep_bias_init) == (["input_arch.merge"], "linear")

@@ -5,9 +5,9 @@
 Each sub-folder is one `scripts/quality_runs.py --precisions bf16` run set (its `quality.json` holds the command
 and the overrides); the reference is the published-model BF16 run of the same seed in docs/results/quality_cpu.
 Writes ablation.json and ablation_rll.png next to this file.
-NOTE: since the fix, InterFormer's default is `model.mods.keep_bias=[input_arch.merge] model.mods.keep_bias_init=linear`;
-re-running a variant without a `keep_bias` override (all_mods, no_bias) now needs `model.mods.keep_bias=[]` to get
-the fully bias-free model those runs measured.
+NOTE: since the fix, InterFormer's default is `model.mods.keep_bias=[input_arch.merge]
+model.mods.keep_bias_init=linear`; re-running a variant without a `keep_bias` override (all_mods, no_bias) now
+needs `model.mods.keep_bias=[]` to get the fully bias-free model those runs measured.
 """
 from __future__ import annotations
 
