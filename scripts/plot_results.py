@@ -92,7 +92,8 @@ def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
         ax.set_xlabel("step")
         ax.set_ylabel("relative log loss (%)")
         ax.legend(fontsize=8)
-    fig.suptitle(f"Train log loss relative to BF16 of the same seed, windows of {WINDOW} logged steps")
+    fig.suptitle(f"Train log loss relative to BF16 of the same seed, windows of {WINDOW} logged steps",
+                 fontsize=10 if len(models) == 1 else 12)  # one panel: keep the title inside the figure
     fig.tight_layout()
     path = Path(out_dir) / "quality_rll.png"
     fig.savefig(path, dpi=120)

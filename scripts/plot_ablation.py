@@ -1,10 +1,10 @@
 """Summarize the InterFormer no-bias ablation: eval RLL of every variant here vs the published BF16 runs.
 
-    python docs/results/interformer_mods_cpu/plot_ablation.py
+    python scripts/plot_ablation.py
 
 Each sub-folder is one `scripts/quality_runs.py --precisions bf16` run set (its `quality.json` holds the command
 and the overrides); the reference is the published-model BF16 run of the same seed in docs/results/quality_cpu.
-Writes ablation.json and ablation_rll.png next to this file.
+Writes ablation.json and ablation_rll.png into docs/results/interformer_mods_cpu.
 NOTE: since the fix, InterFormer's default is `model.mods.keep_bias=[input_arch.merge]
 model.mods.keep_bias_init=linear`; re-running a variant without a `keep_bias` override (all_mods, no_bias) now
 needs `model.mods.keep_bias=[]` to get the fully bias-free model those runs measured.
@@ -15,8 +15,8 @@ import json
 import statistics
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REFERENCE = HERE.parents[0] / "quality_cpu" / "quality.json"
+HERE = Path(__file__).resolve().parents[1] / "docs" / "results" / "interformer_mods_cpu"
+REFERENCE = HERE.parent / "quality_cpu" / "quality.json"
 
 
 def _eval_logloss(quality: dict, precision: str = "bf16") -> dict[int, float]:
@@ -58,8 +58,9 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(HERE / "ablation_rll.png", dpi=120)
     for r in rows:
+        spread = f" ± {r['rll_pct_std']:.3f}" if len(r["seeds"]) > 1 else " (one seed)"
         print(f"| {r['variant']} | `{' '.join(r['overrides'])}` | {len(r['seeds'])} | "
-              f"{r['rll_pct_mean']:+.3f} ± {r['rll_pct_std']:.3f} |")
+              f"{r['rll_pct_mean']:+.3f}{spread} |")
     print(f"noise floor {floor:.3f}%")
 
 
