@@ -1,7 +1,7 @@
 """End-to-end training-step and inference throughput of zoo models per precision, measured side by side.
 
     python scripts/bench_e2e_gpu.py OUT_DIR [--models wukong interformer] [--batch 4096] [--steps 20] [--vocab 100000]
-        [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka] [--no-compile] [--budget-s 240]
+        [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka] [--no-compile | --compile-mode reduce-overhead] [--budget-s 240]
 
 One process, one device. Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
 e.g. `WukongConfig()`), on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ def precision_config(name: str) -> PrecisionConfig:
 
 
 def build_variant(model_name: str, precision: str, *, batch: int, device: torch.device, compile_dense: bool,
-                  vocab: int = DataConfig.max_vocab_size, shard_dense=None):
+                  vocab: int = DataConfig.max_vocab_size, shard_dense=None, compile_mode: Optional[str] = None):
     """(model, sample batch on device, [dense Adam, embedding SGD], log lines) for one variant;
     ``shard_dense(model)``, when given, runs after the precision transform and before compiling."""
     # Each variant builds new modules running the same forward code: without a reset, dynamo's per-code
@@ -79,7 +80,7 @@ def build_variant(model_name: str, precision: str, *, batch: int, device: torch.
         shard_dense(model)
     if compile_dense:
         for unit in model.dense_units():
-            unit.compile()
+            unit.compile(mode=compile_mode)
     sparse = [p for _, m in embedding_modules(model) for p in m.parameters()]
     sparse_ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in sparse_ids]
@@ -157,7 +158,8 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     row = {"model": model_name, "precision": precision, "batch": args.batch}
     t0 = time.perf_counter()
     model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
-                                             compile_dense=not args.no_compile, vocab=args.vocab)
+                                             compile_dense=not args.no_compile, vocab=args.vocab,
+                                             compile_mode=args.compile_mode)
     row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
     row.update({f"train_{k}": v for k, v in gemm_split_ms(lambda: train_step(model, batch, opts)).items()})
     row.update({f"infer_{k}": v for k, v in gemm_split_ms(lambda: infer_step(model, batch)).items()})
@@ -227,6 +229,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--compile-mode", default=None, choices=[None, "reduce-overhead", "max-autotune-no-cudagraphs"],
+                    help="torch.compile mode of the dense units (reduce-overhead: CUDA graphs, no launch cost)")
     ap.add_argument("--budget-s", type=float, default=240.0)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -235,6 +239,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(device),
             "torch": torch.__version__, "command": " ".join(sys.argv), "compiled_dense": not args.no_compile,
+            "compile_mode": args.compile_mode or "default",
             "rows_per_table": args.vocab}
     rows, start = [], time.perf_counter()
     jobs = [(m, p) for p in args.precisions for m in args.models]  # every model gets the first precisions first
