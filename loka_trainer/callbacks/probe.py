@@ -322,11 +322,14 @@ class ProbeCallback(Callback):
         self.close()  # finish writes already queued; the last complete file stays valid
 
     def close(self) -> None:
-        """Remove hooks, wait for background writes, flush TensorBoard."""
+        """Remove hooks, finish and stop the background threads, flush TensorBoard."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._weights.wait()
+        # Join the weight thread rather than leave it idle until interpreter exit (where an idle worker next to
+        # torch.distributed teardown is one less thing to race); a fresh worker starts no thread until used.
+        weights, self._weights = self._weights, _WeightWorker()
+        weights.close()
         if self._saver is not None:
             saver, self._saver = self._saver, None
             saver.close()
