@@ -23,7 +23,7 @@ from torch import nn
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.kernels.config import PrecisionConfig
 from loka_trainer.kernels.dispatch import build_layer_plan, default_timer, wall_clock_timer
-from loka_trainer.kernels.fused_linear import fuse_linear_mods, kernels_from_plan_backends
+from loka_trainer.kernels.fused_linear import chain_fp8_handoffs, fuse_linear_mods, kernels_from_plan_backends
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.kernels.plan import DispatchPlan, format_plan_table, load_plan, save_plan, validate_plan
 
@@ -173,7 +173,9 @@ def _fuse_mods(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Option
     """Mods on: each Linear -> BlockNorm -> HardSwish becomes one FusedLinearMods with the plan's GEMM choices."""
     kernels = {fqn: kernels_from_plan_backends(lp.backends()) for fqn, lp in plan.layers.items()}
     fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn)
-    log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods")
+    chained = chain_fp8_handoffs(model)
+    log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods, "
+        f"{len(chained)} of them read their input in FP8 from the previous one's epilogue")
 
 
 # A compiled frame keeps one graph per distinct guard set. LoKA layers carry per-layer kernel choices (Python

@@ -10,6 +10,12 @@ optimizer / FSDP state stay valid and the state_dict keys are unchanged: ``mlp.0
 
 On a device without Triton (CPU) the module runs the exact unfused math in x's dtype, so CPU training is
 unchanged; on CUDA it runs ``mods_ops.LinearModsFn`` (fused forward, fused dz backward).
+
+FP8 handoff (``chain_fp8_handoffs``): when a FusedLinearMods feeds the next one directly (only ``nn.Identity``
+between them in one ``nn.Sequential``) and that one's forward is FP8, the first one's epilogue also writes its
+output in e4m3 at the static scale fp8_max / sqrt(B) (BlockNorm bounds it, see ``mods_ref``) and the second uses
+it instead of quantizing its input: one pass over the activation and one kernel launch less per pair. The
+handoff is eager-only (under ``torch.compile`` each layer quantizes its own input, which inductor schedules).
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ from torch import nn
 
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_ops import FORWARD_MODES, linear_mods
+from loka_trainer.kernels.mods_ops import FORWARD_MODES, linear_mods_fp8_out, static_scale_inv
 from loka_trainer.kernels.triton_quant import interpreting
 from loka_trainer.models.layers import BlockNorm, block_rms_norm
 
@@ -45,6 +51,7 @@ class FusedLinearMods(nn.Module):
         self.block_size, self.eps = block_size, eps
         self.set_kernels(mode=mode, dgrad=dgrad, wgrad=wgrad)
         self._weight_cache = WeightCache()
+        self._init_handoff()
 
     def set_kernels(self, *, mode: str, dgrad: str, wgrad: str) -> None:
         """Choose the forward mode and the two backward backends; unknown names -> ValueError."""
@@ -64,7 +71,23 @@ class FusedLinearMods(nn.Module):
         new.block_size, new.eps = norm.block_size, norm.eps
         new.set_kernels(**{"mode": "fused_bf16", "dgrad": "bf16", "wgrad": "bf16", **kernels})
         new._weight_cache = WeightCache()
+        new._init_handoff()
         return new
+
+    def _init_handoff(self) -> None:
+        self.emit_fp8 = False  # write the output in FP8 too, for the next FusedLinearMods
+        # the FusedLinearMods whose FP8 output this one reads (plain attribute: not a submodule, not in state_dict)
+        object.__setattr__(self, "_fp8_source", None)
+        self._handoff: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (output as returned, its e4m3 copy)
+
+    def _take_fp8_input(self, x: torch.Tensor) -> Optional[tuple[torch.Tensor, float]]:
+        """(x in e4m3 (M, K), scale_inv) if the source layer's last output is exactly ``x``, else None."""
+        src = self._fp8_source
+        if src is None or src._handoff is None or src._handoff[0] is not x:
+            return None
+        q = src._handoff[1]
+        src._handoff = None  # hand over once; free it with the activation's other consumers
+        return q, static_scale_inv(src.block_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) -> (..., N)."""
@@ -74,13 +97,22 @@ class FusedLinearMods(nn.Module):
             # exact unfused math in x's dtype: CPU training stays as it was
             y = F.hardswish(block_rms_norm(F.linear(x2, self.weight.to(x2.dtype)), self.block_size, self.eps))
         else:
-            y = linear_mods(x2, self.weight, block=self.block_size, eps=self.eps, mode=self.mode,
-                            dgrad=self.dgrad, wgrad=self.wgrad, cache=self._weight_cache)
+            eager = not torch.compiler.is_compiling()
+            x_fp8 = self._take_fp8_input(x) if eager else None
+            y, q = linear_mods_fp8_out(x2, self.weight, block=self.block_size, eps=self.eps, mode=self.mode,
+                                       dgrad=self.dgrad, wgrad=self.wgrad, cache=self._weight_cache,
+                                       x_fp8=None if x_fp8 is None else x_fp8[0],
+                                       x_fp8_scale_inv=1.0 if x_fp8 is None else x_fp8[1],
+                                       emit_fp8=self.emit_fp8 and eager)
+            out = y.reshape(*x.shape[:-1], self.out_features)
+            if eager:
+                self._handoff = None if q is None else (out, q)
+            return out
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, block_size={self.block_size}, mode={self.mode}, "
-                f"dgrad={self.dgrad}, wgrad={self.wgrad}")
+                f"dgrad={self.dgrad}, wgrad={self.wgrad}" + (", emit_fp8=True" if self.emit_fp8 else ""))
 
 
 def _is_fusable(lin: nn.Module, norm: nn.Module, act: nn.Module) -> bool:
@@ -115,6 +147,28 @@ def fuse_linear_mods(model: nn.Module, *, kernels: Optional[dict[str, dict[str, 
         seq[i + 1], seq[i + 2] = nn.Identity(), nn.Identity()
         fused.append(fqn)
     return fused
+
+
+def chain_fp8_handoffs(model: nn.Module) -> list[tuple[str, str]]:
+    """Link each FusedLinearMods to the next one in its ``nn.Sequential`` (only ``nn.Identity`` between) when
+    the next one's forward is FP8: the first emits its output in FP8, the second reads it (module docstring).
+    Returns the linked (source FQN, reader FQN) pairs."""
+    pairs = []
+    for seq_fqn, seq in model.named_modules():
+        if not isinstance(seq, nn.Sequential):
+            continue
+        prev: Optional[tuple[str, FusedLinearMods]] = None
+        for name, child in seq.named_children():
+            fqn = f"{seq_fqn}.{name}" if seq_fqn else name
+            if isinstance(child, nn.Identity):
+                continue
+            if (isinstance(child, FusedLinearMods) and prev is not None and FORWARD_MODES[child.mode].fp8
+                    and prev[1].out_features == child.in_features):
+                prev[1].emit_fp8 = True
+                object.__setattr__(child, "_fp8_source", prev[1])
+                pairs.append((prev[0], fqn))
+            prev = (fqn, child) if isinstance(child, FusedLinearMods) else None
+    return pairs
 
 
 def kernels_from_plan_backends(backends: dict[str, str]) -> dict[str, str]:

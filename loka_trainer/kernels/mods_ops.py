@@ -6,7 +6,8 @@ Custom ops (opaque to ``torch.compile``, so Triton kernels run as written inside
 has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up to rounding):
 
 - ``loka::quant_rowwise`` (``triton_quant``): rowwise e4m3 quantization in one fused Triton kernel.
-- ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split) -> (h, u, r)``: GEMM -> BlockNorm -> HardSwish
+- ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split, write_fp8) -> (h, u, r, q)``: GEMM -> BlockNorm -> HardSwish
+  (q: the output also in FP8 at the static scale, for the next layer, when ``write_fp8``)
   (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs — + one Triton epilogue kernel instead of
   the single fused kernel).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
@@ -34,7 +35,7 @@ from torch import Tensor
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_ref import block_norm, hard_swish
+from loka_trainer.kernels.mods_ref import block_norm, hard_swish, quantize_static, static_fp8_scale
 from loka_trainer.kernels.quant import quantize_rowwise
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
 
@@ -79,23 +80,34 @@ def mods_forward_ref(z: Tensor, block: int, eps: float) -> tuple[Tensor, Tensor,
 
 @torch.library.custom_op("loka::mods_fwd", mutates_args=())
 def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], block: int, eps: float,
-             split: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """x (M, K), w (N, K) bf16 (or e4m3 with sx (M, 1), sw (N, 1)) -> (h, u, r); see module docstring."""
-    if use_triton(x) and triton_mods.supports(x.shape[1], w.shape[0], block):
+             split: bool, write_fp8: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """x (M, K), w (N, K) bf16 (or e4m3 with sx (M, 1), sw (N, 1)) -> (h, u, r, q); see module docstring.
+
+    q (M, N) e4m3 = h at the static scale ``mods_ref.static_fp8_scale(block)`` (the next layer's FP8 input,
+    written by the same epilogue) when ``write_fp8``, else an empty (0, N) tensor (custom ops cannot return None).
+    """
+    N = w.shape[0]
+    if use_triton(x) and triton_mods.supports(x.shape[1], N, block):
         if split:
             z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw)  # (M, N) bf16
-            return triton_mods.norm_forward(z, block=block, eps=eps)[:3]
-        return triton_mods.fused_forward(x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps)[:3]
-    xf = x.float() if sx is None else x.float() * sx.reshape(-1, 1)
-    wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
-    return mods_forward_ref(xf @ wf.t(), block, eps)
+            h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8)
+        else:
+            h, u, r, q = triton_mods.fused_forward(x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps,
+                                                   write_fp8=write_fp8)
+    else:
+        xf = x.float() if sx is None else x.float() * sx.reshape(-1, 1)
+        wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
+        h, u, r = mods_forward_ref(xf @ wf.t(), block, eps)
+        q = quantize_static(h, block)[0] if write_fp8 else None
+    return h, u, r, (q if q is not None else x.new_empty((0, N), dtype=torch.float8_e4m3fn))
 
 
 @mods_fwd.register_fake
-def _(x, w, sx, sw, block, eps, split):
+def _(x, w, sx, sw, block, eps, split, write_fp8=False):
     M, N = x.shape[0], w.shape[0]
     h = x.new_empty((M, N), dtype=torch.bfloat16)
-    return h, torch.empty_like(h), x.new_empty((M, N // block), dtype=torch.float32)
+    q = x.new_empty((M if write_fp8 else 0, N), dtype=torch.float8_e4m3fn)
+    return h, torch.empty_like(h), x.new_empty((M, N // block), dtype=torch.float32), q
 
 
 @torch.no_grad()
@@ -184,32 +196,40 @@ def _runnable(name: str, M: int, K: int, N: int) -> str:
 
 
 class LinearModsFn(torch.autograd.Function):
-    """h = HardSwish(BlockNorm(x·Wᵀ)): x (M, K), w (N, K) -> h (M, N) bf16.
+    """(h, q) = HardSwish(BlockNorm(x·Wᵀ)): x (M, K), w (N, K) -> h (M, N) bf16, q (M, N) e4m3 or (0, N).
 
     ``mode`` one of FORWARD_MODES; ``dgrad``/``wgrad`` backend names (``FUSED_DGRAD`` ones run fused);
     ``cache`` a ``linear.WeightCache`` (FP8 weight operands cast once per weight version, i.e. per step).
+    ``x_q`` (M, K) e4m3 with the scalar ``x_q_scale_inv``: x already in FP8 from the previous Mods layer's
+    epilogue (static scale), used instead of quantizing x when the forward is FP8. ``emit_fp8``: also write this
+    layer's output in FP8 at the static scale (q, not differentiable; empty otherwise).
     """
 
     @staticmethod
-    def forward(ctx, x, w, block: int, eps: float, mode: str, dgrad: str, wgrad: str, cache):
+    def forward(ctx, x, w, block: int, eps: float, mode: str, dgrad: str, wgrad: str, cache,
+                x_q: Optional[Tensor], x_q_scale_inv: float, emit_fp8: bool):
         fwd = FORWARD_MODES[mode]
         (M, K), N = x.shape, w.shape[0]
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
         if fwd.fp8:
-            xq, sx = quant_rowwise(xb)
+            if x_q is not None:  # handed over by the previous layer: no quantization pass here
+                xq, sx = x_q, torch.full((M, 1), x_q_scale_inv, dtype=torch.float32, device=x.device)
+            else:
+                xq, sx = quant_rowwise(xb)
             wq, sw = cache.get(w, FP8_WEIGHT_BACKEND, "forward")
             # torch._scaled_mm needs M % 16 == 0; the fused kernel has no such limit
-            h, u, r = mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0)
+            h, u, r, q = mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0, emit_fp8)
         else:
-            h, u, r = mods_fwd(xb, wb, None, None, block, eps, fwd.split)
+            h, u, r, q = mods_fwd(xb, wb, None, None, block, eps, fwd.split, emit_fp8)
         ctx.save_for_backward(xb, wb, u, r)
         ctx.block, ctx.cache = block, cache
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
         ctx.dtypes = (x.dtype, w.dtype)
-        return h
+        ctx.mark_non_differentiable(q)
+        return h, q
 
     @staticmethod
-    def backward(ctx, dh):
+    def backward(ctx, dh, _dq):
         xb, wb, u, r = ctx.saved_tensors
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
@@ -222,7 +242,27 @@ class LinearModsFn(torch.autograd.Function):
         if need_dw:
             dw = _weight_grad(wgrad, dz, xb).to(ctx.dtypes[1])
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
-        return dx, dw, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None, None
+
+
+def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6, mode: str = "fused_bf16",
+                        dgrad: str = "bf16", wgrad: str = "bf16", cache=None, x_fp8: Optional[Tensor] = None,
+                        x_fp8_scale_inv: float = 1.0, emit_fp8: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+    """``linear_mods`` that can take its input already in FP8 and hand its output on in FP8:
+    x (M, K) -> (h (M, N) bf16, q (M, N) e4m3 at ``static_fp8_scale(block)`` or None).
+
+    ``x_fp8`` (M, K) e4m3 with scalar ``x_fp8_scale_inv`` (x ≈ x_fp8 · x_fp8_scale_inv) replaces the
+    quantization of x when ``mode`` is an FP8 forward (ignored otherwise). Shapes the kernels do not support run
+    the differentiable reference (q is None then).
+    """
+    if mode not in FORWARD_MODES:
+        raise ValueError(f"linear_mods mode: unknown {mode!r}; valid: {sorted(FORWARD_MODES)}")
+    if not triton_mods.supports(x.shape[-1], w.shape[0], block):
+        return hard_swish(block_norm(x.float() @ w.float().t(), block, eps)).to(torch.bfloat16), None
+    if cache is None:
+        cache = WeightCache()
+    h, q = LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache, x_fp8, x_fp8_scale_inv, emit_fp8)
+    return h, (q if emit_fp8 else None)
 
 
 def linear_mods(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6, mode: str = "fused_bf16",
@@ -231,10 +271,9 @@ def linear_mods(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6, mo
 
     Shapes the kernels do not support (N % block, K % 16) run the differentiable reference instead.
     """
-    if mode not in FORWARD_MODES:
-        raise ValueError(f"linear_mods mode: unknown {mode!r}; valid: {sorted(FORWARD_MODES)}")
-    if not triton_mods.supports(x.shape[-1], w.shape[0], block):
-        return hard_swish(block_norm(x.float() @ w.float().t(), block, eps)).to(torch.bfloat16)
-    if cache is None:
-        cache = WeightCache()
-    return LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache)
+    return linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad, cache=cache)[0]
+
+
+def static_scale_inv(block: int) -> float:
+    """The scale_inv of a Mods layer's FP8 output q: h ≈ q · static_scale_inv(block)."""
+    return 1.0 / static_fp8_scale(block)

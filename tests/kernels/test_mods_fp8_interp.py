@@ -123,3 +123,58 @@ def test_zero_input_row_gives_zero_output_and_finite_grads(interpret):
     y.float().square().sum().backward()
     assert (y[5].float() == 0).all() and torch.isfinite(y.float()).all()
     assert torch.isfinite(x.grad.float()).all() and torch.isfinite(w.grad.float()).all()
+
+
+def _mods_stack(mode_first: str, mode_second: str):
+    """Sequential(FusedLinearMods K->N, Identity, Identity, FusedLinearMods N->N) with fixed weights."""
+    from torch import nn
+
+    from loka_trainer.kernels.fused_linear import FusedLinearMods
+    torch.manual_seed(5)
+    return nn.Sequential(FusedLinearMods(K, N, block_size=B, mode=mode_first, dtype=torch.bfloat16),
+                         nn.Identity(), nn.Identity(),
+                         FusedLinearMods(N, N, block_size=B, mode=mode_second, dtype=torch.bfloat16))
+
+
+@only_interpreted
+@pytest.mark.parametrize("mode_first", ["split_bf16", "fused_fp8"])
+def test_fp8_handoff_skips_the_next_layers_quantization(interpret, monkeypatch, mode_first):
+    from loka_trainer.kernels import mods_ops
+    from loka_trainer.kernels.fused_linear import chain_fp8_handoffs
+    plain, chained = _mods_stack(mode_first, "fused_fp8"), _mods_stack(mode_first, "fused_fp8")
+    assert chain_fp8_handoffs(chained) == [("0", "3")]
+    assert chained[0].emit_fp8 and chained[3]._fp8_source is chained[0]
+    assert list(chained.state_dict()) == ["0.weight", "3.weight"]  # the link is not a submodule
+    quant_calls = _spy(monkeypatch, mods_ops, "quant_rowwise")
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    outs, grads = [], []
+    for model in (plain, chained):
+        xr = x.clone().requires_grad_()
+        y = model(xr)
+        y.float().square().mean().backward()
+        outs.append(y.detach())
+        grads.append([xr.grad, model[0].weight.grad, model[3].weight.grad])
+    first_quantizes = FORWARD_FP8[mode_first]
+    assert len(quant_calls) == (1 + first_quantizes) + first_quantizes  # plain: both layers; chained: the first
+    assert chained[0]._handoff is None  # handed over once, not kept
+    # static-scale FP8 input vs rowwise-scaled: both FP8-accurate versions of the same layer
+    assert _rel(outs[1], outs[0]) < 0.1
+    for g_chained, g_plain in zip(grads[1], grads[0]):
+        assert torch.isfinite(g_chained.float()).all() and _rel(g_chained, g_plain) < 0.15
+
+
+FORWARD_FP8 = {"split_bf16": 0, "fused_fp8": 1}
+
+
+@only_interpreted
+def test_mods_fwd_writes_the_static_scale_fp8_output(interpret):
+    from loka_trainer.kernels.mods_ops import mods_fwd
+    from loka_trainer.kernels.mods_ref import quantize_static
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(torch.bfloat16)
+    for split in (False, True):
+        h, _, _, q = mods_fwd(x, w, None, None, B, 1e-6, split, True)
+        assert q.shape == (M, N) and q.dtype == torch.float8_e4m3fn
+        assert (q.float() == quantize_static(h, B)[0].float()).float().mean() > 0.9
+        assert mods_fwd(x, w, None, None, B, 1e-6, split)[3].shape == (0, N)  # not asked: empty
