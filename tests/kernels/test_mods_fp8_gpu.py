@@ -90,3 +90,29 @@ def test_split_fp8_compiles():
     y = torch.compile(f, fullgraph=False)(x)
     y.float().sum().backward()
     assert _rel(y.detach(), linear_mods_ref(x.detach(), w.detach())) < 0.06 and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("mode_first", ["split_bf16", "split_fp8"])
+def test_fp8_handoff_matches_unchained_stack(mode_first):
+    from torch import nn
+
+    from loka_trainer.kernels.fused_linear import FusedLinearMods, chain_fp8_handoffs
+
+    def stack():
+        torch.manual_seed(0)
+        return nn.Sequential(FusedLinearMods(512, 1024, mode=mode_first, device="cuda", dtype=torch.bfloat16),
+                             nn.Identity(), nn.Identity(),
+                             FusedLinearMods(1024, 512, mode="split_fp8", device="cuda", dtype=torch.bfloat16))
+
+    plain, chained = stack(), stack()
+    assert chain_fp8_handoffs(chained) == [("0", "3")]
+    x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    results = []
+    for model in (plain, chained):
+        xr = x.clone().requires_grad_()
+        y = model(xr)
+        y.float().square().mean().backward()
+        results.append((y.detach(), xr.grad, model[0].weight.grad, model[3].weight.grad))
+    assert chained[0]._handoff is None
+    for got, ref in zip(results[1], results[0]):
+        assert torch.isfinite(got.float()).all() and _rel(got, ref) < 0.06
