@@ -64,6 +64,11 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
     else:
         log(f"embedding all-to-all precision forward/backward: {fwd}/{bwd}")
     log(f"dense part: {parallel.num_fsdp_units} FSDP2 units, reduce dtype {run.sharding.fsdp_reduce_dtype}")
+    if run.trainer.compile:
+        units = parallel.model.module.dense_units()
+        for unit in units:  # compile after fully_shard: FSDP2's hooks stay outside the compiled graphs
+            unit.compile()
+        log(f"trainer.compile: {len(units)} dense units compiled with torch.compile")
     return parallel
 
 

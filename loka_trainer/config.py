@@ -40,6 +40,7 @@ class TrainerConfig:
     checkpoint_dir: Optional[str] = None  # default: <run dir>/checkpoints
     resume: bool = True  # continue from the newest complete checkpoint in checkpoint_dir, if any
     stop_after: Optional[int] = None  # end the run early after this step (a checkpoint is saved there)
+    compile: bool = False  # torch.compile each dense unit (after FSDP2); embeddings and the loop stay eager
 
     def validate(self) -> None:
         for field in ("steps", "log_interval"):
