@@ -7,8 +7,9 @@
   HardSwish triple then becomes one ``FusedLinearMods`` using the plan's choices (same state_dict keys).
 
 Targets: ``nn.Linear``s with K and N multiples of 16 and >= ``config.min_features``, never a 1-output
-prediction layer, for torchao also a real input row count M % 16 == 0 (Dispatch checks M per backend), and accepted by the optional ``module_filter_fn(module, fqn) -> bool``. Embedding modules
-are TorchRec modules, not ``nn.Linear``, so they are never touched.
+prediction layer, accepted by the optional ``module_filter_fn(module, fqn) -> bool``, and for torchao also
+with a real input row count M % 16 == 0 (Dispatch checks M per backend and call). Embedding modules are
+TorchRec modules, not ``nn.Linear``, so they are never touched.
 """
 from __future__ import annotations
 
@@ -57,36 +58,32 @@ def target_linears(model: nn.Module, *, min_features: int,
 
 
 @torch.no_grad()
-def capture_linear_inputs(model: nn.Module, linears: dict[str, nn.Linear], batch) -> dict[str, torch.Tensor]:
-    """One forward of ``model(batch)`` with pre-hooks: FQN -> that Linear's real input as (M, K)."""
-    captured: dict[str, torch.Tensor] = {}
-
-    def hook_for(fqn: str):
-        def hook(mod, args):
-            captured.setdefault(fqn, args[0].detach().reshape(-1, mod.in_features).clone())
-        return hook
-
-    handles = [m.register_forward_pre_hook(hook_for(fqn)) for fqn, m in linears.items()]
+def _forward_with_pre_hooks(model: nn.Module, linears: dict[str, nn.Linear], batch,
+                            on_input: Callable[[str, nn.Linear, torch.Tensor], None]) -> None:
+    """One forward of ``model(batch)`` calling ``on_input(fqn, linear, x)`` before every call of each Linear."""
+    handles = [m.register_forward_pre_hook(lambda mod, args, fqn=fqn: on_input(fqn, mod, args[0]))
+               for fqn, m in linears.items()]
     try:
         model(batch)
     finally:
         for h in handles:
             h.remove()
+
+
+def capture_linear_inputs(model: nn.Module, linears: dict[str, nn.Linear], batch) -> dict[str, torch.Tensor]:
+    """FQN -> that Linear's real input (its first call) as (M, K)."""
+    captured: dict[str, torch.Tensor] = {}
+    _forward_with_pre_hooks(model, linears, batch, lambda fqn, mod, x: captured.setdefault(
+        fqn, x.detach().reshape(-1, mod.in_features).clone()))
     return captured
 
 
-@torch.no_grad()
 def linear_input_rows(model: nn.Module, linears: dict[str, nn.Linear], batch) -> dict[str, set[int]]:
-    """One forward of ``model(batch)``: FQN -> the row counts M of every call of that Linear (a Linear
-    may run on several inputs, e.g. tokens and learned seeds)."""
+    """FQN -> the row counts M of every call of that Linear (one Linear may run on several inputs, e.g. tokens
+    and learned seeds)."""
     rows: dict[str, set[int]] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, args, fqn=fqn: rows.setdefault(fqn, set()).add(
-        args[0].numel() // mod.in_features)) for fqn, m in linears.items()]
-    try:
-        model(batch)
-    finally:
-        for h in hooks:
-            h.remove()
+    _forward_with_pre_hooks(model, linears, batch, lambda fqn, mod, x: rows.setdefault(fqn, set()).add(
+        x.numel() // mod.in_features))
     return rows
 
 
