@@ -6,22 +6,22 @@ Custom ops (opaque to ``torch.compile``, so Triton kernels run as written inside
 has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up to rounding):
 
 - ``loka::quant_rowwise`` (``triton_quant``): rowwise e4m3 quantization in one fused Triton kernel.
-- ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split, write_fp8) -> (h, u, r, q)``: GEMM -> BlockNorm -> HardSwish
-  (q: the output also in FP8 at the static scale, for the next layer, when ``write_fp8``)
-  (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs — + one Triton epilogue kernel instead of
-  the single fused kernel).
+- ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split, write_fp8) -> (h, u, r, q)``: GEMM -> BlockNorm ->
+  HardSwish (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs — + one Triton epilogue kernel
+  instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16) -> (dz_q, scale_inv, dz)``: the same dz quantized
   rowwise to e4m3 (for an FP8 dgrad): the dz kernel also writes per-block amaxes, one cast kernel follows.
 
-``LinearModsFn``: forward = (quant_rowwise on x if FP8) + mods_fwd, saving x, w, u (bf16) and r (fp32);
+``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
+mods_fwd, saving x, w, u (bf16) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
 directly). Forward modes: ``FORWARD_MODES``.
 
 Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` the layer does not
 call the backend (dz kernel, then a quantization kernel reading dz twice: amax, cast) but has the dz kernel
-write per-block amaxes, so one cast pass reads dz once, and runs ``torch._scaled_mm`` against the backend's cached (K, N) e4m3 weight. The numerics are
-the backend's exactly (rowwise e4m3 of the bf16 dz, rowwise e4m3 of Wᵀ), so the Dispatch plan's name and
+write per-block amaxes, so one cast pass reads dz once, and runs ``torch._scaled_mm`` against the backend's
+cached (K, N) e4m3 weight. The numerics are the backend's exactly (rowwise e4m3 of the bf16 dz, rowwise e4m3 of Wᵀ), so the Dispatch plan's name and
 its MERE stay valid; only the kernels differ. Any other dgrad backend runs unfused, as before.
 """
 from __future__ import annotations
