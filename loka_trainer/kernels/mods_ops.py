@@ -21,8 +21,9 @@ directly). Forward modes: ``FORWARD_MODES``.
 Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` the layer does not
 call the backend (dz kernel, then a quantization kernel reading dz twice: amax, cast) but has the dz kernel
 write per-block amaxes, so one cast pass reads dz once, and runs ``torch._scaled_mm`` against the backend's
-cached (K, N) e4m3 weight. The numerics are the backend's exactly (rowwise e4m3 of the bf16 dz, rowwise e4m3 of Wᵀ), so the Dispatch plan's name and
-its MERE stay valid; only the kernels differ. Any other dgrad backend runs unfused, as before.
+cached (K, N) e4m3 weight. The numerics are the backend's exactly (rowwise e4m3 of the bf16 dz, rowwise e4m3
+of Wᵀ), so the Dispatch plan's name and its MERE stay valid; only the kernels differ. Any other dgrad backend
+runs unfused.
 """
 from __future__ import annotations
 
