@@ -168,7 +168,8 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     row["train_examples_per_s"] = args.batch / row["train_step_ms"] * 1e3
     row["infer_examples_per_s"] = args.batch / row["infer_step_ms"] * 1e3
     row["setup_and_measure_s"] = time.perf_counter() - t0
-    row["log"] = [line.splitlines()[-1] for line in logs]
+    row["log"] = [line.splitlines()[-1] for line in logs]  # summaries; the full plan table is in "log_full"
+    row["log_full"] = logs
     return row
 
 
