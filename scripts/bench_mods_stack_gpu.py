@@ -1,0 +1,128 @@
+"""A stack of dense layers (an MLP of a recommendation model), published vs LoKA, forward + backward.
+
+    python scripts/bench_mods_stack_gpu.py OUT_DIR [--widths 1024 2048 2048 1024 512] [--batch 1024 4096]
+
+Per batch size, the same MLP widths as
+- ``base``: Linear(bias) -> LayerNorm -> SiLU per layer, BF16 (eager, and ``base_compiled``);
+- ``mods_compiled``: no bias -> BlockNorm(256) -> Hard Swish in plain PyTorch under ``torch.compile``;
+- ``fused_bf16``: ``FusedLinearMods`` per layer, BF16 (cuBLAS GEMM + Triton epilogue, Triton dz backward);
+- ``fused_fp8``: every layer with an FP8 forward (rowwise, fused GEMM+epilogue kernel) and FP8 dgrad (dz
+  quantization fused into the dz kernel), BF16 wgrad;
+- ``fused_fp8_handoff``: the same, plus the FP8 handoff (``chain_fp8_handoffs``): each layer's epilogue also
+  writes its output in e4m3, so the next layer skips its quantization pass.
+Times: GPU µs from CUDA-graph replay (``do_bench_cudagraph``), and the launch-bound eager time separately.
+Parameters and inputs BF16. Writes OUT_DIR/bench_mods_stack.json and prints a ratio table last.
+``--device cpu`` only builds every variant and runs one step (a functional check; no timing).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from loka_trainer.kernels.fused_linear import chain_fp8_handoffs, fuse_linear_mods  # noqa: E402
+from loka_trainer.models.layers import mlp  # noqa: E402
+
+PUBLISHED = dict(bias=True, norm="layernorm", activation="silu", block_size=256)
+MODS = dict(bias=False, norm="blocknorm", activation="hardswish", block_size=256)
+FP8_KERNELS = dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="bf16")
+
+
+def _stack(widths: list[int], mods: dict, device) -> nn.Sequential:
+    torch.manual_seed(0)
+    return mlp(widths[0], widths[1:], **mods).to(device=device, dtype=torch.bfloat16)
+
+
+def build_variants(widths: list[int], device, *, compile_: bool = True) -> dict[str, nn.Module]:
+    """name -> module mapping (B, widths[0]) -> (B, widths[-1]); see the module docstring."""
+    variants: dict[str, nn.Module] = {"base": _stack(widths, PUBLISHED, device)}
+    if compile_:
+        variants["base_compiled"] = torch.compile(_stack(widths, PUBLISHED, device), dynamic=False)
+        variants["mods_compiled"] = torch.compile(_stack(widths, MODS, device), dynamic=False)
+    fused_bf16 = _stack(widths, MODS, device)
+    fuse_linear_mods(fused_bf16, kernels={})
+    variants["fused_bf16"] = fused_bf16
+    for name, handoff in (("fused_fp8", False), ("fused_fp8_handoff", True)):
+        m = _stack(widths, MODS, device)
+        fqns = [f for f, mod in m.named_modules() if isinstance(mod, nn.Linear)]
+        fuse_linear_mods(m, kernels={f: FP8_KERNELS for f in fqns})
+        if handoff:
+            chain_fp8_handoffs(m)
+        variants[name] = m
+    return variants
+
+
+def step_fn(model: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+    return lambda: model(x).backward(dy)
+
+
+def measure(widths: list[int], batch: int, progress) -> list[dict]:
+    from bench_dispatch_gpu import time_row
+    rows = []
+    torch._dynamo.reset()
+    x = torch.randn(batch, widths[0], device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(batch, widths[-1], device="cuda", dtype=torch.bfloat16)
+    for name, model in build_variants(widths, "cuda").items():
+        progress.set_postfix_str(f"batch {batch} {name}")
+        row = {"batch": batch, "widths": widths, "variant": name}
+        time_row(row, step_fn(model, x, dy))
+        rows.append(row)
+        progress.update(1)
+    base = next((r["graph_us"] for r in rows if r["variant"] == "base" and "graph_us" in r), None)
+    for r in rows:
+        if base and "graph_us" in r:
+            r["speedup_vs_base"] = base / r["graph_us"]
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'batch':>6} {'variant':<20} {'graph µs':>10} {'x base':>7} {'eager µs':>10}"]
+    for r in rows:
+        if "graph_us" not in r:
+            lines.append(f"{r['batch']:>6} {r['variant']:<20} {r.get('error', 'error')[:60]}")
+            continue
+        lines.append(f"{r['batch']:>6} {r['variant']:<20} {r['graph_us']:10.1f} {r.get('speedup_vs_base', math.nan):7.2f} "
+                     f"{r.get('eager_us', math.nan):10.1f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--widths", nargs="+", type=int, default=[1024, 2048, 2048, 1024, 512])
+    ap.add_argument("--batch", nargs="+", type=int, default=[1024, 4096])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    args = ap.parse_args()
+    if args.device == "cpu":  # functional check: every variant builds and runs one step
+        x = torch.randn(args.batch[0], args.widths[0], dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(args.batch[0], args.widths[-1], dtype=torch.bfloat16)
+        for name, model in build_variants(args.widths, "cpu", compile_=False).items():
+            step_fn(model, x, dy)()
+            print(f"{name}: ok")
+        return
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_mods_stack_gpu.py needs a CUDA device (or --device cpu for a functional check)")
+    rows = []
+    with tqdm(total=len(args.batch) * 6, desc="mods stack", unit="variant") as progress:
+        for batch in args.batch:
+            rows += measure(args.widths, batch, progress)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "command": " ".join(sys.argv)}
+    (args.out_dir / "bench_mods_stack.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
