@@ -81,34 +81,41 @@ def mods_forward_ref(z: Tensor, block: int, eps: float) -> tuple[Tensor, Tensor,
 
 @torch.library.custom_op("loka::mods_fwd", mutates_args=())
 def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], block: int, eps: float,
-             split: bool, write_fp8: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             split: bool, write_fp8: bool = False, save: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """x (M, K), w (N, K) bf16 (or e4m3 with sx (M, 1), sw (N, 1)) -> (h, u, r, q); see module docstring.
 
     q (M, N) e4m3 = h at the static scale ``mods_ref.static_fp8_scale(block)`` (the next layer's FP8 input,
-    written by the same epilogue) when ``write_fp8``, else an empty (0, N) tensor (custom ops cannot return None).
+    written by the same epilogue) when ``write_fp8``; u, r only when ``save`` (the backward's inputs;
+    inference skips writing them). What is not written comes back as an empty (0, ...) tensor (custom ops
+    cannot return None).
     """
-    N = w.shape[0]
+    M, N = x.shape[0], w.shape[0]
     if use_triton(x) and triton_mods.supports(x.shape[1], N, block):
         if split:
             z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw)  # (M, N) bf16
-            h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8)
+            h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8, save=save)
         else:
             h, u, r, q = triton_mods.fused_forward(x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps,
-                                                   write_fp8=write_fp8)
+                                                   write_fp8=write_fp8, save=save)
     else:
         xf = x.float() if sx is None else x.float() * sx.reshape(-1, 1)
         wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
         h, u, r = mods_forward_ref(xf @ wf.t(), block, eps)
         q = quantize_static(h, block)[0] if write_fp8 else None
-    return h, u, r, (q if q is not None else x.new_empty((0, N), dtype=torch.float8_e4m3fn))
+        u, r = (u, r) if save else (None, None)
+    empty = lambda *shape, dtype: x.new_empty(shape, dtype=dtype)  # noqa: E731
+    return (h, u if u is not None else empty(0, N, dtype=torch.bfloat16),
+            r if r is not None else empty(0, N // block, dtype=torch.float32),
+            q if q is not None else empty(0, N, dtype=torch.float8_e4m3fn))
 
 
 @mods_fwd.register_fake
-def _(x, w, sx, sw, block, eps, split, write_fp8=False):
+def _(x, w, sx, sw, block, eps, split, write_fp8=False, save=True):
     M, N = x.shape[0], w.shape[0]
-    h = x.new_empty((M, N), dtype=torch.bfloat16)
-    q = x.new_empty((M if write_fp8 else 0, N), dtype=torch.float8_e4m3fn)
-    return h, torch.empty_like(h), x.new_empty((M, N // block), dtype=torch.float32), q
+    rows = M if save else 0
+    return (x.new_empty((M, N), dtype=torch.bfloat16), x.new_empty((rows, N), dtype=torch.bfloat16),
+            x.new_empty((rows, N // block), dtype=torch.float32),
+            x.new_empty((M if write_fp8 else 0, N), dtype=torch.float8_e4m3fn))
 
 
 @torch.no_grad()
@@ -196,6 +203,27 @@ def _runnable(name: str, M: int, K: int, N: int) -> str:
     return name if name == BASELINE or get_backend(name).supports(M, K, N) else BASELINE
 
 
+def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cache, x_q: Optional[Tensor],
+                  x_q_scale_inv: float, emit_fp8: bool, *, save: bool,
+                  w_for_cache: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The forward of one Mods layer in ``mode``: xb (M, K), wb (N, K) -> (h, u, r, q) as ``mods_fwd``.
+
+    FP8 forward: x from ``x_q`` (handed over by the previous layer, static scale ``x_q_scale_inv``) or one
+    ``quant_rowwise`` pass; W from ``cache`` (keyed by ``w_for_cache``, the parameter itself, default wb)."""
+    fwd = FORWARD_MODES[mode]
+    M = xb.shape[0]
+    if not fwd.fp8:
+        return mods_fwd(xb.to(torch.bfloat16), wb.to(torch.bfloat16), None, None, block, eps, fwd.split,
+                        emit_fp8, save)
+    if x_q is not None:  # handed over by the previous layer: no quantization pass here
+        xq, sx = x_q, torch.full((M, 1), x_q_scale_inv, dtype=torch.float32, device=xb.device)
+    else:
+        xq, sx = quant_rowwise(xb.to(torch.bfloat16))
+    wq, sw = cache.get(wb if w_for_cache is None else w_for_cache, FP8_WEIGHT_BACKEND, "forward")
+    # torch._scaled_mm needs M % 16 == 0; the fused kernel has no such limit
+    return mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0, emit_fp8, save)
+
+
 class LinearModsFn(torch.autograd.Function):
     """(h, q) = HardSwish(BlockNorm(x·Wᵀ)): x (M, K), w (N, K) -> h (M, N) bf16, q (M, N) e4m3 or (0, N).
 
@@ -209,19 +237,10 @@ class LinearModsFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, block: int, eps: float, mode: str, dgrad: str, wgrad: str, cache,
                 x_q: Optional[Tensor], x_q_scale_inv: float, emit_fp8: bool):
-        fwd = FORWARD_MODES[mode]
         (M, K), N = x.shape, w.shape[0]
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
-        if fwd.fp8:
-            if x_q is not None:  # handed over by the previous layer: no quantization pass here
-                xq, sx = x_q, torch.full((M, 1), x_q_scale_inv, dtype=torch.float32, device=x.device)
-            else:
-                xq, sx = quant_rowwise(xb)
-            wq, sw = cache.get(w, FP8_WEIGHT_BACKEND, "forward")
-            # torch._scaled_mm needs M % 16 == 0; the fused kernel has no such limit
-            h, u, r, q = mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0, emit_fp8)
-        else:
-            h, u, r, q = mods_fwd(xb, wb, None, None, block, eps, fwd.split, emit_fp8)
+        h, u, r, q = _mods_forward(xb, wb, block, eps, mode, cache, x_q, x_q_scale_inv, emit_fp8, save=True,
+                                   w_for_cache=w)
         ctx.save_for_backward(xb, wb, u, r)
         ctx.block, ctx.cache = block, cache
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
@@ -262,7 +281,10 @@ def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 
         return hard_swish(block_norm(x.float() @ w.float().t(), block, eps)).to(torch.bfloat16), None
     if cache is None:
         cache = WeightCache()
-    h, q = LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache, x_fp8, x_fp8_scale_inv, emit_fp8)
+    if not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):  # inference: nothing to save
+        h, _, _, q = _mods_forward(x, w, block, eps, mode, cache, x_fp8, x_fp8_scale_inv, emit_fp8, save=False)
+    else:
+        h, q = LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache, x_fp8, x_fp8_scale_inv, emit_fp8)
     return h, (q if emit_fp8 else None)
 
 

@@ -56,24 +56,30 @@ def _quant_kernel():
     return k.quant_rows_kernel
 
 
-def _outputs(M: int, N: int, block: int, device, write_fp8: bool):
+def _outputs(M: int, N: int, block: int, device, write_fp8: bool, save: bool):
+    """Output buffers; those not written are stand-ins the kernel never touches (u = y, r of 0 rows, q = y)."""
     y = torch.empty((M, N), dtype=torch.bfloat16, device=device)
-    u = torch.empty((M, N), dtype=torch.bfloat16, device=device)
-    r = torch.empty((M, N // block), dtype=torch.float32, device=device)
+    u = torch.empty((M, N), dtype=torch.bfloat16, device=device) if save else y
+    r = torch.empty((M if save else 0, N // block), dtype=torch.float32, device=device)
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=device) if write_fp8 else y
     return y, u, r, q
 
 
+def _returned(y, u, r, q, write_fp8: bool, save: bool):
+    return y, (u if save else None), (r if save else None), (q if write_fp8 else None)
+
+
 def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[torch.Tensor] = None,
                   w_scale_inv: Optional[torch.Tensor] = None, block: int = DEFAULT_BLOCK,
-                  eps: float = DEFAULT_EPS, write_fp8: bool = False):
+                  eps: float = DEFAULT_EPS, write_fp8: bool = False, save: bool = True):
     """x (M, K), w (N, K) both bf16, or both fp8 e4m3 with x_scale_inv (M,)/(M,1), w_scale_inv (N,)/(N,1)
-    -> (h (M, N) bf16, u (M, N) bf16, r (M, NB) fp32, q (M, N) e4m3 or None)."""
+    -> (h (M, N) bf16, u (M, N) bf16, r (M, NB) fp32, q (M, N) e4m3 or None); u, r are None unless ``save``
+    (what the backward needs; inference skips writing them)."""
     triton, kernel, _, _ = _kernels()
     M, K = x.shape
     N = w.shape[0]
     assert supports(K, N, block), (K, N, block)
-    y, u, r, q = _outputs(M, N, block, x.device, write_fp8)
+    y, u, r, q = _outputs(M, N, block, x.device, write_fp8, save)
     has_scales = x_scale_inv is not None
     sx = x_scale_inv.reshape(-1).float().contiguous() if has_scales else y
     sw = w_scale_inv.reshape(-1).float().contiguous() if has_scales else y
@@ -83,8 +89,8 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
         kernel, meta = kernel.fn, {"BLOCK_M": 16, "BLOCK_K": 32}
     kernel[grid](x, w, y, u, r, q, sx, sw, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                  y.stride(0), r.stride(0), eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
-                 HAS_SCALES=has_scales, WRITE_FP8=write_fp8, BLOCK_N=block, **meta)
-    return y, u, r, (q if write_fp8 else None)
+                 HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, BLOCK_N=block, **meta)
+    return _returned(y, u, r, q, write_fp8, save)
 
 
 def _rows_per_program(block: int) -> int:
@@ -92,17 +98,17 @@ def _rows_per_program(block: int) -> int:
 
 
 def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
-                 write_fp8: bool = False):
+                 write_fp8: bool = False, save: bool = True):
     """z (M, N) (row stride free, unit column stride) -> (h, u, r, q) as ``fused_forward``."""
     triton, _, kernel, _ = _kernels()
     M, N = z.shape
     assert z.stride(1) == 1 and N % block == 0, (z.stride(), N, block)
-    y, u, r, q = _outputs(M, N, block, z.device, write_fp8)
+    y, u, r, q = _outputs(M, N, block, z.device, write_fp8, save)
     rows = _rows_per_program(block)
     kernel[(triton.cdiv(M, rows), N // block)](z, y, u, r, q, M, z.stride(0), y.stride(0), r.stride(0), eps,
                                                static_fp8_scale(block), FP8_MAX_=FP8_MAX, WRITE_FP8=write_fp8,
-                                               BLOCK_N=block, BLOCK_M=rows)
-    return y, u, r, (q if write_fp8 else None)
+                                               SAVE_FOR_BACKWARD=save, BLOCK_N=block, BLOCK_M=rows)
+    return _returned(y, u, r, q, write_fp8, save)
 
 
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:

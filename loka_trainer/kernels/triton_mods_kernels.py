@@ -8,7 +8,8 @@ import triton.language as tl
 
 @triton.jit
 def _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
-              out_scale, BLOCK_N: tl.constexpr, WRITE_FP8: tl.constexpr, FP8_MAX_: tl.constexpr):
+              out_scale, BLOCK_N: tl.constexpr, WRITE_FP8: tl.constexpr, FP8_MAX_: tl.constexpr,
+              SAVE_FOR_BACKWARD: tl.constexpr):
     # BlockNorm over the whole N tile (= the norm block), then HardSwish, all on chip.
     r = tl.rsqrt(tl.sum(acc * acc, axis=1) / BLOCK_N + eps)
     u = acc * r[:, None]
@@ -16,8 +17,9 @@ def _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym
     idx = offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = mask_m[:, None]
     tl.store(y_ptr + idx, h.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(u_ptr + idx, u.to(u_ptr.dtype.element_ty), mask=mask)
-    tl.store(r_ptr + offs_m * stride_rm + pid_n, r, mask=mask_m)
+    if SAVE_FOR_BACKWARD:  # u and r are what the backward needs; inference skips their writes
+        tl.store(u_ptr + idx, u.to(u_ptr.dtype.element_ty), mask=mask)
+        tl.store(r_ptr + offs_m * stride_rm + pid_n, r, mask=mask_m)
     if WRITE_FP8:
         q = tl.minimum(tl.maximum(h * out_scale, -FP8_MAX_), FP8_MAX_)
         tl.store(q_ptr + idx, q.to(q_ptr.dtype.element_ty), mask=mask)
@@ -26,11 +28,12 @@ configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages
            for bm, bk, w, s in [(64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (32, 64, 4, 4),
                                 (32, 128, 4, 3), (16, 128, 4, 4), (16, 256, 4, 3)]]
 
-@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8"])
+@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD"])
 @triton.jit
 def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, M, N, K,
                      stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_rm, eps, out_scale,
                      FP8_MAX_: tl.constexpr, HAS_SCALES: tl.constexpr, WRITE_FP8: tl.constexpr,
+                     SAVE_FOR_BACKWARD: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,11 +55,12 @@ def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, M
         sw = tl.load(sw_ptr + offs_n)
         acc = acc * sx[:, None] * sw[None, :]
     _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
-              out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_)
+              out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD)
 
 @triton.jit
 def norm_fwd_kernel(z_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_ym, stride_rm, eps, out_scale,
-                    FP8_MAX_: tl.constexpr, WRITE_FP8: tl.constexpr, BLOCK_N: tl.constexpr,
+                    FP8_MAX_: tl.constexpr, WRITE_FP8: tl.constexpr, SAVE_FOR_BACKWARD: tl.constexpr,
+                    BLOCK_N: tl.constexpr,
                     BLOCK_M: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -64,7 +68,7 @@ def norm_fwd_kernel(z_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_ym, 
     mask_m = offs_m < M
     z = tl.load(z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :], mask=mask_m[:, None], other=0.0)
     _epilogue(z.to(tl.float32), offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm,
-              pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_)
+              pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD)
 
 @triton.jit
 def _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_um, stride_rm,

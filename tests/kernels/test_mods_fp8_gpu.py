@@ -116,3 +116,14 @@ def test_fp8_handoff_matches_unchained_stack(mode_first):
     assert chained[0]._handoff is None
     for got, ref in zip(results[1], results[0]):
         assert torch.isfinite(got.float()).all() and _rel(got, ref) < 0.06
+
+
+@pytest.mark.parametrize("mode", ["fused_bf16", "split_bf16", "fused_fp8", "split_fp8"])
+def test_inference_forward_equals_training_forward(mode):
+    from loka_trainer.kernels.mods_ops import linear_mods
+    x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(1024, 512, device="cuda") / 512 ** 0.5).to(torch.bfloat16).requires_grad_()
+    y_train = linear_mods(x, w, mode=mode)
+    with torch.no_grad():
+        y_infer = linear_mods(x, w, mode=mode)
+    torch.testing.assert_close(y_infer, y_train.detach())

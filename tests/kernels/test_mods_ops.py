@@ -85,3 +85,31 @@ def test_bwd_dz_fp8_op_is_rowwise_quantized_dz(write_bf16):
     if write_bf16:
         torch.testing.assert_close(dz, dz_ref)
     torch.library.opcheck(mods_bwd_dz_fp8, (dh, u, r, 64, write_bf16))  # fake impl (torch.compile) agrees
+
+
+@pytest.mark.parametrize("write_fp8,save", [(False, True), (True, True), (False, False), (True, False)])
+def test_mods_fwd_writes_only_what_is_asked(write_fp8, save):
+    from loka_trainer.kernels.mods_ops import mods_fwd
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
+    w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16)
+    h, u, r, q = mods_fwd(x, w, None, None, 64, 1e-6, True, write_fp8, save)
+    full_h, full_u, full_r, _ = mods_fwd(x, w, None, None, 64, 1e-6, True)
+    torch.testing.assert_close(h, full_h)  # what is written does not depend on what else is
+    assert (u.shape, r.shape) == (((32, 128), (32, 2)) if save else ((0, 128), (0, 2)))
+    assert q.shape == ((32, 128) if write_fp8 else (0, 128))
+    torch.library.opcheck(mods_fwd, (x, w, None, None, 64, 1e-6, True, write_fp8, save))
+
+
+def test_inference_skips_the_autograd_function(monkeypatch):
+    from loka_trainer.kernels import mods_ops
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
+    w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16).requires_grad_()
+    y_train = mods_ops.linear_mods(x, w, block=64, mode="split_bf16")
+    applied = []
+    monkeypatch.setattr(mods_ops.LinearModsFn, "apply", lambda *a: applied.append(1) or pytest.fail("saved"))
+    with torch.no_grad():
+        y_infer = mods_ops.linear_mods(x, w, block=64, mode="split_bf16")
+    assert not applied and not y_infer.requires_grad
+    torch.testing.assert_close(y_infer, y_train.detach())
