@@ -1,6 +1,11 @@
 """Tables and plots for docs/results from the JSON the runs wrote (regenerates every figure without re-running).
 
-    python scripts/plot_results.py docs/results/quality_cpu/quality.json
+    python scripts/plot_results.py                      # every figure under docs/results
+    python scripts/plot_results.py docs/results/quality_cpu/quality.json [more JSON ...]
+
+Per JSON file name (``PLOTTERS``): ``quality.json`` (quality_runs.py) -> quality_rll.png and a table;
+``bench_e2e.json`` (bench_e2e_gpu.py) -> bench_e2e.png and its table; ``ablation.json`` (the InterFormer
+Mods ablation) -> ablation_rll.png via plot_ablation.py.
 
 Relative log loss (RLL) of a run = (its log loss - the BF16 run's log loss of the same seed) / BF16's, in %.
 Noise floor = the spread of BF16 itself across seeds: the standard deviation over seeds of each BF16 run's
@@ -101,14 +106,41 @@ def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
     return path
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("quality_json", type=Path)
-    args = ap.parse_args()
-    result = json.loads(args.quality_json.read_text())
+def _quality(path: Path) -> None:
+    result = json.loads(path.read_text())
     print(quality_table(result))
-    print(f"plot: {plot_quality(result, args.quality_json.parent)}")
+    print(f"plot: {plot_quality(result, path.parent)}")
+
+
+def _e2e(path: Path) -> None:
+    from bench_e2e_gpu import plot, table  # the benchmark's own plot, from its JSON
+    rows = json.loads(path.read_text())["rows"]
+    plot(rows, path.parent / "bench_e2e.png")
+    print(table(rows))
+    print(f"plot: {path.parent / 'bench_e2e.png'}")
+
+
+def _ablation(path: Path) -> None:
+    import plot_ablation
+    plot_ablation.main()
+
+
+PLOTTERS = {"quality.json": _quality, "bench_e2e.json": _e2e, "ablation.json": _ablation}
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", type=Path, nargs="*", help="result JSON files (default: every one under docs/results)")
+    args = ap.parse_args()
+    paths = args.json or sorted(p for name in PLOTTERS for p in RESULTS.rglob(name) if "runs" not in p.parts)
+    for path in paths:
+        if path.name not in PLOTTERS:
+            raise SystemExit(f"error: {path}: no plot for a file named {path.name!r}; known: {', '.join(PLOTTERS)}")
+        PLOTTERS[path.name](path)
 
 
 if __name__ == "__main__":
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

@@ -46,3 +46,34 @@ def test_mods_stack_variants_have_the_layers_they_claim():
     assert all(m.mode == "fused_fp8" and m.dgrad == "scaled_mm_rowwise" for m in fused["fused_fp8"])
     assert [m.emit_fp8 for m in fused["fused_fp8"]] == [False, False]
     assert [m.emit_fp8 for m in fused["fused_fp8_handoff"]] == [True, False]  # the first feeds the second
+
+
+def _quality_json(path: Path) -> Path:
+    runs = []
+    for seed in (0, 1):
+        for precision, shift in (("bf16", 0.0), ("loka", 0.01)):
+            train = [[s, 0.7 - 0.001 * s + shift] for s in range(0, 100, 5)]
+            runs.append({"model": "wukong", "precision": precision, "seed": seed, "train": train,
+                         "eval": {"eval_logloss": 0.5 + shift + 0.001 * seed, "eval_ne": 0.9, "eval_auc": 0.7},
+                         "examples_per_s": 1000.0})
+    path.mkdir(parents=True)
+    (path / "quality.json").write_text(json.dumps({"runs": runs}))
+    return path / "quality.json"
+
+
+def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
+    quality = _quality_json(tmp_path / "q")
+    e2e = tmp_path / "e" / "bench_e2e.json"
+    e2e.parent.mkdir()
+    row = dict(model="wukong", batch=64, train_step_ms=2.0, infer_step_ms=1.0, train_gemm_ms=0.5, train_other_ms=1.0)
+    e2e.write_text(json.dumps({"rows": [{**row, "precision": "bf16"}, {**row, "precision": "loka"}]}))
+    script = str(ROOT / "scripts" / "plot_results.py")
+    proc = subprocess.run([sys.executable, script, str(quality), str(e2e)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (quality.parent / "quality_rll.png").stat().st_size > 0 and (e2e.parent / "bench_e2e.png").is_file()
+    assert "| wukong | loka | 2 |" in proc.stdout  # the RLL table, both seeds
+    bad = tmp_path / "other.json"
+    bad.write_text("{}")
+    proc = subprocess.run([sys.executable, script, str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "no plot for a file named 'other.json'" in proc.stderr
