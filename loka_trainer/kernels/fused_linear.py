@@ -74,6 +74,10 @@ class FusedLinearMods(nn.Module):
         new._init_handoff()
         return new
 
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self._weight_cache.clear()  # new weight values, possibly written without a version bump
+        super()._load_from_state_dict(*args, **kwargs)
+
     def _init_handoff(self) -> None:
         self.emit_fp8 = False  # write the output in FP8 too, for the next FusedLinearMods
         # the FusedLinearMods whose FP8 output this one reads (plain attribute: not a submodule, not in state_dict)

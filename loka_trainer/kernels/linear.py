@@ -4,8 +4,8 @@ Notation: M = prod(leading dims of x), K in_features, N out_features.
 
 Same parameters and state_dict keys as ``nn.Linear`` (it *is* an ``nn.Linear``), so it loads an ``nn.Linear``
 checkpoint and its checkpoint loads back into an ``nn.Linear``. The weight operands of forward and
-input-grad are quantized once per weight version (i.e. once per optimizer step, which bumps the version
-counter in place) and reused by every GEMM and forward until the next step.
+input-grad are quantized once per weight version and optimizer step (``WeightCache``) and reused by every
+GEMM and forward until the next step.
 """
 from __future__ import annotations
 
@@ -13,17 +13,33 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from loka_trainer.kernels.backend_base import QuantOperand
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.plan import GEMMS
 
 
+# NOTE: (data_ptr, version) alone is not a safe key under FSDP2: the all-gather rewrites the unsharded weight
+# without bumping its version counter, and the allocator may give it the same address the next step, which
+# served the previous step's FP8 weight (seen in a 2-rank test). So every optimizer step anywhere in the process
+# (a global post-hook) starts a new weight generation, and loading a state_dict clears the cache.
+_optimizer_steps = [0]
+
+
+def _count_optimizer_step(optimizer, args, kwargs) -> None:
+    _optimizer_steps[0] += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
+
+
 class WeightCache:
-    """Quantized weight operands keyed by (backend, gemm), valid while the weight's storage and version hold."""
+    """Quantized weight operands keyed by (backend, gemm), valid while the weight's storage and version hold
+    and no optimizer has stepped (see the note above)."""
 
     def __init__(self) -> None:
-        self._key: Optional[tuple[int, int]] = None
+        self._key: Optional[tuple[int, int, int]] = None
         self._ops: dict[tuple[str, str], QuantOperand] = {}
         self.num_casts = 0  # how many times an operand was quantized (tests assert once per step)
 
@@ -31,13 +47,17 @@ class WeightCache:
         """w (N, K) -> the cached operand for ``gemm`` ('forward' | 'input_grad') of ``backend_name``."""
         if torch.compiler.is_compiling():  # a Python-side cache would break the graph; compile fuses the cast
             return self._quantize(w, backend_name, gemm)
-        key = (w.data_ptr(), w._version)
+        key = (w.data_ptr(), w._version, _optimizer_steps[0])
         if key != self._key:
             self._key, self._ops = key, {}
         if (backend_name, gemm) not in self._ops:
             self._ops[(backend_name, gemm)] = self._quantize(w, backend_name, gemm)
             self.num_casts += 1
         return self._ops[(backend_name, gemm)]
+
+    def clear(self) -> None:
+        """Forget every operand (e.g. the weight was loaded from a state_dict)."""
+        self._key, self._ops = None, {}
 
     @staticmethod
     def _quantize(w: torch.Tensor, backend_name: str, gemm: str) -> QuantOperand:
@@ -124,6 +144,10 @@ class LoKALinear(nn.Linear):
         new.set_backends(backends)
         new._weight_cache = WeightCache()
         return new
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self._weight_cache.clear()  # new weight values, possibly written without a version bump
+        super()._load_from_state_dict(*args, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) -> (..., N)."""

@@ -88,3 +88,34 @@ def test_autocast_output_dtype_and_compile():
     y = compiled(xc)
     y.sum().backward()
     assert _rel(y, layer(x)) < 1e-3 and xc.grad.shape == x.shape
+
+
+def test_weight_rewritten_without_version_bump_is_recast_after_an_optimizer_step():
+    """What FSDP2 does: the all-gather rewrites the unsharded weight in place without bumping its version
+    counter (here: through ``.data``), possibly at the same address; the optimizer steps the shards."""
+    torch.manual_seed(3)
+    layer = LoKALinear(64, 32, bias=False, backends={"forward": "scaled_mm_rowwise"})
+    shard = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([shard], lr=0.1)
+    x = torch.randn(16, 64)
+    layer(x)
+    new_weight = torch.randn(32, 64) / 8
+    version, ptr = layer.weight._version, layer.weight.data_ptr()
+    layer.weight.data.copy_(new_weight)
+    assert (layer.weight._version, layer.weight.data_ptr()) == (version, ptr)  # the old key still matches
+    shard.grad = torch.ones(1)
+    opt.step()
+    fresh = LoKALinear(64, 32, bias=False, backends={"forward": "scaled_mm_rowwise"})
+    fresh.weight.data.copy_(new_weight)
+    torch.testing.assert_close(layer(x), fresh(x), rtol=0, atol=0)
+
+
+def test_loading_a_state_dict_clears_the_cached_weight():
+    layer = LoKALinear(64, 32, backends={"forward": "scaled_mm_rowwise"})
+    x = torch.randn(16, 64)
+    layer(x)
+    other = nn.Linear(64, 32)
+    layer.load_state_dict(other.state_dict())
+    fresh = LoKALinear(64, 32, backends={"forward": "scaled_mm_rowwise"})
+    fresh.load_state_dict(other.state_dict())
+    torch.testing.assert_close(layer(x), fresh(x), rtol=0, atol=0)
