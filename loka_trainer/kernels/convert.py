@@ -61,8 +61,12 @@ def target_linears(model: nn.Module, *, min_features: int,
 def _forward_with_pre_hooks(model: nn.Module, linears: dict[str, nn.Linear], batch,
                             on_input: Callable[[str, nn.Linear, torch.Tensor], None]) -> None:
     """One forward of ``model(batch)`` calling ``on_input(fqn, linear, x)`` before every call of each Linear."""
-    handles = [m.register_forward_pre_hook(lambda mod, args, fqn=fqn: on_input(fqn, mod, args[0]))
-               for fqn, m in linears.items()]
+    def hook_for(fqn: str):
+        def hook(mod, args) -> None:  # returns None: a pre-hook's return value would replace the input
+            on_input(fqn, mod, args[0])
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(fqn)) for fqn, m in linears.items()]
     try:
         model(batch)
     finally:

@@ -107,6 +107,23 @@ def dynamo_config():
     cfg.recompile_limit, cfg.accumulated_recompile_limit = saved
 
 
+def test_input_capture_leaves_the_forward_unchanged_for_token_inputs():
+    class Tokens(TinyModel):  # mlp.0 sees (B, T, 64) tokens, as attention / InterFormer layers do
+        def forward(self, batch):
+            tokens = (batch["dense"] + self.emb(batch["ids"])).unsqueeze(1).expand(-1, 3, -1)
+            return self.head(self.mlp(tokens).mean(1)).squeeze(-1)
+
+    m = Tokens()
+    expected = m(_batch())
+    captured = convert_mod.capture_linear_inputs(m, target_linears(m, min_features=64), _batch())
+    assert captured["mlp.0"].shape == (64 * 3, 64)  # flattened to (M, K) for Dispatch
+    assert convert_mod.linear_input_rows(m, target_linears(m, min_features=64), _batch())["mlp.0"] == {192}
+    torch.testing.assert_close(m(_batch()), expected)  # the hooks are gone and changed nothing
+    plan = apply_precision(m, config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(),
+                           log=lambda s: None)
+    assert plan.layers["mlp.0"].M == 192
+
+
 def test_loka_reserves_one_compiled_graph_per_layer_plan(dynamo_config):
 
     class Deep(TinyModel):  # 12 planned layers: more than dynamo's default 8 graphs per frame
