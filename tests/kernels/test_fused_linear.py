@@ -71,3 +71,13 @@ def test_apply_precision_loka_with_mods_fuses_after_dispatch():
     assert all(isinstance(model[0][0][i], FusedLinearMods) for i in (0, 3))
     assert any("fused into FusedLinearMods" in line for line in logs) and list(model.state_dict()) == keys
     assert torch.isfinite(model(torch.randn(8, 64))).all()
+
+
+def test_loading_a_state_dict_clears_the_cached_fp8_weight():
+    layer = FusedLinearMods(64, 256, mode="fused_fp8")
+    layer._weight_cache.get(layer.weight, "scaled_mm_rowwise", "forward")
+    assert layer._weight_cache.num_casts == 1
+    layer.load_state_dict({"weight": torch.randn(256, 64)})
+    assert layer._weight_cache._ops == {}  # the next FP8 GEMM re-casts the loaded weight
+    layer._weight_cache.get(layer.weight, "scaled_mm_rowwise", "forward")
+    assert layer._weight_cache.num_casts == 2

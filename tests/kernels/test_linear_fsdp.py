@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import traceback
 
 import pytest
 import torch
@@ -52,6 +53,11 @@ def _worker(rank: int, port: int) -> None:
             opt.step()
             opt.zero_grad()
         dist.barrier()
+    except BaseException:
+        # NOTE: print before tearing down: the other rank, still in a collective, aborts the process group
+        # ("terminate called without an active exception") and would otherwise be the only error reported.
+        traceback.print_exc()
+        raise
     finally:
         dist.destroy_process_group()
 

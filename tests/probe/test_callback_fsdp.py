@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import traceback
 
 import pytest
 import torch
@@ -58,6 +59,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         torch.testing.assert_close(merged.scatter, expected.scatter, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(merged.mean, expected.mean)
         dist.barrier()
+    except BaseException:
+        # NOTE: print before tearing down: the other rank, still in a collective, aborts the process group
+        # ("terminate called without an active exception") and would otherwise be the only error reported.
+        traceback.print_exc()
+        raise
     finally:
         dist.destroy_process_group()
 
