@@ -128,6 +128,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_fsdp2.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         print(text)
+    dist.barrier()  # tear down together: a rank leaving early can abort the other's gloo transport
     dist.destroy_process_group()
 
 

@@ -15,7 +15,7 @@ def test_fsdp2_bench_runs_two_ranks_and_reports_every_variant(tmp_path):
            "--model", "dlrm", "--batch", "32", "--vocab", "50", "--steps", "1", "--warmup", "1",
            "--precisions", "bf16", "loka"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
     result = json.loads((tmp_path / "bench_fsdp2.json").read_text())
     rows = {r["precision"]: r for r in result["rows"]}
     assert set(rows) == {"bf16", "loka"}
