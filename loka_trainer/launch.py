@@ -36,6 +36,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     write_run_config(run_dir, cfg, argv, rank=rank)
     dist_info = init_distributed(run.trainer.device)
     log = logging.getLogger("loka_trainer").info
+    finished = False
     try:
         from loka_trainer.trainer import Trainer
 
@@ -43,5 +44,6 @@ def main(argv: Optional[list[str]] = None) -> None:
         Trainer(run, run_dir=run_dir, dist_info=dist_info).fit()
         log(f"done: metrics {run_dir.resolve() / 'metrics.jsonl'}, summary {run_dir.resolve() / 'summary.json'}, "
             f"TensorBoard: tensorboard --logdir {run_dir.resolve() / 'tensorboard'}")
+        finished = True
     finally:
-        shutdown_distributed()
+        shutdown_distributed(wait_for_all=finished)  # after an error another rank may never reach a barrier

@@ -59,8 +59,12 @@ def init_distributed(device: str = "auto") -> DistInfo:
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, backend=backend)
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(*, wait_for_all: bool = False) -> None:
+    """Destroy the process group. ``wait_for_all`` (the run ended normally on every rank): barrier first, since
+    a rank that tears down while another still finishes its writes can abort that rank's gloo transport."""
     if dist.is_initialized():
+        if wait_for_all:
+            dist.barrier()
         dist.destroy_process_group()
 
 
