@@ -4,7 +4,7 @@
         [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka] [--no-compile | --compile-mode reduce-overhead] [--budget-s 240]
 
 One process, one device. Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
-e.g. `WukongConfig()`), on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
+e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`, on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
 **unsharded** TorchRec embeddings (plain `EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec
 sharding is not part of this measurement), then applies the precision exactly as `train.py` does
 (`apply_precision`; `loka` also builds the model with the LoKA Mods, as `precision=loka` does; `P+mods`,
@@ -60,19 +60,34 @@ def precision_config(name: str) -> PrecisionConfig:
     return cfg
 
 
+def model_config(name: str):
+    """A zoo name (``wukong``: its schema defaults, paper-like) or a ``conf/model/<name>.yaml`` file name
+    (``wukong_h200``) -> the model config object."""
+    if name in MODELS:
+        return MODELS[name].config_cls()
+    path = ROOT / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise SystemExit(f"--models: {name!r} is neither a zoo model {sorted(MODELS)} nor conf/model/{name}.yaml")
+    raw = OmegaConf.load(path)
+    raw.pop("defaults", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MODELS[raw.name].config_cls), raw))
+
+
 def build_variant(model_name: str, precision: str, *, batch: int, device: torch.device, compile_dense: bool,
                   vocab: int = DataConfig.max_vocab_size, shard_dense=None, compile_mode: Optional[str] = None):
     """(model, sample batch on device, [dense Adam, embedding SGD], log lines) for one variant;
-    ``shard_dense(model)``, when given, runs after the precision transform and before compiling."""
+    ``model_name`` as in ``model_config``; ``shard_dense(model)``, when given, runs after the precision
+    transform and before compiling."""
     # Each variant builds new modules running the same forward code: without a reset, dynamo's per-code
     # cache fills up across variants, hits its recompile limit and silently runs later variants eagerly.
     torch._dynamo.reset()
-    data_cfg = DataConfig(batch_size=batch, num_sequences=2 if model_name == "interformer" else 0, prefetch=0,
+    model_cfg = model_config(model_name)
+    data_cfg = DataConfig(batch_size=batch, num_sequences=getattr(model_cfg, "num_sequences", 0), prefetch=0,
                           max_vocab_size=vocab)
     sample = next(iter(build_stream(data_cfg, split="eval", rank=0, world_size=1))).to(device)
     pcfg = precision_config(precision)
     torch.manual_seed(0)
-    model = build_model(MODELS[model_name].config_cls(), schema=data_schema(data_cfg), loka_mods=pcfg.mods)
+    model = build_model(model_cfg, schema=data_schema(data_cfg), loka_mods=pcfg.mods)
     logs: list[str] = []
     model = model.to(device)
     apply_precision(model, config=pcfg, device=device, calibration_batch=sample, log=logs.append)
@@ -154,9 +169,22 @@ def gemm_split_ms(fn, top: int = 15) -> dict:
     return {"gemm_ms": gemm / 1e3, "other_ms": other / 1e3, "top_kernels": kernels[:top], "top_host_ops": host[:top]}
 
 
+def dynamo_summary(top: int = 5) -> dict:
+    """Graph breaks (count and the most frequent reasons) and compiled graphs since the last counters reset:
+    a graph break in a dense unit means Python between graphs, i.e. launch-bound host time."""
+    from torch._dynamo.utils import counters
+
+    breaks = sorted(counters["graph_break"].items(), key=lambda kv: -kv[1])
+    return {"graph_breaks": sum(n for _, n in breaks), "graph_break_reasons": [[r[:200], n] for r, n in breaks[:top]],
+            "unique_graphs": counters["stats"].get("unique_graphs", 0)}
+
+
 def measure(model_name: str, precision: str, args, device) -> dict:
+    from torch._dynamo.utils import counters
+
     row = {"model": model_name, "precision": precision, "batch": args.batch}
     t0 = time.perf_counter()
+    counters.clear()
     model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
                                              compile_dense=not args.no_compile, vocab=args.vocab,
                                              compile_mode=args.compile_mode)
@@ -168,6 +196,7 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     row["train_examples_per_s"] = args.batch / row["train_step_ms"] * 1e3
     row["infer_examples_per_s"] = args.batch / row["infer_step_ms"] * 1e3
     row["setup_and_measure_s"] = time.perf_counter() - t0
+    row["dynamo"] = dynamo_summary()
     row["log"] = [line.splitlines()[-1] for line in logs]  # summaries; the full plan table is in "log_full"
     row["log_full"] = logs
     return row
@@ -184,7 +213,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'model':<12} {'precision':<18} {'train ms':>9} {'x bf16':>7} {'infer ms':>9} {'x bf16':>7} "
-             f"{'GEMM ms':>8} {'rest ms':>8}"]
+             f"{'GEMM ms':>8} {'rest ms':>8} {'breaks':>6}"]
     for r in rows:
         if "train_step_ms" not in r:
             lines.append(f"{r['model']:<12} {r['precision']:<18} {r.get('status', 'error')}")
@@ -192,7 +221,7 @@ def table(rows: list[dict]) -> str:
         lines.append(f"{r['model']:<12} {r['precision']:<18} {r['train_step_ms']:9.3f} "
                      f"{r.get('train_speedup_vs_bf16', float('nan')):7.2f} {r['infer_step_ms']:9.3f} "
                      f"{r.get('infer_speedup_vs_bf16', float('nan')):7.2f} {r['train_gemm_ms']:8.3f} "
-                     f"{r['train_other_ms']:8.3f}")
+                     f"{r['train_other_ms']:8.3f} {r.get('dynamo', {}).get('graph_breaks', -1):6d}")
     return "\n".join(lines)
 
 
@@ -222,7 +251,8 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--models", nargs="+", default=["wukong", "interformer"])
+    ap.add_argument("--models", nargs="+", default=["wukong", "interformer"],
+                    help="zoo names (schema defaults, paper-like) or conf/model file names, e.g. wukong_h200")
     ap.add_argument("--precisions", nargs="+",
                     default=["bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "bf16+mods", "loka"])
     ap.add_argument("--batch", type=int, default=4096)
