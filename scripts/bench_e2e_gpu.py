@@ -104,6 +104,7 @@ def build_variant(model_name: str, precision: str, *, batch: int, device: torch.
 
 
 def train_step(model, batch, opts) -> None:
+    torch.compiler.cudagraph_mark_step_begin()  # --compile-mode reduce-overhead: a new step, old outputs are free
     with torch.autocast(batch.labels.device.type, dtype=torch.bfloat16):
         logits = model(batch).float()
     F.binary_cross_entropy_with_logits(logits, batch.labels).backward()
@@ -114,6 +115,7 @@ def train_step(model, batch, opts) -> None:
 
 @torch.no_grad()
 def infer_step(model, batch) -> None:
+    torch.compiler.cudagraph_mark_step_begin()
     with torch.autocast(batch.labels.device.type, dtype=torch.bfloat16):
         model(batch)
 
@@ -141,16 +143,17 @@ def gemm_split_ms(fn, top: int = 15) -> dict:
     """GPU kernel time of one call of `fn`, split into GEMM kernels and the rest, plus the ``top`` kernels
     by time as [name[:90], µs, calls] and the ``top`` host-side ops by self CPU time (where a launch-bound
     step spends its Python/dispatcher time) as [name[:90], self µs, calls]."""
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler import ProfilerActivity, profile
 
-    # One warm-up step inside the profiler first: entering it can make dynamo recompile (and inductor autotune)
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    # A discarded profiled call first: entering the profiler can make dynamo recompile (and inductor autotune)
     # on the next call, which must not be counted as the step's kernels.
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 schedule=schedule(wait=0, warmup=1, active=1)) as prof:
-        for _ in range(2):
-            fn()
-            torch.cuda.synchronize()
-            prof.step()
+    with profile(activities=activities):
+        fn()
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
     gemm = other = 0.0
     kernels, host = [], []
     for evt in prof.key_averages():

@@ -9,19 +9,12 @@ Quantization is the plain-torch recipe from ``quant`` (GPU-resident; a fused Tri
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 
 import torch
 
 from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
 from loka_trainer.kernels.quant import quantize
-
-
-@functools.lru_cache(maxsize=1)
-def triton_importable() -> bool:
-    """True if triton can be imported (checked without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+from loka_trainer.kernels.triton_quant import triton_importable
 
 
 class TritonBlockwise(GemmBackend):

@@ -23,10 +23,14 @@ import torch
 from loka_trainer.kernels.quant import EPS, quantize_rowwise
 
 
-@functools.lru_cache(maxsize=1)
+# NOTE: checked once at import (without importing triton): ``use_triton`` runs inside torch.compile'd code, and
+# dynamo cannot trace ``importlib.util.find_spec`` (each call was a graph break, 67 per Wukong training step).
+_TRITON_IMPORTABLE = importlib.util.find_spec("triton") is not None
+
+
 def triton_importable() -> bool:
-    """True if triton can be imported (checked without importing it)."""
-    return importlib.util.find_spec("triton") is not None
+    """True if triton can be imported."""
+    return _TRITON_IMPORTABLE
 
 
 def interpreting() -> bool:
@@ -36,7 +40,10 @@ def interpreting() -> bool:
 
 def use_triton(t: torch.Tensor) -> bool:
     """True if Triton kernels can run on ``t``'s device in this process."""
-    return triton_importable() and (t.is_cuda or interpreting())
+    if t.is_cuda:
+        return _TRITON_IMPORTABLE
+    # is_compiling first: compiled code never traces the environment lookup of interpreting()
+    return _TRITON_IMPORTABLE and not torch.compiler.is_compiling() and interpreting()
 
 
 @functools.lru_cache(maxsize=1)

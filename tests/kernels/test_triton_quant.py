@@ -13,3 +13,14 @@ def test_off_triton_falls_back_to_reference(monkeypatch):
     q, s = quantize_rowwise_fused(x.t())
     qr, sr = quantize_rowwise(x.t(), torch.float8_e4m3fn)
     assert torch.equal(q.float(), qr.float()) and torch.equal(s, sr) and q.is_contiguous()
+
+
+def test_use_triton_traces_without_a_graph_break():
+    # use_triton runs inside compiled LoKA layers; a find_spec call there broke every layer's graph.
+    from loka_trainer.kernels.triton_quant import use_triton
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def pick(t):
+        return t + 1 if use_triton(t) else t - 1
+
+    assert torch.equal(pick(torch.zeros(4)), -torch.ones(4))
