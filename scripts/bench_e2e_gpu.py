@@ -14,7 +14,8 @@ under BF16 autocast, BCE loss, backward, fused Adam on the dense parameters and 
 embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here); inference =
 forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
 is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
-GEMM kernels vs the rest (the paper's figure-11 view). Writes OUT_DIR/bench_e2e.json (after every variant) and
+GEMM, attention and other kernels (the paper's figure-11 view; ``kernel_category``) and records the graph
+breaks dynamo saw. Writes OUT_DIR/bench_e2e.json (after every variant) and
 OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not started before --budget-s are skipped and
 listed as such.
 """
@@ -43,7 +44,19 @@ from loka_trainer.kernels.convert import apply_precision  # noqa: E402
 from loka_trainer.models.zoo import MODELS, build_model  # noqa: E402
 from loka_trainer.sharding.parallelize import embedding_modules  # noqa: E402
 
-GEMM_KERNEL_MARKERS = ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem")
+# Kernel name markers per category, checked in this order (first match wins). Attention first: cuDNN's and
+# CUTLASS's attention kernels also carry GEMM-like markers ("sm90_", "cutlass").
+KERNEL_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "attention": ("sdpa", "fmha", "flash", "attention"),
+    "gemm": ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem",
+             "fused_fwd_kernel", "blockwise_kernel"),
+}
+
+
+def kernel_category(name: str) -> str:
+    """A GPU kernel's name -> "attention" | "gemm" | "other" (``KERNEL_CATEGORIES``)."""
+    low = name.lower()
+    return next((cat for cat, marks in KERNEL_CATEGORIES.items() if any(m in low for m in marks)), "other")
 
 
 MODS_SUFFIX = "+mods"  # e.g. "bf16+mods": that precision on the model built with the LoKA Mods
@@ -139,10 +152,10 @@ def timed_ms(fn, steps: int, warmup: int, device_type: str = "cuda") -> float:
     return start.elapsed_time(end) / steps
 
 
-def gemm_split_ms(fn, top: int = 15) -> dict:
-    """GPU kernel time of one call of `fn`, split into GEMM kernels and the rest, plus the ``top`` kernels
-    by time as [name[:90], µs, calls] and the ``top`` host-side ops by self CPU time (where a launch-bound
-    step spends its Python/dispatcher time) as [name[:90], self µs, calls]."""
+def kernel_split_ms(fn, top: int = 40) -> dict:
+    """GPU kernel time of one call of `fn` per ``kernel_category`` (``gemm_ms``, ``attention_ms``, ``other_ms``),
+    plus the ``top`` kernels by time as [name[:90], µs, calls] and the ``top`` host-side ops by self CPU time
+    (where a launch-bound step spends its Python/dispatcher time) as [name[:90], self µs, calls]."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
@@ -154,7 +167,7 @@ def gemm_split_ms(fn, top: int = 15) -> dict:
     with profile(activities=activities) as prof:
         fn()
         torch.cuda.synchronize()
-    gemm = other = 0.0
+    ms = {cat: 0.0 for cat in (*KERNEL_CATEGORIES, "other")}
     kernels, host = [], []
     for evt in prof.key_averages():
         t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
@@ -163,13 +176,10 @@ def gemm_split_ms(fn, top: int = 15) -> dict:
         if evt.device_type.name != "CUDA" or t <= 0:
             continue
         kernels.append([evt.key[:90], round(t, 1), evt.count])
-        if any(m in evt.key.lower() for m in GEMM_KERNEL_MARKERS):
-            gemm += t
-        else:
-            other += t
+        ms[kernel_category(evt.key)] += t / 1e3
     kernels.sort(key=lambda k: -k[1])
     host.sort(key=lambda k: -k[1])
-    return {"gemm_ms": gemm / 1e3, "other_ms": other / 1e3, "top_kernels": kernels[:top], "top_host_ops": host[:top]}
+    return {**{f"{cat}_ms": v for cat, v in ms.items()}, "top_kernels": kernels[:top], "top_host_ops": host[:top]}
 
 
 def dynamo_summary(top: int = 5) -> dict:
@@ -192,8 +202,8 @@ def measure(model_name: str, precision: str, args, device) -> dict:
                                              compile_dense=not args.no_compile, vocab=args.vocab,
                                              compile_mode=args.compile_mode)
     row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
-    row.update({f"train_{k}": v for k, v in gemm_split_ms(lambda: train_step(model, batch, opts)).items()})
-    row.update({f"infer_{k}": v for k, v in gemm_split_ms(lambda: infer_step(model, batch)).items()})
+    row.update({f"train_{k}": v for k, v in kernel_split_ms(lambda: train_step(model, batch, opts)).items()})
+    row.update({f"infer_{k}": v for k, v in kernel_split_ms(lambda: infer_step(model, batch)).items()})
     model.eval()
     row["infer_step_ms"] = timed_ms(lambda: infer_step(model, batch), args.steps, args.warmup)
     row["train_examples_per_s"] = args.batch / row["train_step_ms"] * 1e3
@@ -215,16 +225,19 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
+    """Wall times and ratios per variant, and the training step's GPU kernel time per category."""
     lines = [f"{'model':<12} {'precision':<18} {'train ms':>9} {'x bf16':>7} {'infer ms':>9} {'x bf16':>7} "
-             f"{'GEMM ms':>8} {'rest ms':>8} {'breaks':>6}"]
+             f"{'GPU ms':>7} {'GEMM ms':>8} {'attn ms':>8} {'rest ms':>8} {'breaks':>6}"]
     for r in rows:
         if "train_step_ms" not in r:
             lines.append(f"{r['model']:<12} {r['precision']:<18} {r.get('status', 'error')}")
             continue
+        gpu = r["train_gemm_ms"] + r.get("train_attention_ms", 0.0) + r["train_other_ms"]
         lines.append(f"{r['model']:<12} {r['precision']:<18} {r['train_step_ms']:9.3f} "
                      f"{r.get('train_speedup_vs_bf16', float('nan')):7.2f} {r['infer_step_ms']:9.3f} "
-                     f"{r.get('infer_speedup_vs_bf16', float('nan')):7.2f} {r['train_gemm_ms']:8.3f} "
-                     f"{r['train_other_ms']:8.3f} {r.get('dynamo', {}).get('graph_breaks', -1):6d}")
+                     f"{r.get('infer_speedup_vs_bf16', float('nan')):7.2f} {gpu:7.2f} {r['train_gemm_ms']:8.3f} "
+                     f"{r.get('train_attention_ms', float('nan')):8.3f} {r['train_other_ms']:8.3f} "
+                     f"{r.get('dynamo', {}).get('graph_breaks', -1):6d}")
     return "\n".join(lines)
 
 
@@ -239,11 +252,17 @@ def plot(rows: list[dict], path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(ok)), 4))
     labels = [f"{r['model']}\n{r['precision']}" for r in ok]
-    ax.bar(labels, [r["train_gemm_ms"] for r in ok], label="GEMM kernels")
-    ax.bar(labels, [r["train_other_ms"] for r in ok], bottom=[r["train_gemm_ms"] for r in ok], label="other kernels")
+    bottom = [0.0] * len(ok)
+    for key, label in (("train_gemm_ms", "GEMM kernels"), ("train_attention_ms", "attention kernels"),
+                       ("train_other_ms", "other kernels")):
+        if not any(key in r for r in ok):  # JSON written before the attention split
+            continue
+        heights = [r.get(key, 0.0) for r in ok]
+        ax.bar(labels, heights, bottom=bottom, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights)]
     ax.scatter(labels, [r["train_step_ms"] for r in ok], color="black", zorder=3, label="step wall time")
     ax.set_ylabel("ms per training step")
-    ax.set_title(f"training step, batch {ok[0]['batch']}: GPU kernel time split and wall time")
+    ax.set_title(f"training step, batch {ok[0]['batch']}: GPU kernel time by category and wall time")
     ax.legend(fontsize=8)
     plt.xticks(fontsize=7)
     fig.tight_layout()

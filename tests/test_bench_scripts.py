@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -65,7 +67,8 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     quality = _quality_json(tmp_path / "q")
     e2e = tmp_path / "e" / "bench_e2e.json"
     e2e.parent.mkdir()
-    row = dict(model="wukong", batch=64, train_step_ms=2.0, infer_step_ms=1.0, train_gemm_ms=0.5, train_other_ms=1.0)
+    row = dict(model="wukong", batch=64, train_step_ms=2.0, infer_step_ms=1.0, train_gemm_ms=0.5, train_other_ms=1.0,
+               train_attention_ms=0.25)
     e2e.write_text(json.dumps({"rows": [{**row, "precision": "bf16"}, {**row, "precision": "loka"}]}))
     script = str(ROOT / "scripts" / "plot_results.py")
     proc = subprocess.run([sys.executable, script, str(quality), str(e2e)], cwd=ROOT, capture_output=True,
@@ -77,3 +80,18 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     bad.write_text("{}")
     proc = subprocess.run([sys.executable, script, str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "no plot for a file named 'other.json'" in proc.stderr
+
+
+@pytest.mark.parametrize("name,category", [
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1", "attention"),
+    ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80", "attention"),
+    ("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_128x256_32x3_tn_align2>", "gemm"),
+    ("fused_fwd_kernel", "gemm"),
+    ("triton_poi_fused__to_copy_clone_transpose_0", "other"),
+    ("quant_rowwise_kernel", "other"),
+])
+def test_e2e_kernel_categories(name, category):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_e2e_gpu import kernel_category
+    assert kernel_category(name) == category
