@@ -15,7 +15,8 @@ embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here
 forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
 is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
 GEMM, attention and other kernels (the paper's figure-11 view; ``kernel_category``) and records the graph
-breaks dynamo saw. Writes OUT_DIR/bench_e2e.json (after every variant) and
+breaks dynamo saw. Writes OUT_DIR/bench_e2e.json (after every variant),
+OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch variants: every candidate's MERE and time) and
 OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not started before --budget-s are skipped and
 listed as such.
 """
@@ -87,10 +88,11 @@ def model_config(name: str):
 
 
 def build_variant(model_name: str, precision: str, *, batch: int, device: torch.device, compile_dense: bool,
-                  vocab: int = DataConfig.max_vocab_size, shard_dense=None, compile_mode: Optional[str] = None):
+                  vocab: int = DataConfig.max_vocab_size, shard_dense=None, compile_mode: Optional[str] = None,
+                  plan_dir: Optional[Path] = None):
     """(model, sample batch on device, [dense Adam, embedding SGD], log lines) for one variant;
     ``model_name`` as in ``model_config``; ``shard_dense(model)``, when given, runs after the precision
-    transform and before compiling."""
+    transform and before compiling; a Dispatch plan is written to ``plan_dir/dispatch_plan.json`` when given."""
     # Each variant builds new modules running the same forward code: without a reset, dynamo's per-code
     # cache fills up across variants, hits its recompile limit and silently runs later variants eagerly.
     torch._dynamo.reset()
@@ -103,7 +105,7 @@ def build_variant(model_name: str, precision: str, *, batch: int, device: torch.
     model = build_model(model_cfg, schema=data_schema(data_cfg), loka_mods=pcfg.mods)
     logs: list[str] = []
     model = model.to(device)
-    apply_precision(model, config=pcfg, device=device, calibration_batch=sample, log=logs.append)
+    apply_precision(model, config=pcfg, device=device, calibration_batch=sample, log=logs.append, run_dir=plan_dir)
     if shard_dense is not None:
         shard_dense(model)
     if compile_dense:
@@ -200,7 +202,8 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     counters.clear()
     model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
                                              compile_dense=not args.no_compile, vocab=args.vocab,
-                                             compile_mode=args.compile_mode)
+                                             compile_mode=args.compile_mode,
+                                             plan_dir=args.out / "plans" / f"{model_name}_{precision}")
     row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
     row.update({f"train_{k}": v for k, v in kernel_split_ms(lambda: train_step(model, batch, opts)).items()})
     row.update({f"infer_{k}": v for k, v in kernel_split_ms(lambda: infer_step(model, batch)).items()})

@@ -146,18 +146,52 @@ def _fmt(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+# Why a GEMM stayed BF16: every measured FP8 candidate failed the accuracy test / the accurate ones were not
+# fast enough / nothing was measured (e.g. a hand-written or probe-less plan entry).
+BF16_REASONS = ("MERE", "slow", "unmeasured")
+
+
+def bf16_reason(choice: GemmChoice, *, mere_threshold: float, min_speedup: float) -> Optional[str]:
+    """For a GEMM left in BF16, which rule kept it there (one of ``BF16_REASONS``); None if it is not BF16."""
+    if choice.backend != "bf16":
+        return None
+    measured = [c for name, c in choice.candidates.items()
+                if name != "bf16" and c.get("mere") is not None and c.get("time_us") is not None]
+    if not measured or choice.bf16_time_us is None:
+        return "unmeasured"
+    if all(c["mere"] >= mere_threshold for c in measured):
+        return "MERE"
+    return "slow"
+
+
+def bf16_reason_counts(plan: DispatchPlan) -> dict[str, int]:
+    """``BF16_REASONS`` -> how many GEMMs of ``plan`` stayed BF16 for that reason."""
+    counts = dict.fromkeys(BF16_REASONS, 0)
+    for lp in plan.layers.values():
+        for g in GEMMS:
+            why = bf16_reason(getattr(lp, g), mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup)
+            if why is not None:
+                counts[why] += 1
+    return counts
+
+
 def format_plan_table(plan: DispatchPlan) -> str:
-    """The plan as a fixed-width text table: one row per layer and GEMM."""
-    head = f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<26} {'MERE':>8} {'speedup':>8}"
+    """The plan as a fixed-width text table: one row per layer and GEMM; a BF16 row says why it is BF16
+    (``bf16_reason``), and the last line counts FP8 GEMMs and the reasons for the rest."""
+    head = f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<26} {'MERE':>8} {'speedup':>8} {'bf16 why':<10}"
     rows = [f"LoKA Dispatch plan ({plan.device}; MERE < {plan.mere_threshold}, speedup > {plan.min_speedup}×)",
             head, "-" * len(head)]
     for fqn, lp in plan.layers.items():
         shape = f"{lp.M}×{lp.K}×{lp.N}"
         for g in GEMMS:
             c = getattr(lp, g)
+            why = bf16_reason(c, mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup) or ""
             rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {c.backend:<26} "
-                        f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8}")
+                        f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8} {why:<10}".rstrip())
             fqn, shape = "", ""
     num_fp8 = sum(b != "bf16" for lp in plan.layers.values() for b in lp.backends().values())
-    rows.append(f"{num_fp8} of {3 * len(plan.layers)} GEMMs in FP8")
+    reasons = bf16_reason_counts(plan)
+    rows.append(f"{num_fp8} of {3 * len(plan.layers)} GEMMs in FP8; BF16 kept for {reasons['MERE']} (no FP8 "
+                f"candidate with MERE < {plan.mere_threshold}), {reasons['slow']} (no accurate one > "
+                f"{plan.min_speedup}× faster), {reasons['unmeasured']} (not measured)")
     return "\n".join(rows)

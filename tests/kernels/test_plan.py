@@ -76,3 +76,21 @@ def test_table_lists_every_gemm():
     assert "scaled_mm_rowwise" in table and "1.25" in table
     assert table.count("weight_grad") == 2
     assert "1 of 6 GEMMs in FP8" in table
+
+
+def test_bf16_rows_say_why():
+    from loka_trainer.kernels.plan import bf16_reason, bf16_reason_counts
+    inaccurate = GemmChoice("bf16", mere=0.002, time_us=10.0, bf16_time_us=10.0,
+                            candidates={"scaled_mm_rowwise": {"mere": 0.4, "time_us": 5.0},
+                                        "bf16": {"mere": 0.002, "time_us": 10.0}})
+    slow = GemmChoice("bf16", mere=0.002, time_us=10.0, bf16_time_us=10.0,
+                      candidates={"scaled_mm_rowwise": {"mere": 0.4, "time_us": 5.0},
+                                  "scaled_mm_tensorwise": {"mere": 0.05, "time_us": 9.9}})
+    kw = dict(mere_threshold=0.2, min_speedup=1.05)
+    assert bf16_reason(inaccurate, **kw) == "MERE" and bf16_reason(slow, **kw) == "slow"
+    assert bf16_reason(GemmChoice("bf16"), **kw) == "unmeasured"
+    assert bf16_reason(GemmChoice("scaled_mm_rowwise", candidates=slow.candidates), **kw) is None
+    plan = DispatchPlan(device="cpu", layers={"a": LayerPlan(M=16, K=16, N=16, forward=inaccurate, input_grad=slow)})
+    assert bf16_reason_counts(plan) == {"MERE": 1, "slow": 1, "unmeasured": 1}
+    assert "0 of 3 GEMMs in FP8; BF16 kept for 1 (no FP8 candidate with MERE < 0.2), 1 (no accurate one" in \
+        format_plan_table(plan)
