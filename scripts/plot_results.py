@@ -113,8 +113,8 @@ def _quality(path: Path) -> None:
 
 
 def _e2e(path: Path) -> None:
-    from bench_e2e_gpu import plot, table  # the benchmark's own plot, from its JSON
-    rows = json.loads(path.read_text())["rows"]
+    from bench_e2e_gpu import plot, recategorized, table  # the benchmark's own plot, from its JSON
+    rows = [recategorized(r) for r in json.loads(path.read_text())["rows"]]
     plot(rows, path.parent / "bench_e2e.png")
     print(table(rows))
     print(f"plot: {path.parent / 'bench_e2e.png'}")

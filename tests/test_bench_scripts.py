@@ -95,3 +95,15 @@ def test_e2e_kernel_categories(name, category):
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_e2e_gpu import kernel_category
     assert kernel_category(name) == category
+
+
+def test_e2e_rows_before_the_attention_split_are_resplit_from_their_kernels():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_e2e_gpu import recategorized
+    kernels = [["cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 5000.0, 7], ["fused_fwd_kernel", 1000.0, 8],
+               ["nvjet_sm90_tst_128x192", 2000.0, 20]]
+    old = {"train_gemm_ms": 9.0, "train_other_ms": 4.0, "train_top_kernels": kernels,
+           "infer_gemm_ms": 1.0, "infer_other_ms": 1.0, "infer_top_kernels": []}
+    new = recategorized(old)
+    assert (new["train_gemm_ms"], new["train_attention_ms"], new["train_other_ms"]) == pytest.approx((5.0, 5.0, 3.0))
+    assert new["infer_attention_ms"] == 0.0 and recategorized(new) is new
