@@ -2,7 +2,8 @@
 
 - fp32 / bf16: nothing (autocast is the trainer's job, from ``config.compute_dtype``).
 - fp8_*: torchao ``convert_to_float8_training`` with ``Float8LinearConfig.from_recipe_name``.
-- loka (dispatch): build the plan (or load ``config.plan``), swap target Linears for ``LoKALinear``s,
+- loka (dispatch): build the plan (or load ``config.plan``), swap each target Linear with an FP8 GEMM in the plan
+  for a ``LoKALinear`` (all-BF16 ones stay ``nn.Linear``),
   log the plan table, write ``run_dir/dispatch_plan.json``; with ``config.mods`` each Linear -> BlockNorm ->
   HardSwish triple then becomes one ``FusedLinearMods`` using the plan's choices (same state_dict keys).
 
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from loka_trainer.kernels.backends import available_backends
+from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.config import PrecisionConfig
 from loka_trainer.kernels.dispatch import build_layer_plan, default_timer, wall_clock_timer
 from loka_trainer.kernels.fused_linear import chain_fp8_handoffs, fuse_linear_mods, kernels_from_plan_backends
@@ -154,12 +155,20 @@ def _broadcast_plan(plan: Optional[DispatchPlan]) -> DispatchPlan:
     return DispatchPlan.from_dict(obj[0])
 
 
-def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> None:
-    """Replace each planned Linear (by FQN) with a LoKALinear sharing its parameters."""
+def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> list[str]:
+    """Replace each planned Linear with at least one non-BF16 GEMM (by FQN) with a LoKALinear sharing its
+    parameters; returns their FQNs. An all-BF16 layer stays the ``nn.Linear`` it was: the same GEMMs with no
+    autograd Function, per-layer plan attributes or compile guards around them (host time per step), and
+    modules that compute a plain Linear their own way keep doing so (``models.layers.TokenMix``)."""
+    swapped = []
     for fqn, lp in plan.layers.items():
+        if all(b == BASELINE for b in lp.backends().values()):
+            continue
+        swapped.append(fqn)
         parent_name, _, child = fqn.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoKALinear.from_linear(getattr(parent, child), lp.backends()))
+    return swapped
 
 
 def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear]) -> None:
@@ -219,7 +228,7 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
     validate_plan(plan, {f: (m.in_features, m.out_features) for f, m in linears.items()},
                   list(available_backends(device)))
     swap_in_lokalinears(model, plan)
-    reserve_compile_cache(len(plan.layers), log)
+    reserve_compile_cache(len(plan.layers), log)  # an upper bound: fused Mods layers carry their plan too
     log(format_plan_table(plan))
     if config.mods:
         _fuse_mods(model, plan, module_filter_fn=module_filter_fn, log=log)

@@ -7,7 +7,7 @@ class, it asks ``make_norm(name, ...)`` / ``make_activation(name)`` so that ``mo
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -166,10 +166,26 @@ class OverArch(nn.Module):
         return self.prediction(self.mlp(features)).squeeze(-1)
 
 
+def token_linear(tokens: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """out[b] = weight · tokens[b] (+ bias per output token): tokens (B, n_in, D), weight (n_out, n_in),
+    bias (n_out,) or None -> (B, n_out, D). One batched GEMM that reads the tokens where they lie (no transposed
+    copy) and shares the weight across the batch (stride-0 expand, cast before expanding so autocast does not
+    materialise B copies)."""
+    dev = tokens.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else tokens.dtype
+    out = torch.bmm(weight.to(dtype).expand(tokens.shape[0], -1, -1), tokens.to(dtype))
+    return out if bias is None else out + bias.to(dtype)[:, None]
+
+
 class TokenMix(nn.Module):
     """A Linear along the token axis: recombines n_in embeddings into n_out (Wukong LCB style).
 
-    (B, n_in, D) -> (B, n_out, D). Kept as an ``nn.Linear`` child so Probe / Dispatch see the GEMM.
+    (B, n_in, D) -> (B, n_out, D). The weight lives in an ``nn.Linear`` child (state_dict ``linear.weight``) so
+    Probe, Dispatch and torchao see the GEMM. While that child is a plain ``nn.Linear`` without forward
+    pre-hooks, the mix runs as ``token_linear`` (no transposed copies of the tokens: on an H200 the transposing
+    copy of the Linear route took 3-5 ms per Wukong layer at batch 8192, docs/results.md section 2b); when a precision
+    transform replaced the child (an FP8 Linear) or a hook observes it (the Probe, Dispatch calibration), the
+    child runs on the transposed tokens, so it sees its (B, D, n_in) input. Same math either way.
     """
 
     def __init__(self, num_in: int, num_out: int, *, bias: bool) -> None:
@@ -177,9 +193,12 @@ class TokenMix(nn.Module):
         self.linear = nn.Linear(num_in, num_out, bias=bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        lin = self.linear
+        if type(lin) is nn.Linear and not lin._forward_pre_hooks and not lin._forward_hooks:
+            return token_linear(tokens, lin.weight, lin.bias)
         # NOTE: contiguous on both sides: FP8 Linears (torchao rowwise) reject non-contiguous inputs with
         # axiswise scales, and the next Linear (e.g. InterFormer's gate) gets this output as its input.
-        return self.linear(tokens.transpose(1, 2).contiguous()).transpose(1, 2).contiguous()
+        return lin(tokens.transpose(1, 2).contiguous()).transpose(1, 2).contiguous()
 
 
 class DenseEmbeddingArch(nn.Module):

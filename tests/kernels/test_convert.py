@@ -83,7 +83,10 @@ def test_loka_builds_logs_writes_and_reuses_plan(tmp_path, monkeypatch):
     plan = apply_precision(m, config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(),
                            run_dir=tmp_path, log=logs.append)
     assert set(plan.layers) == {"mlp.0", "mlp.2"} and plan.layers["mlp.0"].M == 64
-    assert isinstance(m.mlp[0], LoKALinear) and type(m.head) is nn.Linear
+    for i in (0, 2):  # a LoKALinear exactly where the plan has an FP8 GEMM; all-BF16 layers stay nn.Linear
+        has_fp8 = any(b != "bf16" for b in plan.layers[f"mlp.{i}"].backends().values())
+        assert type(m.mlp[i]) is (LoKALinear if has_fp8 else nn.Linear)
+    assert type(m.head) is nn.Linear
     assert "LoKA Dispatch plan" in logs[0] and (tmp_path / PLAN_FILE).is_file()
     # Hand-edit the written plan, then reuse it: no measurement may happen.
     d = json.loads((tmp_path / PLAN_FILE).read_text())
@@ -93,7 +96,7 @@ def test_loka_builds_logs_writes_and_reuses_plan(tmp_path, monkeypatch):
     m2 = TinyModel()
     apply_precision(m2, config=PrecisionConfig(**LOKA, plan=str(tmp_path / PLAN_FILE)), device="cpu",
                     log=lambda s: None)
-    assert m2.mlp[2].backends["weight_grad"] == "scaled_mm_tensorwise"
+    assert type(m2.mlp[2]) is LoKALinear and m2.mlp[2].backends["weight_grad"] == "scaled_mm_tensorwise"
     m2(_batch()).sum().backward()
 
 

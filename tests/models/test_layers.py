@@ -10,10 +10,12 @@ from loka_trainer.models.layers import (
     BlockNorm,
     HardSwish,
     OverArch,
+    TokenMix,
     block_rms_norm,
     make_activation,
     make_norm,
     mlp,
+    token_linear,
 )
 
 
@@ -107,3 +109,48 @@ def test_unknown_registry_keys_list_valid_values():
         make_activation("gelu")
     assert set(ACTIVATIONS) == {"relu", "silu", "hardswish"}
     assert set(NORMS) == {"none", "layernorm", "rmsnorm", "blocknorm"}
+
+
+class _CountingLinear(nn.Linear):
+    """Stands in for a precision transform's Linear subclass (torchao Float8Linear, LoKALinear)."""
+
+    calls = 0
+
+    def forward(self, x):
+        type(self).calls += 1
+        return super().forward(x)
+
+
+def test_token_mix_batched_gemm_equals_the_linear_route():
+    torch.manual_seed(0)
+    mix = TokenMix(12, 8, bias=True)
+    tokens = torch.randn(5, 12, 32, requires_grad=True)
+    fast = mix(tokens)  # plain nn.Linear child, no hooks: token_linear
+    seen = []
+    handle = mix.linear.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape))
+    slow = mix(tokens)  # a hook observes the child: it runs on the transposed tokens
+    handle.remove()
+    assert seen == [(5, 32, 12)]
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(fast.square().sum(), [tokens, mix.linear.weight, mix.linear.bias])
+    ref = torch.autograd.grad(slow.square().sum(), [tokens, mix.linear.weight, mix.linear.bias])
+    for got, want in zip(grads, ref):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_token_mix_keeps_a_replaced_child_in_the_loop():
+    mix = TokenMix(12, 8, bias=False)
+    old = mix.linear
+    mix.linear = _CountingLinear(12, 8, bias=False)
+    mix.linear.weight = old.weight
+    before = _CountingLinear.calls
+    out = mix(torch.randn(3, 12, 16))
+    assert _CountingLinear.calls == before + 1 and out.shape == (3, 8, 16)
+
+
+def test_token_linear_under_autocast_runs_in_bf16():
+    tokens, weight = torch.randn(4, 12, 16), torch.randn(8, 12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = token_linear(tokens, weight, None)
+    assert out.dtype == torch.bfloat16 and out.shape == (4, 8, 16)
+    torch.testing.assert_close(out.float(), torch.einsum("ln,bnd->bld", weight, tokens), rtol=2e-2, atol=5e-2)
