@@ -24,7 +24,7 @@ from torch import nn
 
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.config import PrecisionConfig
-from loka_trainer.kernels.dispatch import build_layer_plan, default_timer, wall_clock_timer
+from loka_trainer.kernels.dispatch import TimingCache, build_layer_plan, default_timer, wall_clock_timer
 from loka_trainer.kernels.fused_linear import chain_fp8_handoffs, fuse_linear_mods, kernels_from_plan_backends
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.kernels.plan import DispatchPlan, format_plan_table, load_plan, save_plan, validate_plan
@@ -132,6 +132,7 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: Preci
     dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
     inputs = capture_linear_inputs(model, linears, calibration_batch)
     probe = read_probe_mere(config.probe_stats)
+    times: TimingCache = {}  # layers of one shape are timed once
     layers = {}
     for fqn, lin in linears.items():
         if fqn not in inputs:  # not reached by this batch's forward: leave it BF16 and say so in the plan
@@ -139,7 +140,8 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: Preci
         x = inputs[fqn].to(device=device, dtype=dtype)
         w = lin.weight.detach().to(device=device, dtype=dtype)
         layers[fqn] = build_layer_plan(x, w, backends, timer=timer, mere_threshold=config.mere_threshold,
-                                       min_speedup=config.min_speedup, forward_mere=probe.get(fqn))
+                                       min_speedup=config.min_speedup, forward_mere=probe.get(fqn),
+                                       timing_cache=times)
     name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
     return DispatchPlan(device=name, layers=layers, mere_threshold=config.mere_threshold,
                         min_speedup=config.min_speedup)

@@ -19,6 +19,9 @@ from loka_trainer.kernels.error import mere
 from loka_trainer.kernels.plan import GEMMS, GemmChoice, LayerPlan
 
 Timer = Callable[[Callable[[], object]], float]  # fn -> median time in µs
+# (backend, gemm, M, K, N, dtype) -> µs: a GEMM's time depends on its shape, not its values, so layers of one
+# shape (e.g. the N identical blocks of a model) are timed once per plan and get the same timings.
+TimingCache = dict[tuple[str, str, int, int, int, str], float]
 
 
 def select_backend(candidates: dict[str, dict[str, Optional[float]]], bf16_time_us: Optional[float], *,
@@ -90,15 +93,18 @@ def fp32_reference(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
 @torch.no_grad()
 def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
                  backends: dict[str, GemmBackend], *, timer: Timer,
-                 known_mere: Optional[dict[str, float]] = None) -> dict[str, dict[str, Optional[float]]]:
+                 known_mere: Optional[dict[str, float]] = None,
+                 timing_cache: Optional[TimingCache] = None) -> dict[str, dict[str, Optional[float]]]:
     """MERE vs fp32 and time (µs) of one GEMM for each backend that supports the shape.
 
     x (M, K), w (N, K), dy (M, N). ``known_mere`` (e.g. from LoKA Probe statistics) replaces the measured
-    MERE for the backends it names. Returns name -> {"mere", "time_us"}; bf16 is always included.
+    MERE for the backends it names; ``timing_cache`` reuses (and collects) times by shape. Returns
+    name -> {"mere", "time_us"}; bf16 is always included.
     """
     M, K = x.shape
     N = w.shape[0]
     ref = fp32_reference(gemm, x, w, dy)
+    times: TimingCache = {} if timing_cache is None else timing_cache
     out: dict[str, dict[str, Optional[float]]] = {}
     for name, backend in backends.items():
         if not backend.supports(M, K, N):
@@ -107,7 +113,10 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
         err = (known_mere or {}).get(name)
         try:
             err = float(err) if err is not None else float(mere(call(), ref))
-            out[name] = {"mere": err, "time_us": timer(call)}
+            key = (name, gemm, M, K, N, str(x.dtype))
+            if key not in times:
+                times[key] = timer(call)
+            out[name] = {"mere": err, "time_us": times[key]}
         except RuntimeError as exc:  # a kernel that fails at this shape is not a candidate, never an error
             warnings.warn(f"dispatch: {name} {gemm} failed at M×K×N={M}×{K}×{N}, not a candidate: "
                           f"{str(exc).splitlines()[0][:200]}")
@@ -117,19 +126,20 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
 
 def build_layer_plan(x: torch.Tensor, w: torch.Tensor, backends: dict[str, GemmBackend], *, timer: Timer,
                      mere_threshold: float, min_speedup: float,
-                     forward_mere: Optional[dict[str, float]] = None, seed: int = 0) -> LayerPlan:
+                     forward_mere: Optional[dict[str, float]] = None, seed: int = 0,
+                     timing_cache: Optional[TimingCache] = None) -> LayerPlan:
     """Measure and choose all three GEMMs of one Linear: x (M, K) its real input, w (N, K) its weight.
 
     The output gradient dy (M, N) is not known before training: it is drawn N(0, 1) with a fixed seed, so
     input_grad / weight_grad MERE are "normal-input" estimates (the forward MERE uses the real x, or the
-    probe's ``forward_mere`` when given).
+    probe's ``forward_mere`` when given). ``timing_cache``: see ``measure_gemm``.
     """
     gen = torch.Generator().manual_seed(seed)
     dy = torch.randn(x.shape[0], w.shape[0], generator=gen).to(device=x.device, dtype=x.dtype)
     plan = LayerPlan(M=x.shape[0], K=x.shape[1], N=w.shape[0])
     for gemm in GEMMS:
         cands = measure_gemm(gemm, x, w, dy, backends, timer=timer,
-                             known_mere=forward_mere if gemm == "forward" else None)
+                             known_mere=forward_mere if gemm == "forward" else None, timing_cache=timing_cache)
         bf16_t = cands.get(BASELINE, {}).get("time_us")
         choice = select_backend(cands, bf16_t, mere_threshold=mere_threshold, min_speedup=min_speedup)
         setattr(plan, gemm, GemmChoice(backend=choice, mere=cands.get(choice, {}).get("mere"),

@@ -86,3 +86,25 @@ def test_build_layer_plan_with_injected_timings_and_probe_mere():
     slow = {k: 200.0 for k in times} | {"bf16": 100.0}
     lp = build_layer_plan(x, w, backends, timer=_fake_timer(slow), **RULE)
     assert set(lp.backends().values()) == {"bf16"}
+
+
+def test_layers_of_one_shape_are_timed_once_per_plan():
+    torch.manual_seed(0)
+    backends = {k: v for k, v in available_backends("cpu").items() if k in ("bf16", "scaled_mm_rowwise")}
+    calls = []
+    inner = _fake_timer({"bf16": 100.0, "scaled_mm_rowwise": 50.0})
+
+    def counting(fn):
+        calls.append(fn)
+        return inner(fn)
+
+    cache = {}
+    x, w = torch.randn(64, 128), torch.randn(32, 128)
+    first = build_layer_plan(x, w, backends, timer=counting, timing_cache=cache, **RULE)
+    assert len(calls) == 2 * 3  # two backends, three GEMMs
+    second = build_layer_plan(torch.randn(64, 128), torch.randn(32, 128), backends, timer=counting,
+                              timing_cache=cache, **RULE)
+    assert len(calls) == 6 and second.forward.candidates["bf16"]["time_us"] == 100.0  # reused, MERE re-measured
+    assert second.forward.candidates["scaled_mm_rowwise"]["mere"] != first.forward.candidates["scaled_mm_rowwise"]["mere"]
+    build_layer_plan(torch.randn(32, 128), torch.randn(32, 128), backends, timer=counting, timing_cache=cache, **RULE)
+    assert len(calls) == 12  # another M: timed again
