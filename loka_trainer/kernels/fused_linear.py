@@ -9,7 +9,11 @@ optimizer / FSDP state stay valid and the state_dict keys are unchanged: ``mlp.0
 ``nn.Identity`` at the norm and activation indices (they hold no parameters or buffers).
 
 On a device without Triton (CPU) the module runs the exact unfused math in x's dtype, so CPU training is
-unchanged; on CUDA it runs ``mods_ops.LinearModsFn`` (fused forward, fused dz backward).
+unchanged; on CUDA it runs ``mods_ops.LinearModsFn`` (fused forward, fused dz backward) — except under
+``torch.compile`` when all three GEMMs are BF16 (``plain_math_route``): inductor fuses BlockNorm + HardSwish
+itself about as well as our kernels (H200, Wukong dense arch: Mods-only compiled 2202.9 µs vs fused 2173.3 µs,
+docs/kernels/README.md) and launches them from its own wrapper, while each custom-op call of ours costs host time
+that host-bound steps pay in full (InterFormer, docs/results.md section 2b).
 
 FP8 handoff (``chain_fp8_handoffs``): when a FusedLinearMods feeds the next one directly (only ``nn.Identity``
 between them in one ``nn.Sequential``) and that one's forward is FP8, the first one's epilogue also writes its
@@ -27,11 +31,21 @@ from torch import nn
 
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.linear import WeightCache
+from loka_trainer.kernels.backends import BASELINE
 from loka_trainer.kernels.mods_ops import FORWARD_MODES, linear_mods_fp8_out, static_scale_inv
 from loka_trainer.kernels.triton_quant import interpreting
 from loka_trainer.models.layers import BlockNorm, block_rms_norm
 
 ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+def plain_math_route(*, on_cuda: bool, compiling: bool, interpreting: bool, mode: str, dgrad: str,
+                     wgrad: str) -> bool:
+    """True when a FusedLinearMods call should run the unfused PyTorch math instead of the Triton path: no
+    Triton device (CPU outside the interpreter), or compiled with a BF16 forward and BF16 dgrad and wgrad."""
+    if not (on_cuda or (not compiling and interpreting)):
+        return True
+    return compiling and not FORWARD_MODES[mode].fp8 and dgrad == BASELINE and wgrad == BASELINE
 
 
 class FusedLinearMods(nn.Module):
@@ -96,12 +110,14 @@ class FusedLinearMods(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) -> (..., N)."""
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        # NOTE: is_cuda first so torch.compile never traces the environment lookup of interpreting().
-        if not (x2.is_cuda or (not torch.compiler.is_compiling() and interpreting())):
-            # exact unfused math in x's dtype: CPU training stays as it was
+        compiling = torch.compiler.is_compiling()
+        # NOTE: interpreting() only outside compiled code: torch.compile never traces its environment lookup.
+        if plain_math_route(on_cuda=x2.is_cuda, compiling=compiling, interpreting=not compiling and interpreting(),
+                            mode=self.mode, dgrad=self.dgrad, wgrad=self.wgrad):
+            # exact unfused math in x's dtype (CPU training stays as it was; inductor fuses it when compiled)
             y = F.hardswish(block_rms_norm(F.linear(x2, self.weight.to(x2.dtype)), self.block_size, self.eps))
         else:
-            eager = not torch.compiler.is_compiling()
+            eager = not compiling
             x_fp8 = self._take_fp8_input(x) if eager else None
             y, q = linear_mods_fp8_out(x2, self.weight, block=self.block_size, eps=self.eps, mode=self.mode,
                                        dgrad=self.dgrad, wgrad=self.wgrad, cache=self._weight_cache,

@@ -81,3 +81,19 @@ def test_loading_a_state_dict_clears_the_cached_fp8_weight():
     assert layer._weight_cache._ops == {}  # the next FP8 GEMM re-casts the loaded weight
     layer._weight_cache.get(layer.weight, "scaled_mm_rowwise", "forward")
     assert layer._weight_cache.num_casts == 2
+
+
+@pytest.mark.parametrize("on_cuda,compiling,interpreting,mode,dgrad,plain", [
+    (False, False, False, "split_bf16", "bf16", True),   # CPU: the exact unfused math
+    (False, False, True, "split_bf16", "bf16", False),   # Triton interpreter, eager: the kernels
+    (False, True, True, "fused_fp8", "bf16", True),      # compiled CPU code never runs the interpreter
+    (True, False, False, "split_bf16", "bf16", False),   # CUDA eager: the fused kernels
+    (True, True, False, "split_bf16", "bf16", True),     # CUDA compiled, all BF16: inductor fuses the norm
+    (True, True, False, "fused_bf16", "bf16", True),
+    (True, True, False, "fused_fp8", "bf16", False),     # an FP8 forward keeps the kernels
+    (True, True, False, "split_bf16", "scaled_mm_rowwise", False),  # so does an FP8 dgrad
+])
+def test_plain_math_route(on_cuda, compiling, interpreting, mode, dgrad, plain):
+    from loka_trainer.kernels.fused_linear import plain_math_route
+    assert plain_math_route(on_cuda=on_cuda, compiling=compiling, interpreting=interpreting, mode=mode,
+                            dgrad=dgrad, wgrad="bf16") is plain
