@@ -24,10 +24,18 @@ from torch import nn
 
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.config import PrecisionConfig
-from loka_trainer.kernels.dispatch import TimingCache, build_layer_plan, default_timer, wall_clock_timer
-from loka_trainer.kernels.fused_linear import chain_fp8_handoffs, fuse_linear_mods, kernels_from_plan_backends
+from loka_trainer.kernels.dispatch import (
+    TimingCache, build_layer_plan, default_timer, select_mods_mode, wall_clock_timer,
+)
+from loka_trainer.kernels.fused_linear import (
+    chain_fp8_handoffs, find_fusable, fuse_linear_mods, kernels_from_plan_backends, time_forward_modes,
+)
 from loka_trainer.kernels.linear import LoKALinear
-from loka_trainer.kernels.plan import DispatchPlan, format_plan_table, load_plan, save_plan, validate_plan
+from loka_trainer.kernels.mods_ops import FORWARD_MODES
+from loka_trainer.kernels.plan import (
+    DispatchPlan, LayerPlan, ModsChoice, format_plan_table, load_plan, save_plan, validate_plan,
+)
+from loka_trainer.kernels.triton_quant import triton_importable
 
 ModuleFilter = Callable[[nn.Module, str], bool]
 PLAN_FILE = "dispatch_plan.json"
@@ -142,9 +150,29 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: Preci
         layers[fqn] = build_layer_plan(x, w, backends, timer=timer, mere_threshold=config.mere_threshold,
                                        min_speedup=config.min_speedup, forward_mere=probe.get(fqn),
                                        timing_cache=times)
+    if config.mods and torch.device(device).type == "cuda" and triton_importable():
+        _choose_mods_modes(model, layers, timer=timer, device=device, min_speedup=config.min_speedup)
     name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
     return DispatchPlan(device=name, layers=layers, mere_threshold=config.mere_threshold,
                         min_speedup=config.min_speedup)
+
+
+def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer, device, min_speedup: float) -> None:
+    """For each planned Linear that LoKA will fuse with its BlockNorm and HardSwish, time every forward mode it
+    may run (FP8 modes only where the plan's forward GEMM is FP8, i.e. passed the accuracy test) at the layer's
+    shape and record the choice (``LayerPlan.mods_forward``). Shapes are timed once."""
+    timed: dict[tuple[int, int, int, tuple[str, ...]], dict] = {}
+    for fqn, (seq, i) in find_fusable(model).items():
+        lp = layers.get(fqn)
+        if lp is None:
+            continue
+        is_fp8 = {m: f.fp8 for m, f in FORWARD_MODES.items() if not f.fp8 or lp.forward.backend != BASELINE}
+        key = (lp.M, lp.K, lp.N, tuple(is_fp8))
+        if key not in timed:
+            timed[key] = time_forward_modes(lp.M, lp.K, lp.N, list(is_fp8), block=seq[i + 1].block_size,
+                                            eps=seq[i + 1].eps, timer=timer, device=device)
+        mode, speedup = select_mods_mode(timed[key], is_fp8, min_speedup=min_speedup)
+        lp.mods_forward = ModsChoice(mode=mode, times_us=timed[key], speedup=speedup)
 
 
 def _broadcast_plan(plan: Optional[DispatchPlan]) -> DispatchPlan:
@@ -183,7 +211,7 @@ def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear])
 def _fuse_mods(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Optional[ModuleFilter],
                log: Callable[[str], None]) -> None:
     """Mods on: each Linear -> BlockNorm -> HardSwish becomes one FusedLinearMods with the plan's GEMM choices."""
-    kernels = {fqn: kernels_from_plan_backends(lp.backends()) for fqn, lp in plan.layers.items()}
+    kernels = {fqn: kernels_from_plan_backends(lp.backends(), lp.mods_forward) for fqn, lp in plan.layers.items()}
     fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn)
     chained = chain_fp8_handoffs(model)
     log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods, "
@@ -228,7 +256,7 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
                           calibration_batch=calibration_batch) if _is_rank0() else None
         plan = _broadcast_plan(plan)
     validate_plan(plan, {f: (m.in_features, m.out_features) for f, m in linears.items()},
-                  list(available_backends(device)))
+                  list(available_backends(device)), mods_modes={m: f.fp8 for m, f in FORWARD_MODES.items()})
     swap_in_lokalinears(model, plan)
     reserve_compile_cache(len(plan.layers), log)  # an upper bound: fused Mods layers carry their plan too
     log(format_plan_table(plan))

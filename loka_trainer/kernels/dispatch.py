@@ -41,6 +41,23 @@ def select_backend(candidates: dict[str, dict[str, Optional[float]]], bf16_time_
     return best
 
 
+def select_mods_mode(times_us: dict[str, Optional[float]], is_fp8: dict[str, bool], *,
+                     min_speedup: float) -> tuple[str, Optional[float]]:
+    """Pick a fused Mods layer's forward mode from measured times (µs; None = failed): the fastest BF16 mode,
+    unless an FP8 mode in ``is_fp8`` (only offered where the forward GEMM passed the accuracy test) is more than
+    ``min_speedup`` × faster than it. Returns (mode, speedup over the fastest BF16 mode)."""
+    def fastest(fp8: bool) -> Optional[str]:
+        ok = [m for m, t in times_us.items() if t is not None and t > 0 and is_fp8[m] == fp8]
+        return min(ok, key=lambda m: times_us[m], default=None)
+
+    bf16, fp8 = fastest(False), fastest(True)
+    if bf16 is None:
+        raise ValueError(f"select_mods_mode: no BF16 mode was measured: {times_us}")
+    if fp8 is not None and times_us[bf16] / times_us[fp8] > min_speedup:
+        return fp8, times_us[bf16] / times_us[fp8]
+    return bf16, 1.0
+
+
 def wall_clock_timer(repeats: int = 5, warmup: int = 1) -> Timer:
     """A timer for CPU: median wall-clock µs of ``repeats`` calls after ``warmup`` calls."""
     def timer(fn: Callable[[], object]) -> float:

@@ -23,6 +23,7 @@ handoff is eager-only (under ``torch.compile`` each layer quantizes its own inpu
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -33,6 +34,7 @@ from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.backends import BASELINE
 from loka_trainer.kernels.mods_ops import FORWARD_MODES, linear_mods_fp8_out, static_scale_inv
+from loka_trainer.kernels.plan import ModsChoice
 from loka_trainer.kernels.triton_quant import interpreting
 from loka_trainer.models.layers import BlockNorm, block_rms_norm
 
@@ -191,15 +193,37 @@ def chain_fp8_handoffs(model: nn.Module) -> list[tuple[str, str]]:
     return pairs
 
 
-def kernels_from_plan_backends(backends: dict[str, str]) -> dict[str, str]:
+def time_forward_modes(M: int, K: int, N: int, modes: list[str], *, block: int, eps: float, timer,
+                       device) -> dict[str, Optional[float]]:
+    """µs of one training forward (autograd on, weight cast cached as in training) of each forward mode at
+    x (M, K), w (N, K) random bf16 on ``device``; a mode that raises there -> None (with a warning)."""
+    x = torch.randn(M, K, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+    cache = WeightCache()
+    times: dict[str, Optional[float]] = {}
+    for mode in modes:
+        try:
+            times[mode] = timer(lambda mode=mode: linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode,
+                                                                     cache=cache))
+        except RuntimeError as exc:  # a kernel that fails at this shape is not a candidate, never an error
+            warnings.warn(f"mods forward mode {mode} failed at M×K×N={M}×{K}×{N}: {str(exc).splitlines()[0][:200]}")
+            times[mode] = None
+    return times
+
+
+def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoice] = None) -> dict[str, str]:
     """A Dispatch plan's per-GEMM choice {forward, input_grad, weight_grad} -> FusedLinearMods kernels.
 
-    A forward that Dispatch found worth FP8 runs the fused kernel on rowwise-FP8 inputs; a BF16 forward runs
-    "split_bf16" (cuBLAS GEMM + one Triton BlockNorm/HardSwish epilogue kernel), which was at least as fast as
-    the single fused BF16 kernel at every figure-13 shape on the H200 (docs/kernels/README.md). The two
-    backward GEMMs keep the plan's backends; a ``scaled_mm_rowwise`` dgrad then runs fused (dz amax from
-    the dz kernel, one cast pass, ``mods_ops.FUSED_DGRAD``) with the backend's numerics. "split_fp8" (``_scaled_mm``
-    + epilogue kernel) is not picked here until H200 numbers show where it beats "fused_fp8".
+    The forward mode is the plan's measured one (``mods``: timed per layer when the plan was built on a GPU,
+    ``convert.build_plan``); without it, a forward that Dispatch found worth FP8 runs the fused kernel on
+    rowwise-FP8 inputs, a BF16 forward "split_bf16" (cuBLAS GEMM + one Triton BlockNorm/HardSwish epilogue
+    kernel), which was at least as fast as the single fused BF16 kernel at every figure-13 shape on the H200
+    (docs/kernels/README.md). The two backward GEMMs keep the plan's backends; a ``scaled_mm_rowwise`` dgrad
+    then runs fused (dz amax from the dz kernel, one cast pass, ``mods_ops.FUSED_DGRAD``) with the backend's
+    numerics.
     """
-    mode = "split_bf16" if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
+    if mods is not None:
+        mode = mods.mode
+    else:
+        mode = "split_bf16" if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
     return {"mode": mode, "dgrad": backends.get("input_grad", "bf16"), "wgrad": backends.get("weight_grad", "bf16")}

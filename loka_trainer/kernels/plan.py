@@ -9,7 +9,10 @@ A plan is a JSON file a user can read, edit by hand (change ``"backend"``), chec
                                             "candidates": {"scaled_mm_rowwise": {"mere": 0.031, "time_us": 12.0}}},
                                 "input_grad": {...}, "weight_grad": {...}}}}
 
-Only ``backend`` is required per GEMM; the rest is evidence (null when unknown).
+Only ``backend`` is required per GEMM; the rest is evidence (null when unknown). A layer that LoKA fuses with
+its BlockNorm and HardSwish (``fused_linear.FusedLinearMods``) may also carry
+``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel measured
+fastest (``mods_ops.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not).
 """
 from __future__ import annotations
 
@@ -40,6 +43,16 @@ class GemmChoice:
 
 
 @dataclasses.dataclass
+class ModsChoice:
+    """The forward kernel of a fused Linear -> BlockNorm -> HardSwish layer, the times (µs) behind it and its
+    speedup over the fastest BF16 mode."""
+
+    mode: str
+    times_us: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+    speedup: Optional[float] = None
+
+
+@dataclasses.dataclass
 class LayerPlan:
     """One Linear: its shape (M the calibration batch rows, K in, N out) and a choice per GEMM."""
 
@@ -49,6 +62,7 @@ class LayerPlan:
     forward: GemmChoice = dataclasses.field(default_factory=GemmChoice)
     input_grad: GemmChoice = dataclasses.field(default_factory=GemmChoice)
     weight_grad: GemmChoice = dataclasses.field(default_factory=GemmChoice)
+    mods_forward: Optional[ModsChoice] = None
 
     def backends(self) -> dict[str, str]:
         """GEMM name -> backend name."""
@@ -68,6 +82,8 @@ class DispatchPlan:
         for fqn, lp in self.layers.items():
             entry: dict[str, Any] = {"shape": {"M": lp.M, "K": lp.K, "N": lp.N}}
             entry.update({g: dataclasses.asdict(getattr(lp, g)) for g in GEMMS})
+            if lp.mods_forward is not None:
+                entry["mods_forward"] = dataclasses.asdict(lp.mods_forward)
             layers[fqn] = entry
         return {"version": self.version, "device": self.device, "mere_threshold": self.mere_threshold,
                 "min_speedup": self.min_speedup, "layers": layers}
@@ -98,7 +114,12 @@ def _layer_from_dict(e: Any, *, where: str) -> LayerPlan:
             raise ValueError(f"{where}: '{g}' needs a string 'backend' (valid GEMMs: {list(GEMMS)})")
         fields = {f.name for f in dataclasses.fields(GemmChoice)}
         choices[g] = GemmChoice(**{k: v for k, v in c.items() if k in fields})
-    return LayerPlan(M=M, K=K, N=N, **choices)
+    mods = e.get("mods_forward")
+    if mods is not None:
+        if not isinstance(mods, dict) or not isinstance(mods.get("mode"), str):
+            raise ValueError(f"{where}: 'mods_forward' needs a string 'mode'")
+        mods = ModsChoice(mode=mods["mode"], times_us=dict(mods.get("times_us") or {}), speedup=mods.get("speedup"))
+    return LayerPlan(M=M, K=K, N=N, mods_forward=mods, **choices)
 
 
 def save_plan(plan: DispatchPlan, path: str | Path) -> Path:
@@ -123,12 +144,15 @@ def load_plan(path: str | Path) -> DispatchPlan:
     return DispatchPlan.from_dict(d, source=f"precision.plan {str(path)!r}")
 
 
-def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], valid_backends: list[str]) -> None:
-    """Check a plan against a model: layer_shapes maps FQN -> (K, N) of each target Linear.
+def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], valid_backends: list[str],
+                  mods_modes: Optional[dict[str, bool]] = None) -> None:
+    """Check a plan against a model: layer_shapes maps FQN -> (K, N) of each target Linear; ``mods_modes`` maps
+    each fused-layer forward mode to whether it is FP8.
 
     Rejects (one-line ValueError): a layer the model does not have, a K/N that differs from the model's, a
-    backend name not in ``valid_backends``. Layers of the model missing from the plan are allowed (they stay
-    BF16) so a plan can be trimmed by hand.
+    backend name not in ``valid_backends``, a Mods forward mode not in ``mods_modes`` or an FP8 one on a layer
+    whose forward GEMM is BF16 (no FP8 candidate passed the accuracy test there). Layers of the model missing
+    from the plan are allowed (they stay BF16) so a plan can be trimmed by hand.
     """
     for fqn, lp in plan.layers.items():
         if fqn not in layer_shapes:
@@ -140,6 +164,13 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
             if name not in valid_backends:
                 raise ValueError(f"plan: layer {fqn!r} {g}: backend {name!r} is unknown or unavailable on this "
                                  f"device; valid: {sorted(valid_backends)}")
+        if lp.mods_forward is not None and mods_modes is not None:
+            mode = lp.mods_forward.mode
+            if mode not in mods_modes:
+                raise ValueError(f"plan: layer {fqn!r} mods_forward: unknown mode {mode!r}; valid: {sorted(mods_modes)}")
+            if mods_modes[mode] and lp.forward.backend == "bf16":
+                raise ValueError(f"plan: layer {fqn!r} mods_forward: FP8 mode {mode!r} but the forward GEMM is bf16 "
+                                 f"(no FP8 kernel was accurate enough there)")
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
@@ -189,6 +220,9 @@ def format_plan_table(plan: DispatchPlan) -> str:
             rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {c.backend:<26} "
                         f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8} {why:<10}".rstrip())
             fqn, shape = "", ""
+        if lp.mods_forward is not None:
+            rows.append(f"{'':<32} {'':>18} {'mods fwd':<11} {lp.mods_forward.mode:<26} {'-':>8} "
+                        f"{_fmt(lp.mods_forward.speedup, '.2f'):>8}")
     num_fp8 = sum(b != "bf16" for lp in plan.layers.values() for b in lp.backends().values())
     reasons = bf16_reason_counts(plan)
     rows.append(f"{num_fp8} of {3 * len(plan.layers)} GEMMs in FP8; BF16 kept for {reasons['MERE']} (no FP8 "

@@ -108,3 +108,15 @@ def test_layers_of_one_shape_are_timed_once_per_plan():
     assert second.forward.candidates["scaled_mm_rowwise"]["mere"] != first.forward.candidates["scaled_mm_rowwise"]["mere"]
     build_layer_plan(torch.randn(32, 128), torch.randn(32, 128), backends, timer=counting, timing_cache=cache, **RULE)
     assert len(calls) == 12  # another M: timed again
+
+
+@pytest.mark.parametrize("times,expected", [
+    ({"fused_bf16": 120.0, "split_bf16": 100.0, "fused_fp8": 80.0, "split_fp8": 90.0}, ("fused_fp8", 1.25)),
+    ({"fused_bf16": 120.0, "split_bf16": 100.0, "fused_fp8": 97.0, "split_fp8": None}, ("split_bf16", 1.0)),
+    ({"fused_bf16": 120.0, "split_bf16": None}, ("fused_bf16", 1.0)),  # a failed mode is never picked
+])
+def test_mods_mode_rule(times, expected):
+    from loka_trainer.kernels.dispatch import select_mods_mode
+    is_fp8 = {m: "fp8" in m for m in times}
+    mode, speedup = select_mods_mode(times, is_fp8, min_speedup=1.05)
+    assert (mode, speedup) == (expected[0], pytest.approx(expected[1]))

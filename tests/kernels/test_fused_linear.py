@@ -97,3 +97,39 @@ def test_plain_math_route(on_cuda, compiling, interpreting, mode, dgrad, plain):
     from loka_trainer.kernels.fused_linear import plain_math_route
     assert plain_math_route(on_cuda=on_cuda, compiling=compiling, interpreting=interpreting, mode=mode,
                             dgrad=dgrad, wgrad="bf16") is plain
+
+
+def test_plan_mods_mode_overrides_the_rule():
+    from loka_trainer.kernels.plan import ModsChoice
+    fp8 = {"forward": "scaled_mm_rowwise", "input_grad": "bf16", "weight_grad": "bf16"}
+    assert kernels_from_plan_backends(fp8, ModsChoice(mode="split_fp8"))["mode"] == "split_fp8"
+    assert kernels_from_plan_backends(fp8)["mode"] == "fused_fp8"
+
+
+def test_a_reused_plan_sets_each_fused_layers_forward_mode(tmp_path):
+    import json
+
+    from loka_trainer.kernels.convert import PLAN_FILE
+    cfg = dict(name="loka", mods=True, dispatch=True, timing_repeats=1, backends=["scaled_mm_rowwise"])
+    apply_precision(_mlp(), config=PrecisionConfig(**cfg), device="cpu", calibration_batch=torch.randn(32, 64),
+                    run_dir=tmp_path, log=lambda s: None)
+    d = json.loads((tmp_path / PLAN_FILE).read_text())
+    d["layers"]["0.0.0"]["forward"]["backend"] = "scaled_mm_rowwise"
+    d["layers"]["0.0.0"]["mods_forward"] = {"mode": "split_fp8", "times_us": {"split_fp8": 1.0}, "speedup": 1.3}
+    d["layers"]["0.0.3"]["forward"]["backend"] = "bf16"
+    d["layers"]["0.0.3"]["mods_forward"] = {"mode": "fused_bf16"}
+    (tmp_path / PLAN_FILE).write_text(json.dumps(d))
+    model, logs = _mlp(), []
+    apply_precision(model, config=PrecisionConfig(**cfg, plan=str(tmp_path / PLAN_FILE)), device="cpu",
+                    log=logs.append)
+    assert model[0][0][0].mode == "split_fp8" and model[0][0][3].mode == "fused_bf16"
+    assert any("mods fwd    split_fp8" in line and "1.30" in line for line in logs[0].splitlines())
+    # an FP8 mode where the plan's forward GEMM is BF16 (no FP8 kernel passed the accuracy test) is rejected
+    d["layers"]["0.0.3"]["mods_forward"] = {"mode": "fused_fp8"}
+    (tmp_path / PLAN_FILE).write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="FP8 mode 'fused_fp8' but the forward GEMM is bf16"):
+        apply_precision(_mlp(), config=PrecisionConfig(**cfg, plan=str(tmp_path / PLAN_FILE)), device="cpu")
+    d["layers"]["0.0.3"]["mods_forward"] = {"mode": "fastest"}
+    (tmp_path / PLAN_FILE).write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="unknown mode 'fastest'"):
+        apply_precision(_mlp(), config=PrecisionConfig(**cfg, plan=str(tmp_path / PLAN_FILE)), device="cpu")

@@ -151,3 +151,23 @@ def test_lokalayers_compile_into_one_graph():
     compiled.float().square().mean().backward()
     assert _rel(compiled.detach(), eager.detach()) < 1e-2
     assert torch.isfinite(x.grad).all() and torch.isfinite(model[0].weight.grad).all()
+
+
+def test_plan_times_the_forward_modes_of_fused_layers():
+    from torch import nn
+
+    from loka_trainer.kernels.config import PrecisionConfig
+    from loka_trainer.kernels.convert import apply_precision
+    from loka_trainer.kernels.fused_linear import FusedLinearMods
+    from loka_trainer.models.layers import mlp
+
+    torch.manual_seed(0)
+    model = nn.Sequential(mlp(256, [512, 256], bias=False, norm="blocknorm", activation="hardswish",
+                              block_size=256), nn.Linear(256, 1)).cuda()
+    cfg = PrecisionConfig(name="loka", mods=True, dispatch=True, backends=["scaled_mm_rowwise"])
+    plan = apply_precision(model, config=cfg, device="cuda", calibration_batch=torch.randn(1024, 256, device="cuda"),
+                           log=lambda s: None)
+    for fqn, i in (("0.0", 0), ("0.3", 3)):
+        choice = plan.layers[fqn].mods_forward
+        assert choice is not None and choice.times_us["split_bf16"] > 0 and choice.times_us["fused_bf16"] > 0
+        assert model[0][i].mode == choice.mode and isinstance(model[0][i], FusedLinearMods)

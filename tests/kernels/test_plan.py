@@ -94,3 +94,12 @@ def test_bf16_rows_say_why():
     assert bf16_reason_counts(plan) == {"MERE": 1, "slow": 1, "unmeasured": 1}
     assert "0 of 3 GEMMs in FP8; BF16 kept for 1 (no FP8 candidate with MERE < 0.2), 1 (no accurate one" in \
         format_plan_table(plan)
+
+
+def test_mods_forward_round_trips(tmp_path):
+    from loka_trainer.kernels.plan import ModsChoice
+    plan = _plan()
+    plan.layers["dense.mlp.0"].mods_forward = ModsChoice("split_fp8", {"split_bf16": 10.0, "split_fp8": 7.0}, 1.43)
+    back = load_plan(save_plan(plan, tmp_path / "p.json"))
+    assert back.to_dict() == plan.to_dict() and back.layers["dense.mlp.0"].mods_forward.mode == "split_fp8"
+    assert back.layers["over.1"].mods_forward is None
