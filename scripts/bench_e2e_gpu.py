@@ -4,7 +4,8 @@
         [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka] [--no-compile | --compile-mode reduce-overhead] [--budget-s 240]
 
 One process, one device. Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
-e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`, on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
+e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`, on
+the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
 **unsharded** TorchRec embeddings (plain `EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec
 sharding is not part of this measurement), then applies the precision exactly as `train.py` does
 (`apply_precision`; `loka` also builds the model with the LoKA Mods, as `precision=loka` does; `P+mods`,

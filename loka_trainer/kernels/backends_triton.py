@@ -9,7 +9,6 @@ Quantization is the plain-torch recipe from ``quant`` (GPU-resident; a fused Tri
 """
 from __future__ import annotations
 
-
 import torch
 
 from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from loka_trainer.kernels import triton_mods
-from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.backends import BASELINE
+from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.mods_ops import FORWARD_MODES, linear_mods_fp8_out, static_scale_inv
 from loka_trainer.kernels.plan import ModsChoice
 from loka_trainer.kernels.triton_quant import interpreting

@@ -167,7 +167,8 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
         if lp.mods_forward is not None and mods_modes is not None:
             mode = lp.mods_forward.mode
             if mode not in mods_modes:
-                raise ValueError(f"plan: layer {fqn!r} mods_forward: unknown mode {mode!r}; valid: {sorted(mods_modes)}")
+                raise ValueError(f"plan: layer {fqn!r} mods_forward: unknown mode {mode!r}; "
+                                 f"valid: {sorted(mods_modes)}")
             if mods_modes[mode] and lp.forward.backend == "bf16":
                 raise ValueError(f"plan: layer {fqn!r} mods_forward: FP8 mode {mode!r} but the forward GEMM is bf16 "
                                  f"(no FP8 kernel was accurate enough there)")

@@ -105,7 +105,8 @@ def test_layers_of_one_shape_are_timed_once_per_plan():
     second = build_layer_plan(torch.randn(64, 128), torch.randn(32, 128), backends, timer=counting,
                               timing_cache=cache, **RULE)
     assert len(calls) == 6 and second.forward.candidates["bf16"]["time_us"] == 100.0  # reused, MERE re-measured
-    assert second.forward.candidates["scaled_mm_rowwise"]["mere"] != first.forward.candidates["scaled_mm_rowwise"]["mere"]
+    rowwise = "scaled_mm_rowwise"
+    assert second.forward.candidates[rowwise]["mere"] != first.forward.candidates[rowwise]["mere"]
     build_layer_plan(torch.randn(32, 128), torch.randn(32, 128), backends, timer=counting, timing_cache=cache, **RULE)
     assert len(calls) == 12  # another M: timed again
 
