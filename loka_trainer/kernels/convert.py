@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from tqdm import tqdm
 
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.config import PrecisionConfig
@@ -142,7 +143,8 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: Preci
     probe = read_probe_mere(config.probe_stats)
     times: TimingCache = {}  # layers of one shape are timed once
     layers = {}
-    for fqn, lin in linears.items():
+    # disable=None: a bar on a terminal only (building a large model's plan on a GPU takes minutes)
+    for fqn, lin in tqdm(linears.items(), desc="LoKA Dispatch: measuring layers", unit="layer", disable=None):
         if fqn not in inputs:  # not reached by this batch's forward: leave it BF16 and say so in the plan
             continue
         x = inputs[fqn].to(device=device, dtype=dtype)
