@@ -187,20 +187,17 @@ def _broadcast_plan(plan: Optional[DispatchPlan]) -> DispatchPlan:
     return DispatchPlan.from_dict(obj[0])
 
 
-def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> list[str]:
+def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> None:
     """Replace each planned Linear with at least one non-BF16 GEMM (by FQN) with a LoKALinear sharing its
-    parameters; returns their FQNs. An all-BF16 layer stays the ``nn.Linear`` it was: the same GEMMs with no
+    parameters. An all-BF16 layer stays the ``nn.Linear`` it was: the same GEMMs with no
     autograd Function, per-layer plan attributes or compile guards around them (host time per step), and
     modules that compute a plain Linear their own way keep doing so (``models.layers.TokenMix``)."""
-    swapped = []
     for fqn, lp in plan.layers.items():
         if all(b == BASELINE for b in lp.backends().values()):
             continue
-        swapped.append(fqn)
         parent_name, _, child = fqn.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoKALinear.from_linear(getattr(parent, child), lp.backends()))
-    return swapped
 
 
 def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear]) -> None:
