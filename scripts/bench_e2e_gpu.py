@@ -48,10 +48,11 @@ from loka_trainer.sharding.parallelize import embedding_modules  # noqa: E402
 
 # Kernel name markers per category, checked in this order (first match wins). Attention first: cuDNN's and
 # CUTLASS's attention kernels also carry GEMM-like markers ("sm90_", "cutlass").
+# The GEMM markers before ``KERNEL_CATEGORIES`` existed (JSON without "*_attention_ms" was split by these).
+LEGACY_GEMM_MARKERS = ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem")
 KERNEL_CATEGORIES: dict[str, tuple[str, ...]] = {
     "attention": ("sdpa", "fmha", "flash", "attention"),
-    "gemm": ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem",
-             "fused_fwd_kernel", "blockwise_kernel"),
+    "gemm": (*LEGACY_GEMM_MARKERS, "fused_fwd_kernel", "blockwise_kernel"),  # + our Triton GEMM kernels
 }
 
 
@@ -183,10 +184,6 @@ def kernel_split_ms(fn, top: int = 40) -> dict:
     kernels.sort(key=lambda k: -k[1])
     host.sort(key=lambda k: -k[1])
     return {**{f"{cat}_ms": v for cat, v in ms.items()}, "top_kernels": kernels[:top], "top_host_ops": host[:top]}
-
-
-# The GEMM markers before ``KERNEL_CATEGORIES`` existed (JSON without "*_attention_ms" was split by these).
-LEGACY_GEMM_MARKERS = ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem")
 
 
 def recategorized(row: dict) -> dict:
