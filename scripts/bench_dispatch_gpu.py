@@ -337,8 +337,9 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     partial = args.out_dir / "bench_dispatch.partial.json"  # survives a run cut short by a time limit
     with tqdm(total=len(gemm_shapes) + len(fig_shapes) + ("c" in suites), desc="bench_dispatch") as progress:
-        rows += bench_fig13(fig_shapes, progress, only)
-        partial.write_text(json.dumps(rows))
+        for shape in fig_shapes:  # saved per shape: a run cut short keeps the shapes it measured
+            rows += bench_fig13([shape], progress, only)
+            partial.write_text(json.dumps(rows))
         if "c" in suites:
             rows += bench_wukong(args.wukong_batch, progress)
             partial.write_text(json.dumps(rows))
