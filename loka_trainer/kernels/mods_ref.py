@@ -14,19 +14,16 @@ import math
 
 import torch
 
+from loka_trainer.models.layers import block_rms_norm
+
 DEFAULT_BLOCK = 256
 DEFAULT_EPS = 1e-6
 
 
 def block_norm(z: torch.Tensor, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS) -> torch.Tensor:
-    """z (..., N) -> (..., N) in z's dtype, each B-wide block scaled to RMS 1 (statistics in fp32)."""
-    n = z.shape[-1]
-    zf = z.float()
-    parts = []
-    for start in range(0, n, block):  # ragged last block keeps its own width
-        blk = zf[..., start:start + block]
-        parts.append(blk * torch.rsqrt(blk.square().mean(-1, keepdim=True) + eps))
-    return torch.cat(parts, dim=-1).to(z.dtype)
+    """z (..., N) -> (..., N) in z's dtype, each B-wide block scaled to RMS 1 (statistics in fp32): the model's
+    ``BlockNorm`` math (one reshape, not a slice per block: what ``torch.compile`` of the Mods sees in a model)."""
+    return block_rms_norm(z.float(), block, eps).to(z.dtype)
 
 
 def hard_swish(z: torch.Tensor) -> torch.Tensor:
