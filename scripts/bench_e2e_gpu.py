@@ -56,6 +56,18 @@ KERNEL_CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 
 
+PHASES = ("train", "infer")
+
+# CUDA-side events that are not kernels: torch records ranges such as ``Optimizer.step#Adam.step`` (around the
+# optimizer's kernels) as GPU user annotations; counted as kernels, they add the optimizer's time twice.
+GPU_ANNOTATION_MARK = "#"
+
+
+def is_gpu_annotation(name: str) -> bool:
+    """True for a profiler range recorded on the GPU timeline (kernel names never contain '#')."""
+    return GPU_ANNOTATION_MARK in name
+
+
 def kernel_category(name: str) -> str:
     """A GPU kernel's name -> "attention" | "gemm" | "other" (``KERNEL_CATEGORIES``)."""
     low = name.lower()
@@ -177,7 +189,8 @@ def kernel_split_ms(fn, top: int = 40) -> dict:
         t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
         if evt.device_type.name == "CPU" and evt.self_cpu_time_total > 0:
             host.append([evt.key[:90], round(evt.self_cpu_time_total, 1), evt.count])
-        if evt.device_type.name != "CUDA" or t <= 0:
+        if (evt.device_type.name != "CUDA" or t <= 0 or getattr(evt, "is_user_annotation", False)
+                or is_gpu_annotation(evt.key)):
             continue
         kernels.append([evt.key[:90], round(t, 1), evt.count])
         ms[kernel_category(evt.key)] += t / 1e3
@@ -187,19 +200,30 @@ def kernel_split_ms(fn, top: int = 40) -> dict:
 
 
 def recategorized(row: dict) -> dict:
-    """A row written before the attention split, with its ``train_``/``infer_`` GEMM / attention / other times
-    re-split by ``kernel_category`` over the kernels it recorded (its top kernels only: kernels below that list
-    stay where the old markers put them). Rows that have the split come back unchanged."""
-    if "train_attention_ms" in row or "train_top_kernels" not in row:
+    """A recorded row with its ``train_``/``infer_`` GEMM / attention / other times corrected from the kernels it
+    lists (its top kernels only: kernels below that list stay where they were counted):
+    - GPU annotations (``is_gpu_annotation``; counted as kernels before ``kernel_split_ms`` skipped them) are
+      dropped from the list and from their category: their time was other kernels' time counted twice;
+    - rows written before the attention split are re-split by ``kernel_category``.
+    Rows needing neither come back unchanged (the same object)."""
+    if "train_top_kernels" not in row:
+        return row
+    legacy = "train_attention_ms" not in row
+    annotated = any(is_gpu_annotation(k[0]) for phase in PHASES for k in row.get(f"{phase}_top_kernels", []))
+    if not (legacy or annotated):
         return row
     out = dict(row)
-    for phase in ("train", "infer"):
-        ms = {"gemm": row[f"{phase}_gemm_ms"], "attention": 0.0, "other": row[f"{phase}_other_ms"]}
-        for name, us, _ in row.get(f"{phase}_top_kernels", []):
-            old = "gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other"
-            ms[old] -= us / 1e3
-            ms[kernel_category(name)] += us / 1e3
+    for phase in PHASES:
+        ms = {cat: row.get(f"{phase}_{cat}_ms", 0.0) for cat in (*KERNEL_CATEGORIES, "other")}
+        kept = []
+        for name, us, calls in row.get(f"{phase}_top_kernels", []):
+            legacy_cat = "gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other"
+            ms[legacy_cat if legacy else kernel_category(name)] -= us / 1e3
+            if not is_gpu_annotation(name):
+                ms[kernel_category(name)] += us / 1e3
+                kept.append([name, us, calls])
         out.update({f"{phase}_{cat}_ms": v for cat, v in ms.items()})
+        out[f"{phase}_top_kernels"] = kept
     return out
 
 

@@ -16,7 +16,8 @@ keeps that all-reduce small; it is the same for every precision.
 
 A step = forward under BF16 autocast, BCE, backward (FSDP2 reduce-scatters dense grads in BF16), embedding
 all-reduce, fused Adam (dense) + SGD (embeddings). Time = CUDA-event wall time per step on rank 0 after a
-barrier-synchronised warm-up, over ``--steps`` steps. Writes OUT_DIR/bench_fsdp2.json and prints a table.
+barrier-synchronised warm-up, over ``--steps`` steps. Writes OUT_DIR/bench_fsdp2.json and bench_fsdp2.png
+(examples/s per precision) and prints a table.
 """
 from __future__ import annotations
 
@@ -86,6 +87,30 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(result: dict, path: Path) -> None:
+    """Bars of examples/s per precision (all GPUs), each labelled with its ratio to BF16."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in result["rows"] if "step_ms" in r]
+    if not ok:
+        return
+    base = next((r["step_ms"] for r in ok if r["precision"] == "bf16"), None)
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(ok)), 3.6))
+    bars = ax.bar([r["precision"] for r in ok], [r["examples_per_s"] for r in ok])
+    if base:
+        ax.bar_label(bars, labels=[f"{base / r['step_ms']:.2f}× BF16" for r in ok], fontsize=8)
+    meta = result["meta"]
+    ax.set_ylabel("training examples/s, all GPUs")
+    ax.set_title(f"{meta['model']}, FSDP2 on {meta['gpus']}× {meta['device']}, batch {meta['per_gpu_batch']} per GPU",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
@@ -127,6 +152,7 @@ def main() -> None:
                 "dense": "FSDP2 fully_shard per dense unit, BF16 reduce" + ("" if args.no_compile else ", compiled")}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_fsdp2.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        plot({"meta": meta, "rows": rows}, args.out / "bench_fsdp2.png")
         print(text)
     dist.barrier()  # tear down together: a rank leaving early can abort the other's gloo transport
     dist.destroy_process_group()

@@ -4,8 +4,8 @@
     python scripts/plot_results.py docs/results/quality_cpu/quality.json [more JSON ...]
 
 Per JSON file name (``PLOTTERS``): ``quality.json`` (quality_runs.py) -> quality_rll.png and a table;
-``bench_e2e.json`` (bench_e2e_gpu.py) -> bench_e2e.png and its table; ``ablation.json`` (the InterFormer
-Mods ablation) -> ablation_rll.png via plot_ablation.py.
+``bench_e2e.json`` (bench_e2e_gpu.py) -> bench_e2e.png and its table; ``bench_fsdp2.json`` (bench_fsdp2_gpu.py)
+-> bench_fsdp2.png; ``ablation.json`` (the InterFormer Mods ablation) -> ablation_rll.png via plot_ablation.py.
 
 Relative log loss (RLL) of a run = (its log loss - the BF16 run's log loss of the same seed) / BF16's, in %.
 Noise floor = the spread of BF16 itself across seeds: the standard deviation over seeds of each BF16 run's
@@ -120,12 +120,18 @@ def _e2e(path: Path) -> None:
     print(f"plot: {path.parent / 'bench_e2e.png'}")
 
 
+def _fsdp2(path: Path) -> None:
+    from bench_fsdp2_gpu import plot  # the benchmark's own plot, from its JSON
+    plot(json.loads(path.read_text()), path.parent / "bench_fsdp2.png")
+    print(f"plot: {path.parent / 'bench_fsdp2.png'}")
+
+
 def _ablation(path: Path) -> None:
     import plot_ablation
     plot_ablation.main()
 
 
-PLOTTERS = {"quality.json": _quality, "bench_e2e.json": _e2e, "ablation.json": _ablation}
+PLOTTERS = {"quality.json": _quality, "bench_e2e.json": _e2e, "bench_fsdp2.json": _fsdp2, "ablation.json": _ablation}
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 

@@ -70,11 +70,18 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     row = dict(model="wukong", batch=64, train_step_ms=2.0, infer_step_ms=1.0, train_gemm_ms=0.5, train_other_ms=1.0,
                train_attention_ms=0.25)
     e2e.write_text(json.dumps({"rows": [{**row, "precision": "bf16"}, {**row, "precision": "loka"}]}))
+    fsdp2 = tmp_path / "f" / "bench_fsdp2.json"
+    fsdp2.parent.mkdir()
+    meta = {"model": "wukong", "gpus": 2, "device": "cpu", "per_gpu_batch": 64}
+    fsdp2.write_text(json.dumps({"meta": meta, "rows": [
+        {"precision": "bf16", "step_ms": 2.0, "examples_per_s": 64.0e3},
+        {"precision": "loka", "step_ms": 1.6, "examples_per_s": 80.0e3}, {"precision": "x", "status": "error"}]}))
     script = str(ROOT / "scripts" / "plot_results.py")
-    proc = subprocess.run([sys.executable, script, str(quality), str(e2e)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, script, str(quality), str(e2e), str(fsdp2)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (quality.parent / "quality_rll.png").stat().st_size > 0 and (e2e.parent / "bench_e2e.png").is_file()
+    assert (fsdp2.parent / "bench_fsdp2.png").stat().st_size > 0
     assert "| wukong | loka | 2 |" in proc.stdout  # the RLL table, both seeds
     bad = tmp_path / "other.json"
     bad.write_text("{}")
@@ -107,3 +114,17 @@ def test_e2e_rows_before_the_attention_split_are_resplit_from_their_kernels():
     new = recategorized(old)
     assert (new["train_gemm_ms"], new["train_attention_ms"], new["train_other_ms"]) == pytest.approx((5.0, 5.0, 3.0))
     assert new["infer_attention_ms"] == 0.0 and recategorized(new) is new
+
+
+def test_e2e_rows_drop_gpu_annotations_counted_as_kernels():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_e2e_gpu import is_gpu_annotation, recategorized
+    kernels = [["Optimizer.step#Adam.step", 3800.0, 1], ["multi_tensor_apply_kernel", 3700.0, 23],
+               ["nvjet_sm90_tst_256x128", 2000.0, 13]]
+    row = {"train_gemm_ms": 2.0, "train_attention_ms": 0.0, "train_other_ms": 8.0, "train_top_kernels": kernels,
+           "infer_gemm_ms": 1.0, "infer_attention_ms": 0.0, "infer_other_ms": 1.0, "infer_top_kernels": []}
+    new = recategorized(row)
+    assert is_gpu_annotation(kernels[0][0]) and not any(is_gpu_annotation(k[0]) for k in kernels[1:])
+    assert (new["train_gemm_ms"], new["train_other_ms"]) == pytest.approx((2.0, 4.2))
+    assert [k[0] for k in new["train_top_kernels"]] == [k[0] for k in kernels[1:]]
+    assert row["train_other_ms"] == 8.0 and recategorized(new) is new  # the recorded row is not modified
