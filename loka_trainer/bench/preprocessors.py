@@ -99,14 +99,15 @@ def _with_dispatch(job: Job, device: torch.device) -> Job:
     """
     from loka_trainer.kernels.config import PrecisionConfig
     from loka_trainer.kernels.convert import apply_precision
+    from loka_trainer.kernels.plan import num_fp8_gemms
 
     wrapper = _ReplayCaptured(copy.deepcopy(job.module), job.inputs)
     config = PrecisionConfig(name="loka", compute_dtype="bfloat16", dispatch=True)
     with torch.autocast(device.type, dtype=torch.bfloat16):
         plan = apply_precision(wrapper, config=config, device=device, calibration_batch=job.inputs,
                               log=lambda _: None)
-    num_fp8 = sum(b != "bf16" for lp in plan.layers.values() for b in lp.backends().values()) if plan else 0
-    note = f"LoKA Dispatch: {num_fp8} of {3 * len(plan.layers) if plan else 0} GEMMs in FP8"
+    num_gemms = 3 * len(plan.layers) if plan else 0
+    note = f"LoKA Dispatch: {num_fp8_gemms(plan) if plan else 0} of {num_gemms} GEMMs in FP8"
     return dataclasses.replace(job, module=wrapper.inner, notes=job.notes + [note])
 
 

@@ -32,7 +32,7 @@ from loka_trainer.kernels.fused_linear import (
     chain_fp8_handoffs, find_fusable, fuse_linear_mods, kernels_from_plan_backends, time_forward_modes,
 )
 from loka_trainer.kernels.linear import LoKALinear
-from loka_trainer.kernels.mods_ops import FORWARD_MODES
+from loka_trainer.kernels.mods_modes import FORWARD_MODES
 from loka_trainer.kernels.plan import (
     DispatchPlan, LayerPlan, ModsChoice, format_plan_table, load_plan, save_plan, validate_plan,
 )

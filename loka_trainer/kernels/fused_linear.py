@@ -33,7 +33,8 @@ from torch import nn
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends import BASELINE
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_ops import FORWARD_MODES, linear_mods_fp8_out, static_scale_inv
+from loka_trainer.kernels.mods_modes import FORWARD_MODES
+from loka_trainer.kernels.mods_ops import linear_mods_fp8_out, static_scale_inv
 from loka_trainer.kernels.plan import ModsChoice
 from loka_trainer.kernels.triton_quant import interpreting
 from loka_trainer.models.layers import BlockNorm, block_rms_norm
@@ -53,7 +54,7 @@ def plain_math_route(*, on_cuda: bool, compiling: bool, interpreting: bool, mode
 class FusedLinearMods(nn.Module):
     """HardSwish(BlockNorm(x·Wᵀ)) as one module: x (..., K) -> (..., N). Parameter ``weight`` (N, K), no bias.
 
-    ``mode`` is the forward kernel (``mods_ops.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
+    ``mode`` is the forward kernel (``mods_modes.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
     dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; dgrad ``scaled_mm_rowwise`` runs fused, ``mods_ops.FUSED_DGRAD``).
     """
 

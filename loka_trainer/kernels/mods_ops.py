@@ -16,7 +16,7 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x, w, u (bf16) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
-directly). Forward modes: ``FORWARD_MODES``.
+directly). Forward modes: ``mods_modes.FORWARD_MODES``.
 
 Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` the layer does not
 call the backend (dz kernel, then a quantization kernel reading dz twice: amax, cast) but has the dz kernel
@@ -27,7 +27,6 @@ runs unfused.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Optional
 
 import torch
@@ -36,30 +35,13 @@ from torch import Tensor
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.linear import WeightCache
+from loka_trainer.kernels.mods_modes import FORWARD_MODES
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish, quantize_static, static_fp8_scale
 from loka_trainer.kernels.quant import quantize_rowwise
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
 
 FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
-
-
-@dataclasses.dataclass(frozen=True)
-class ForwardMode:
-    """``fp8``: x and W rowwise e4m3 (x by ``quant_rowwise``, W from the WeightCache), else bf16.
-    ``split``: a cuBLAS GEMM (bf16 or ``torch._scaled_mm``) + the Triton epilogue kernel, else one fused
-    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs)."""
-
-    fp8: bool
-    split: bool
-
-
-FORWARD_MODES: dict[str, ForwardMode] = {
-    "fused_bf16": ForwardMode(fp8=False, split=False),
-    "split_bf16": ForwardMode(fp8=False, split=True),
-    "fused_fp8": ForwardMode(fp8=True, split=False),
-    "split_fp8": ForwardMode(fp8=True, split=True),
-}
 
 
 def scaled_mm_nt(qa: Tensor, sa: Tensor, qb: Tensor, sb: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ A plan is a JSON file a user can read, edit by hand (change ``"backend"``), chec
 Only ``backend`` is required per GEMM; the rest is evidence (null when unknown). A layer that LoKA fuses with
 its BlockNorm and HardSwish (``fused_linear.FusedLinearMods``) may also carry
 ``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel measured
-fastest (``mods_ops.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not).
+fastest (``mods_modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not).
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Optional
+
+from loka_trainer.kernels.mods_modes import FORWARD_MODES
 
 PLAN_VERSION = 1
 GEMMS = ("forward", "input_grad", "weight_grad")
@@ -67,6 +69,14 @@ class LayerPlan:
     def backends(self) -> dict[str, str]:
         """GEMM name -> backend name."""
         return {g: getattr(self, g).backend for g in GEMMS}
+
+    def runs_fp8(self) -> dict[str, bool]:
+        """GEMM name -> whether it runs in FP8: its backend is not BF16, except that a fused Mods layer's forward
+        runs in its recorded mode (``mods_forward``), which stays BF16 when a BF16 mode was timed faster."""
+        fp8 = {g: b != "bf16" for g, b in self.backends().items()}
+        if self.mods_forward is not None:
+            fp8["forward"] = fp8["forward"] and FORWARD_MODES[self.mods_forward.mode].fp8
+        return fp8
 
 
 @dataclasses.dataclass
@@ -207,6 +217,11 @@ def bf16_reason_counts(plan: DispatchPlan) -> dict[str, int]:
     return counts
 
 
+def num_fp8_gemms(plan: DispatchPlan) -> int:
+    """How many GEMMs of ``plan`` run in FP8 (``LayerPlan.runs_fp8``)."""
+    return sum(sum(lp.runs_fp8().values()) for lp in plan.layers.values())
+
+
 def format_plan_table(plan: DispatchPlan) -> str:
     """The plan as a fixed-width text table: one row per layer and GEMM; a BF16 row says why it is BF16
     (``bf16_reason``), and the last line counts FP8 GEMMs and the reasons for the rest."""
@@ -224,9 +239,10 @@ def format_plan_table(plan: DispatchPlan) -> str:
         if lp.mods_forward is not None:
             rows.append(f"{'':<32} {'':>18} {'mods fwd':<11} {lp.mods_forward.mode:<26} {'-':>8} "
                         f"{_fmt(lp.mods_forward.speedup, '.2f'):>8}")
-    num_fp8 = sum(b != "bf16" for lp in plan.layers.values() for b in lp.backends().values())
     reasons = bf16_reason_counts(plan)
-    rows.append(f"{num_fp8} of {3 * len(plan.layers)} GEMMs in FP8; BF16 kept for {reasons['MERE']} (no FP8 "
-                f"candidate with MERE < {plan.mere_threshold}), {reasons['slow']} (no accurate one > "
-                f"{plan.min_speedup}× faster), {reasons['unmeasured']} (not measured)")
+    mods_bf16 = sum(lp.forward.backend != "bf16" and not lp.runs_fp8()["forward"] for lp in plan.layers.values())
+    rows.append(f"{num_fp8_gemms(plan)} of {3 * len(plan.layers)} GEMMs in FP8; BF16 kept for {reasons['MERE']} (no "
+                f"FP8 candidate with MERE < {plan.mere_threshold}), {reasons['slow']} (no accurate one > "
+                f"{plan.min_speedup}× faster), {reasons['unmeasured']} (not measured), {mods_bf16} (fused Mods "
+                f"forward faster in BF16)")
     return "\n".join(rows)

@@ -103,3 +103,16 @@ def test_mods_forward_round_trips(tmp_path):
     back = load_plan(save_plan(plan, tmp_path / "p.json"))
     assert back.to_dict() == plan.to_dict() and back.layers["dense.mlp.0"].mods_forward.mode == "split_fp8"
     assert back.layers["over.1"].mods_forward is None
+
+
+@pytest.mark.parametrize("mode,forward_fp8", [("split_bf16", False), ("fused_bf16", False), ("split_fp8", True)])
+def test_fp8_count_follows_the_mods_forward_mode(mode, forward_fp8):
+    from loka_trainer.kernels.plan import ModsChoice, num_fp8_gemms
+    plan = _plan()
+    lp = plan.layers["dense.mlp.0"]
+    assert lp.forward.backend != "bf16" and num_fp8_gemms(plan) == 1
+    lp.mods_forward = ModsChoice(mode, {"split_bf16": 10.0, mode: 9.0}, 1.0)
+    assert lp.runs_fp8()["forward"] is forward_fp8 and lp.runs_fp8()["weight_grad"] is False
+    assert num_fp8_gemms(plan) == int(forward_fp8)
+    assert f"{int(forward_fp8)} of 6 GEMMs in FP8" in format_plan_table(plan)
+    assert f"{int(not forward_fp8)} (fused Mods forward faster in BF16)" in format_plan_table(plan)
