@@ -99,7 +99,9 @@ def time_row(row: dict, fn) -> None:
     try:
         row["graph_us"] = graph_us(fn)
     except Exception as e:
-        row["graph_error"] = traceback.format_exc()[-1500:]
+        tb = traceback.format_exc()
+        # both ends: a capture error is chained, and its cause (the first exception) comes first
+        row["graph_error"] = tb if len(tb) <= 3000 else tb[:1500] + "\n[...]\n" + tb[-1500:]
         torch.cuda.synchronize()
         try:
             row["graph_us"], row["timer"] = manual_graph_us(fn), "manual_graph"
@@ -364,7 +366,8 @@ def main() -> None:
     errs = [r for r in rows if "graph_error" in r]
     if errs:  # do_bench_cudagraph capture failures (the fallback timer was used): show the first one
         print(f"{len(errs)} row(s) used the fallback graph timer; first ({errs[0]['variant']}):")
-        print(errs[0]["graph_error"][-900:])
+        tb = errs[0]["graph_error"]
+        print(tb if len(tb) <= 1800 else tb[:900] + "\n[...]\n" + tb[-900:])
     for suite, gm in result["geomean_speedup"].items():
         print(f"geomean speedup ({suite}): " + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(gm.items())))
 
