@@ -94,14 +94,18 @@ def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def both_ends(text: str, n: int) -> str:
+    """``text``, or its first and last ``n`` characters when longer than 2n."""
+    return text if len(text) <= 2 * n else text[:n] + "\n[...]\n" + text[-n:]
+
+
 def time_row(row: dict, fn) -> None:
     """Fill row's graph_us / eager_us; if do_bench_cudagraph's capture fails, record why and use the fallback."""
     try:
         row["graph_us"] = graph_us(fn)
     except Exception as e:
-        tb = traceback.format_exc()
         # both ends: a capture error is chained, and its cause (the first exception) comes first
-        row["graph_error"] = tb if len(tb) <= 3000 else tb[:1500] + "\n[...]\n" + tb[-1500:]
+        row["graph_error"] = both_ends(traceback.format_exc(), 1500)
         torch.cuda.synchronize()
         try:
             row["graph_us"], row["timer"] = manual_graph_us(fn), "manual_graph"
@@ -366,8 +370,7 @@ def main() -> None:
     errs = [r for r in rows if "graph_error" in r]
     if errs:  # do_bench_cudagraph capture failures (the fallback timer was used): show the first one
         print(f"{len(errs)} row(s) used the fallback graph timer; first ({errs[0]['variant']}):")
-        tb = errs[0]["graph_error"]
-        print(tb if len(tb) <= 1800 else tb[:900] + "\n[...]\n" + tb[-900:])
+        print(both_ends(errs[0]["graph_error"], 900))
     for suite, gm in result["geomean_speedup"].items():
         print(f"geomean speedup ({suite}): " + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(gm.items())))
 
