@@ -82,8 +82,39 @@ def cuda_timer() -> Timer:
     return lambda fn: 1e3 * float(do_bench(fn, warmup=5, rep=20, return_mode="median"))
 
 
+def cuda_graph_timer(fallback: Optional[Timer] = None) -> Timer:
+    """A timer for GPUs: GPU µs of one call from CUDA-graph replay (triton's ``do_bench_cudagraph`` median).
+
+    Why not ``cuda_timer``: event timing of single calls also counts the host's launch work whenever the host is
+    slower than the kernels, and our FP8 paths run two or three Python-level custom ops per GEMM (~0.1–0.25 ms of
+    host time each in the H200 profiles of docs/results.md). That is the likely reason a plan timed a fused Mods
+    layer's FP8 forward at 554 µs against 411 µs for BF16 (8192×4096×4096) while timing the same FP8 GEMM, both
+    quantizations included, at 270 µs against 343 µs. A compiled, GPU-bound training step hides host time, so
+    Dispatch compares GPU time. ``fn`` runs once before the capture (autotuning, lazy initialization, weight
+    caches); a call that cannot be captured is timed by ``fallback`` (default ``cuda_timer()``) with a warning.
+    """
+    eager = fallback or cuda_timer()
+    try:
+        from triton.testing import do_bench_cudagraph
+    except ImportError:
+        return eager
+
+    def timer(fn: Callable[[], object]) -> float:
+        fn()
+        torch.cuda.synchronize()
+        try:
+            return 1e3 * float(do_bench_cudagraph(fn, rep=20, return_mode="median"))
+        except Exception as exc:  # noqa: BLE001 -- any capture failure: time it without a graph instead
+            torch.cuda.synchronize()
+            warnings.warn(f"dispatch: CUDA-graph capture failed ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:160]}); timed without a graph instead")
+            return eager(fn)
+    return timer
+
+
 def default_timer(device: torch.device | str) -> Timer:
-    return cuda_timer() if torch.device(device).type == "cuda" else wall_clock_timer()
+    """GPU time from CUDA-graph replay on CUDA (``cuda_graph_timer``), wall clock elsewhere."""
+    return cuda_graph_timer() if torch.device(device).type == "cuda" else wall_clock_timer()
 
 
 def _gemm_call(backend: GemmBackend, gemm: str, x: torch.Tensor, w: torch.Tensor,

@@ -121,3 +121,23 @@ def test_mods_mode_rule(times, expected):
     is_fp8 = {m: "fp8" in m for m in times}
     mode, speedup = select_mods_mode(times, is_fp8, min_speedup=1.05)
     assert (mode, speedup) == (expected[0], pytest.approx(expected[1]))
+
+
+def test_cuda_graph_timer_reports_graph_time_and_falls_back_when_capture_fails(monkeypatch):
+    pytest.importorskip("triton")
+    import triton.testing
+
+    from loka_trainer.kernels.dispatch import cuda_graph_timer
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    calls = []
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, **kw: (fn(), 0.25)[1])  # ms
+    timer = cuda_graph_timer(fallback=lambda fn: 999.0)
+    assert timer(lambda: calls.append(1)) == pytest.approx(250.0)  # ms -> µs
+    assert len(calls) == 2  # one warm-up call outside the capture, then the graph
+
+    def capture_fails(fn, **kw):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", capture_fails)
+    timer = cuda_graph_timer(fallback=lambda fn: 999.0)
+    with pytest.warns(UserWarning, match="CUDA-graph capture failed .*not permitted when stream is capturing"):
+        assert timer(lambda: None) == 999.0
