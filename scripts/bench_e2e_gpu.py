@@ -9,7 +9,8 @@ the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
 **unsharded** TorchRec embeddings (plain `EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec
 sharding is not part of this measurement), then applies the precision exactly as `train.py` does
 (`apply_precision`; `loka` also builds the model with the LoKA Mods, as `precision=loka` does; `P+mods`,
-e.g. `bf16+mods`, is precision P on the model with the Mods, which separates the Mods from Dispatch). The dense units
+e.g. `bf16+mods`, is precision P on the model with the Mods, which separates the Mods from Dispatch;
+`loka+graph_timed` has Dispatch time its candidates by CUDA-graph replay: ``VARIANT_SUFFIXES``). The dense units
 (`model.dense_units()`) are compiled with `torch.compile` unless `--no-compile`. A training step = forward
 under BF16 autocast, BCE loss, backward, fused Adam on the dense parameters and SGD on the embeddings (dense
 embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here); inference =
@@ -74,18 +75,25 @@ def kernel_category(name: str) -> str:
     return next((cat for cat, marks in KERNEL_CATEGORIES.items() if any(m in low for m in marks)), "other")
 
 
-MODS_SUFFIX = "+mods"  # e.g. "bf16+mods": that precision on the model built with the LoKA Mods
+# Variant suffixes: "<preset>+<suffix>..." is the preset with these changes (e.g. "bf16+mods": BF16 on the model
+# built with the LoKA Mods; "loka+graph_timed": LoKA with Dispatch timing candidates by CUDA-graph replay).
+VARIANT_SUFFIXES: dict[str, dict[str, object]] = {"mods": {"mods": True}, "graph_timed": {"gpu_timer": "cuda_graph"}}
 
 
 def precision_config(name: str) -> PrecisionConfig:
-    """conf/precision/<name>.yaml as a PrecisionConfig; ``<name>+mods`` also turns the Mods on."""
-    base = name.removesuffix(MODS_SUFFIX)
-    raw = OmegaConf.load(ROOT / "conf" / "precision" / f"{base}.yaml")
+    """``<preset>[+<suffix>...]`` -> conf/precision/<preset>.yaml as a PrecisionConfig with ``VARIANT_SUFFIXES``
+    applied."""
+    preset, *suffixes = name.split("+")
+    unknown = [x for x in suffixes if x not in VARIANT_SUFFIXES]
+    if unknown:
+        raise SystemExit(f"--precisions {name!r}: unknown suffix {unknown}; valid: {sorted(VARIANT_SUFFIXES)}")
+    raw = OmegaConf.load(ROOT / "conf" / "precision" / f"{preset}.yaml")
     raw.pop("defaults", None)
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrecisionConfig), raw))
-    if name.endswith(MODS_SUFFIX):
-        cfg.mods = True
-    return cfg
+    for suffix in suffixes:
+        for field, value in VARIANT_SUFFIXES[suffix].items():
+            setattr(cfg, field, value)
+    return cfg.validate()
 
 
 def model_config(name: str):
@@ -246,7 +254,7 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
                                              compile_dense=not args.no_compile, vocab=args.vocab,
                                              compile_mode=args.compile_mode,
-                                             plan_dir=args.out / "plans" / f"{model_name}_{precision}")
+                                             plan_dir=args.out / "plans" / f"{model_name}_{precision.replace('+', '_')}")
     row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
     row.update({f"train_{k}": v for k, v in kernel_split_ms(lambda: train_step(model, batch, opts)).items()})
     row.update({f"infer_{k}": v for k, v in kernel_split_ms(lambda: infer_step(model, batch)).items()})
@@ -332,6 +340,10 @@ def main() -> None:
                     help="torch.compile mode of the dense units (reduce-overhead: CUDA graphs, no launch cost)")
     ap.add_argument("--budget-s", type=float, default=240.0)
     args = ap.parse_args()
+    for name in args.models:  # bad names fail here, before any device work
+        model_config(name)
+    for name in args.precisions:
+        precision_config(name)
     if not torch.cuda.is_available():
         raise SystemExit("bench_e2e_gpu.py needs a CUDA device")
     device = torch.device("cuda", 0)

@@ -128,3 +128,23 @@ def test_e2e_rows_drop_gpu_annotations_counted_as_kernels():
     assert (new["train_gemm_ms"], new["train_other_ms"]) == pytest.approx((2.0, 4.2))
     assert [k[0] for k in new["train_top_kernels"]] == [k[0] for k in kernels[1:]]
     assert row["train_other_ms"] == 8.0 and recategorized(new) is new  # the recorded row is not modified
+
+
+def test_e2e_precision_variants_apply_their_suffixes_and_reject_unknown_ones():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_e2e_gpu import precision_config
+    assert precision_config("loka").gpu_timer == "cuda_events"
+    timed = precision_config("loka+graph_timed")
+    assert timed.gpu_timer == "cuda_graph" and timed.dispatch and timed.mods
+    both = precision_config("bf16+mods+graph_timed")
+    assert both.mods and not both.dispatch and both.gpu_timer == "cuda_graph"
+    with pytest.raises(SystemExit, match="unknown suffix \\['turbo'\\]"):
+        precision_config("loka+turbo")
+
+
+def test_e2e_bench_rejects_bad_names_before_touching_a_device():
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_e2e_gpu.py"), "unused", "--models", "wukong",
+           "--precisions", "bf16", "loka+turbo"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "unknown suffix ['turbo']" in proc.stderr
+    assert "needs a CUDA device" not in proc.stderr

@@ -30,6 +30,7 @@ class PrecisionConfig:
     min_features: int = 64  # only Linears with K and N >= this (and multiples of 16) are targets
     backends: Optional[List[str]] = None  # restrict Dispatch candidates to these names (None: all available)
     timing_repeats: int = 5  # wall-clock repeats per GEMM when measuring on CPU
+    gpu_timer: str = "cuda_events"  # how Dispatch times candidates on a GPU (``dispatch.GPU_TIMERS``)
 
     def validate(self) -> "PrecisionConfig":
         """Raise a one-line ValueError naming the field and the valid values; returns self."""
@@ -51,8 +52,11 @@ class PrecisionConfig:
         if self.min_features < 16 or self.timing_repeats < 1:
             raise ValueError(f"precision.min_features must be >= 16 and timing_repeats >= 1, got "
                              f"{self.min_features}, {self.timing_repeats}")
+        from loka_trainer.kernels.dispatch import GPU_TIMERS  # lazy: keep the schema import-light
+        if self.gpu_timer not in GPU_TIMERS:
+            raise ValueError(f"precision.gpu_timer: unknown {self.gpu_timer!r}; valid: {sorted(GPU_TIMERS)}")
         if self.backends is not None:
-            from loka_trainer.kernels.backends import BACKENDS  # lazy: keep the schema import-light
+            from loka_trainer.kernels.backends import BACKENDS
             bad = [b for b in self.backends if b not in BACKENDS]
             if bad:
                 raise ValueError(f"precision.backends: unknown {bad}; valid: {sorted(BACKENDS)}")

@@ -136,7 +136,7 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: Preci
     backends = available_backends(device)
     if config.backends is not None:
         backends = {k: v for k, v in backends.items() if k in config.backends or k == "bf16"}
-    timer = (default_timer(device) if torch.device(device).type == "cuda"
+    timer = (default_timer(device, config.gpu_timer) if torch.device(device).type == "cuda"
              else wall_clock_timer(repeats=config.timing_repeats))
     dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
     inputs = capture_linear_inputs(model, linears, calibration_batch)

@@ -89,8 +89,8 @@ def cuda_graph_timer(fallback: Optional[Timer] = None) -> Timer:
     slower than the kernels, and our FP8 paths run two or three Python-level custom ops per GEMM (~0.1–0.25 ms of
     host time each in the H200 profiles of docs/results.md). That is the likely reason a plan timed a fused Mods
     layer's FP8 forward at 554 µs against 411 µs for BF16 (8192×4096×4096) while timing the same FP8 GEMM, both
-    quantizations included, at 270 µs against 343 µs. A compiled, GPU-bound training step hides host time, so
-    Dispatch compares GPU time. ``fn`` runs once before the capture (autotuning, lazy initialization, weight
+    quantizations included, at 270 µs against 343 µs. A compiled, GPU-bound training step hides host time, which
+    argues for comparing GPU time (``precision.gpu_timer=cuda_graph``). ``fn`` runs once before the capture (autotuning, lazy initialization, weight
     caches); a call that cannot be captured is timed by ``fallback`` (default ``cuda_timer()``) with a warning.
     """
     eager = fallback or cuda_timer()
@@ -112,9 +112,15 @@ def cuda_graph_timer(fallback: Optional[Timer] = None) -> Timer:
     return timer
 
 
-def default_timer(device: torch.device | str) -> Timer:
-    """GPU time from CUDA-graph replay on CUDA (``cuda_graph_timer``), wall clock elsewhere."""
-    return cuda_graph_timer() if torch.device(device).type == "cuda" else wall_clock_timer()
+# ``precision.gpu_timer`` -> how Dispatch times candidates on a GPU. "cuda_events" is what every recorded plan
+# and speed run so far used; "cuda_graph" is GPU time without host cost (``cuda_graph_timer``), to be compared
+# end to end before it becomes the default.
+GPU_TIMERS: dict[str, Callable[[], Timer]] = {"cuda_events": cuda_timer, "cuda_graph": cuda_graph_timer}
+
+
+def default_timer(device: torch.device | str, gpu_timer: str = "cuda_events") -> Timer:
+    """``GPU_TIMERS[gpu_timer]`` on CUDA, wall clock elsewhere."""
+    return GPU_TIMERS[gpu_timer]() if torch.device(device).type == "cuda" else wall_clock_timer()
 
 
 def _gemm_call(backend: GemmBackend, gemm: str, x: torch.Tensor, w: torch.Tensor,
