@@ -40,6 +40,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loka_trainer.kernels.backends import available_backends  # noqa: E402
+from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish  # noqa: E402
 
 GEMM_SHAPES = [(2048, 256, 768), (2048, 512, 512), (4096, 1024, 1024), (8192, 2048, 2048),
@@ -59,14 +60,6 @@ FUSED_VARIANTS = {
     "split_fp8_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise"),
     "split_fp8_all": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
 }
-
-
-def graph_us(fn) -> float:
-    """Median GPU µs of ``fn`` from CUDA-graph replay (``do_bench_cudagraph``)."""
-    from triton.testing import do_bench_cudagraph
-    fn()  # warm up: autotune and compile outside the graph capture
-    torch.cuda.synchronize()
-    return 1e3 * float(do_bench_cudagraph(fn, rep=50, return_mode="median"))
 
 
 def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20) -> float:
@@ -102,7 +95,7 @@ def both_ends(text: str, n: int) -> str:
 def time_row(row: dict, fn) -> None:
     """Fill row's graph_us / eager_us; if do_bench_cudagraph's capture fails, record why and use the fallback."""
     try:
-        row["graph_us"] = graph_us(fn)
+        row["graph_us"] = cuda_graph_us(fn, rep_ms=50)
     except Exception as e:
         # both ends: a capture error is chained, and its cause (the first exception) comes first
         row["graph_error"] = both_ends(traceback.format_exc(), 1500)

@@ -225,8 +225,9 @@ def recategorized(row: dict) -> dict:
         ms = {cat: row.get(f"{phase}_{cat}_ms", 0.0) for cat in (*KERNEL_CATEGORIES, "other")}
         kept = []
         for name, us, calls in row.get(f"{phase}_top_kernels", []):
-            legacy_cat = "gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other"
-            ms[legacy_cat if legacy else kernel_category(name)] -= us / 1e3
+            counted_in = (("gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other") if legacy
+                          else kernel_category(name))
+            ms[counted_in] -= us / 1e3
             if not is_gpu_annotation(name):
                 ms[kernel_category(name)] += us / 1e3
                 kept.append([name, us, calls])

@@ -17,6 +17,7 @@ from loka_trainer.kernels.backend_base import GemmBackend
 from loka_trainer.kernels.backends import BASELINE
 from loka_trainer.kernels.error import mere
 from loka_trainer.kernels.plan import GEMMS, GemmChoice, LayerPlan
+from loka_trainer.kernels.triton_quant import triton_importable
 
 Timer = Callable[[Callable[[], object]], float]  # fn -> median time in µs
 # (backend, gemm, M, K, N, dtype) -> µs: a GEMM's time depends on its shape, not its values, so layers of one
@@ -82,28 +83,35 @@ def cuda_timer() -> Timer:
     return lambda fn: 1e3 * float(do_bench(fn, warmup=5, rep=20, return_mode="median"))
 
 
+def cuda_graph_us(fn: Callable[[], object], rep_ms: int = 20) -> float:
+    """GPU µs of one call of ``fn`` from CUDA-graph replay (triton's ``do_bench_cudagraph`` median), after one
+    call outside the capture (autotuning, lazy initialization, weight caches). Raises when ``fn`` cannot be
+    captured."""
+    from triton.testing import do_bench_cudagraph  # lazy: absent on CPU machines
+
+    fn()
+    torch.cuda.synchronize()
+    return 1e3 * float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
+
+
 def cuda_graph_timer(fallback: Optional[Timer] = None) -> Timer:
-    """A timer for GPUs: GPU µs of one call from CUDA-graph replay (triton's ``do_bench_cudagraph`` median).
+    """A timer for GPUs: ``cuda_graph_us``; a call that cannot be captured is timed by ``fallback`` (default
+    ``cuda_timer()``) with a warning.
 
     Why not ``cuda_timer``: event timing of single calls also counts the host's launch work whenever the host is
     slower than the kernels, and our FP8 paths run two or three Python-level custom ops per GEMM (~0.1–0.25 ms of
     host time each in the H200 profiles of docs/results.md). That is the likely reason a plan timed a fused Mods
     layer's FP8 forward at 554 µs against 411 µs for BF16 (8192×4096×4096) while timing the same FP8 GEMM, both
     quantizations included, at 270 µs against 343 µs. A compiled, GPU-bound training step hides host time, which
-    argues for comparing GPU time (``precision.gpu_timer=cuda_graph``). ``fn`` runs once before the capture (autotuning, lazy initialization, weight
-    caches); a call that cannot be captured is timed by ``fallback`` (default ``cuda_timer()``) with a warning.
+    argues for comparing GPU time (``precision.gpu_timer=cuda_graph``).
     """
     eager = fallback or cuda_timer()
-    try:
-        from triton.testing import do_bench_cudagraph
-    except ImportError:
+    if not triton_importable():
         return eager
 
     def timer(fn: Callable[[], object]) -> float:
-        fn()
-        torch.cuda.synchronize()
         try:
-            return 1e3 * float(do_bench_cudagraph(fn, rep=20, return_mode="median"))
+            return cuda_graph_us(fn)
         except Exception as exc:  # noqa: BLE001 -- any capture failure: time it without a graph instead
             torch.cuda.synchronize()
             warnings.warn(f"dispatch: CUDA-graph capture failed ({type(exc).__name__}: "
