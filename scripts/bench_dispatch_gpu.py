@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import sys
@@ -62,20 +63,29 @@ FUSED_VARIANTS = {
 }
 
 
-def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20) -> float:
+def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20, grad_to_none=None) -> float:
     """Fallback graph timer (PyTorch's documented capture recipe: 3 warm-up calls on a side stream, then
-    ``num_calls`` unrolled calls in one graph); median µs per call over ``num_replays`` replays."""
+    ``num_calls`` unrolled calls in one graph); median µs per call over ``num_replays`` replays.
+
+    Captured with ``capture_error_mode="thread_local"``: a CUDA call another thread makes during the capture
+    (which invalidates a capture in the default "global" mode) does not fail this one."""
+    def call():
+        for t in grad_to_none or ():
+            t.grad = None
+        fn()
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            fn()
+            call()
     torch.cuda.current_stream().wait_stream(side)
+    gc.collect()  # see dispatch.cuda_graph_us
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
         for _ in range(num_calls):
-            fn()
+            call()
     times = []
     for _ in range(num_replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -92,25 +102,30 @@ def both_ends(text: str, n: int) -> str:
     return text if len(text) <= 2 * n else text[:n] + "\n[...]\n" + text[-n:]
 
 
-def time_row(row: dict, fn) -> None:
-    """Fill row's graph_us / eager_us; if do_bench_cudagraph's capture fails, record why and use the fallback."""
+def time_row(row: dict, fn, grad_to_none=None) -> None:
+    """Fill row's graph_us / eager_us; if do_bench_cudagraph's capture fails, record why and use the fallback.
+
+    ``grad_to_none``: leaf tensors whose ``.grad`` is reset before each call (a training step after
+    ``zero_grad(set_to_none=True)``: gradients are written, not added into the last call's); None keeps them
+    accumulating across calls, as the runs recorded before 2026-11-30 r5 did."""
     try:
-        row["graph_us"] = cuda_graph_us(fn, rep_ms=50)
+        row["graph_us"] = cuda_graph_us(fn, rep_ms=50, grad_to_none=grad_to_none)
     except Exception as e:
         # both ends: a capture error is chained, and its cause (the first exception) comes first
         row["graph_error"] = both_ends(traceback.format_exc(), 1500)
         torch.cuda.synchronize()
         try:
-            row["graph_us"], row["timer"] = manual_graph_us(fn), "manual_graph"
+            row["graph_us"], row["timer"] = manual_graph_us(fn, grad_to_none=grad_to_none), "manual_graph_thread_local"
         except Exception as e2:
             row["error"] = f"{type(e).__name__}: {e} | fallback {type(e2).__name__}: {e2}"[:400]
             return
-    row["eager_us"] = eager_us(fn)
+    row["eager_us"] = eager_us(fn, grad_to_none)
+    row["grads"] = "accumulated" if grad_to_none is None else "reset"
 
 
-def eager_us(fn) -> float:
+def eager_us(fn, grad_to_none=None) -> float:
     from triton.testing import do_bench
-    return 1e3 * float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+    return 1e3 * float(do_bench(fn, warmup=10, rep=50, grad_to_none=grad_to_none, return_mode="median"))
 
 
 def bench_gemms(shapes, progress) -> list[dict]:
@@ -133,8 +148,9 @@ def bench_gemms(shapes, progress) -> list[dict]:
     return rows
 
 
-def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> dict:
-    """name -> forward fn(x) -> y for one figure-13 layer (compiled ones wrapped lazily: only if kept)."""
+def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, list[torch.Tensor]]:
+    """(name -> forward fn(x) -> y for one figure-13 layer, the layer's parameters); compiled variants are
+    built only if kept."""
     dev, bf = "cuda", torch.bfloat16
     w = (torch.randn(N, K, device=dev, dtype=bf) / math.sqrt(K)).requires_grad_()
     b = torch.zeros(N, device=dev, dtype=bf, requires_grad=True)
@@ -163,22 +179,25 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> dict:
         lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=bf)
         seq = convert_to_float8_training(torch.nn.Sequential(lin), config=Float8LinearConfig.from_recipe_name("rowwise"))
         v["torchao_rowwise_mods_compiled"] = torch.compile(lambda x: hard_swish(block_norm(seq(x))), dynamic=False)
+        params = [lin.weight]
     except ImportError:
-        pass
-    return {k: f for k, f in v.items() if keep(k)}
+        params = []
+    return {k: f for k, f in v.items() if keep(k)}, [w, b, ln_w, ln_b, *params]
 
 
-def bench_fig13(shapes, progress, only: Optional[set] = None) -> list[dict]:
-    """Suite (b): one figure-13 layer fwd+bwd at batch 1024 per variant (``only``: names to keep)."""
+def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool = True) -> list[dict]:
+    """Suite (b): one figure-13 layer fwd+bwd at batch 1024 per variant (``only``: names to keep;
+    ``reset_grads``: see ``time_row``'s grad_to_none)."""
     rows = []
     for K, N in shapes:
         torch._dynamo.reset()  # the lambdas share code objects across shapes: keep each shape's graphs fresh
         x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
-        for name, f in _fig13_variants(K, N, only).items():
+        variants, params = _fig13_variants(K, N, only)
+        for name, f in variants.items():
             progress.set_postfix_str(f"fig13 ({K},{N}) {name}")
             row = {"suite": "fig13", "M": BATCH, "K": K, "N": N, "variant": name}
-            time_row(row, lambda f=f: f(x).backward(dy))
+            time_row(row, lambda f=f: f(x).backward(dy), [x, *params] if reset_grads else None)
             rows.append(row)
         progress.update(1)
     return rows
@@ -243,8 +262,8 @@ def _wukong_variants(batch: int, log) -> dict:
     return v
 
 
-def bench_wukong(batch: int, progress) -> list[dict]:
-    """Suite (c): Wukong dense arch fwd+bwd per variant."""
+def bench_wukong(batch: int, progress, reset_grads: bool = True) -> list[dict]:
+    """Suite (c): Wukong dense arch fwd+bwd per variant (``reset_grads``: see ``time_row``)."""
     rows, logs = [], []
     try:
         variants = _wukong_variants(batch, logs.append)
@@ -255,7 +274,8 @@ def bench_wukong(batch: int, progress) -> list[dict]:
         progress.set_postfix_str(f"wukong {name}")
         f = torch.compile(m) if compiled else m
         row = {"suite": "wukong", "M": batch, "K": 0, "N": 0, "variant": name}
-        time_row(row, lambda f=f, d=d: f(d).float().sum().backward())
+        time_row(row, lambda f=f, d=d: f(d).float().sum().backward(),
+                 list(m.parameters()) if reset_grads else None)
         rows.append(row)
     rows.append({"suite": "wukong", "M": batch, "K": 0, "N": 0, "variant": "log", "log": logs})
     progress.update(1)
@@ -320,6 +340,11 @@ def main() -> None:
     p.add_argument("--fig13-variants", default=None, help="comma-separated variant names to keep in (b)")
     p.add_argument("--wukong-batch", type=int, default=4096)
     p.add_argument("--num-gemm-shapes", type=int, default=len(GEMM_SHAPES), help="first N shapes of suite (a)")
+    p.add_argument("--accumulate-grads", action="store_true",
+                   help="(b), (c): keep adding into .grad across timed calls (the runs before r5) instead of "
+                        "resetting it to None before each call as a training step does")
+    p.add_argument("--fig13-shapes", nargs="+", default=None, metavar="INxOUT",
+                   help="only these figure-13 shapes in (b), e.g. 7680x256")
     args = p.parse_args()
     # Every figure-13 shape recompiles the same lambdas: without this dynamo stops compiling after 8 and
     # silently runs them eagerly, which is what made "compiled" rows slow at the later shapes.
@@ -331,16 +356,18 @@ def main() -> None:
     suites = set(args.suites.split(","))
     gemm_shapes = (GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES[:args.num_gemm_shapes]) if "a" in suites else []
     fig_shapes = (FIG13_SHAPES[:2] if args.quick else FIG13_SHAPES) if "b" in suites else []
+    if args.fig13_shapes:
+        fig_shapes = [tuple(int(v) for v in s.split("x")) for s in args.fig13_shapes]
     only = set(args.fig13_variants.split(",")) if args.fig13_variants else None
     rows = []
     args.out_dir.mkdir(parents=True, exist_ok=True)
     partial = args.out_dir / "bench_dispatch.partial.json"  # survives a run cut short by a time limit
     with tqdm(total=len(gemm_shapes) + len(fig_shapes) + ("c" in suites), desc="bench_dispatch") as progress:
         for shape in fig_shapes:  # saved per shape: a run cut short keeps the shapes it measured
-            rows += bench_fig13([shape], progress, only)
+            rows += bench_fig13([shape], progress, only, reset_grads=not args.accumulate_grads)
             partial.write_text(json.dumps(rows))
         if "c" in suites:
-            rows += bench_wukong(args.wukong_batch, progress)
+            rows += bench_wukong(args.wukong_batch, progress, reset_grads=not args.accumulate_grads)
             partial.write_text(json.dumps(rows))
         rows += bench_gemms(gemm_shapes, progress)
     add_fused_best(rows)

@@ -76,7 +76,7 @@ def measure(widths: list[int], batch: int, progress) -> list[dict]:
     for name, model in build_variants(widths, "cuda").items():
         progress.set_postfix_str(f"batch {batch} {name}")
         row = {"batch": batch, "widths": widths, "variant": name}
-        time_row(row, step_fn(model, x, dy))
+        time_row(row, step_fn(model, x, dy), [x, *model.parameters()])  # grads written fresh, as in training
         rows.append(row)
         progress.update(1)
     base = next((r["graph_us"] for r in rows if r["variant"] == "base" and "graph_us" in r), None)

@@ -14,6 +14,14 @@ import torch
 from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
 from loka_trainer.kernels.quant import quantize
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
+from loka_trainer.kernels.triton_quant_tensorwise import quant_tensorwise
+
+# granularity -> (fused Triton quantizer (t, dtype) -> (q, scale_inv), the FP8 dtypes it writes): one or two
+# kernels instead of ~7 eager ops (see triton_quant, triton_quant_tensorwise); same numerics as quant.quantize.
+FUSED_QUANTIZERS = {
+    "rowwise": (lambda t, dtype: quant_rowwise(t), (torch.float8_e4m3fn,)),
+    "tensorwise": (quant_tensorwise, (torch.float8_e4m3fn, torch.float8_e5m2)),
+}
 
 
 class ScaledMMBackend(GemmBackend):
@@ -35,8 +43,9 @@ class ScaledMMBackend(GemmBackend):
 
     def quantize_a(self, a: torch.Tensor, *, is_grad: bool) -> QuantOperand:
         dtype = self.grad_dtype if is_grad else torch.float8_e4m3fn
-        if self.granularity == "rowwise" and dtype == torch.float8_e4m3fn and use_triton(a):
-            return quant_rowwise(a)  # one fused kernel instead of ~7 eager ops (see triton_quant)
+        fused, dtypes = FUSED_QUANTIZERS.get(self.granularity, (None, ()))
+        if dtype in dtypes and use_triton(a):
+            return fused(a, dtype)
         q, scale_inv = quantize(a, self.granularity, dtype)
         return q.contiguous(), scale_inv
 

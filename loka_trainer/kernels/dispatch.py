@@ -6,10 +6,11 @@ a pure function of injected numbers; ``measure_gemm`` produces the numbers; ``bu
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -83,15 +84,26 @@ def cuda_timer() -> Timer:
     return lambda fn: 1e3 * float(do_bench(fn, warmup=5, rep=20, return_mode="median"))
 
 
-def cuda_graph_us(fn: Callable[[], object], rep_ms: int = 20) -> float:
+def cuda_graph_us(fn: Callable[[], object], rep_ms: int = 20,
+                  grad_to_none: Optional[Sequence[torch.Tensor]] = None) -> float:
     """GPU µs of one call of ``fn`` from CUDA-graph replay (triton's ``do_bench_cudagraph`` median), after one
-    call outside the capture (autotuning, lazy initialization, weight caches). Raises when ``fn`` cannot be
-    captured."""
+    call outside the capture (autotuning, lazy initialization, weight caches). ``grad_to_none``: leaf tensors
+    whose ``.grad`` is reset before every call (as ``zero_grad(set_to_none=True)`` does), so a backward writes
+    fresh gradients instead of adding into the last call's. Raises when ``fn`` cannot be captured.
+
+    NOTE: ``gc.collect()`` after the first call. A reference cycle made during a first call (an exception
+    caught inside Triton's autotuner, a lazy import) keeps that call's autograd graph alive until the
+    collector runs, and with it the AccumulateGrad nodes of the leaves, created on the default stream: a
+    backward captured on the side stream then invalidates the capture (seen on the H200 at the figure-13
+    shape (7680, 256) and a 4096-row MLP stack, with torch's "AccumulateGrad node's stream does not match"
+    warning).
+    """
     from triton.testing import do_bench_cudagraph  # lazy: absent on CPU machines
 
     fn()
+    gc.collect()
     torch.cuda.synchronize()
-    return 1e3 * float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
+    return 1e3 * float(do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median"))
 
 
 def cuda_graph_timer(fallback: Optional[Timer] = None) -> Timer:

@@ -5,7 +5,8 @@ q (R, C) contiguous fp8 and scale_inv (R, 1) fp32 with ``t ≈ q * scale_inv`` �
 ``quant.quantize_rowwise`` (EPS clamp, saturating cast), so it is a drop-in for it.
 
 Why one kernel: the eager chain (abs, amax, clamp, div, mul, clamp, cast) is ~7 launches and ~5 passes over
-t; here each program owns ROWS rows, reads them once for the amax and once more (from L2) for the cast.
+t; here each program owns ROWS rows and reads them once (rows up to ``SINGLE_PASS_MAX_COLS`` long, held in
+registers) or twice (longer rows: once for the amax, once more, mostly from L2, for the cast).
 A transposed view (``dy.t()`` for the weight-grad GEMM) is read with its own strides, so no ``.contiguous()``
 copy is made first.
 
@@ -55,40 +56,62 @@ def _kernel():
     @triton.jit
     def quant_rowwise_kernel(t_ptr, q_ptr, s_ptr, R, C, stride_tr, stride_tc, stride_qr,
                              FP8_MAX: tl.constexpr, EPS_: tl.constexpr, ROWS: tl.constexpr,
-                             COLS: tl.constexpr):
+                             COLS: tl.constexpr, SINGLE_PASS: tl.constexpr):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         row_ok = rows < R
-        amax = tl.zeros((ROWS,), dtype=tl.float32)
-        for i in range(0, tl.cdiv(C, COLS)):
-            cols = i * COLS + tl.arange(0, COLS)
+        if SINGLE_PASS:  # the tile holds whole rows (COLS >= C): read once, amax and cast from registers
+            cols = tl.arange(0, COLS)
             mask = row_ok[:, None] & (cols[None, :] < C)
-            t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask, other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
-        # NOTE: same guard as quant.amax_to_scale: an all-zero row gets a finite scale and exact zeros.
-        scale = FP8_MAX / tl.minimum(tl.maximum(amax, EPS_), 3.4028234663852886e38)
-        for i in range(0, tl.cdiv(C, COLS)):
-            cols = i * COLS + tl.arange(0, COLS)
-            mask = row_ok[:, None] & (cols[None, :] < C)
-            t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask, other=0.0)
-            q = tl.minimum(tl.maximum(t.to(tl.float32) * scale[:, None], -FP8_MAX), FP8_MAX)
+            t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask,
+                        other=0.0).to(tl.float32)
+            # NOTE: same guard as quant.amax_to_scale: an all-zero row gets a finite scale and exact zeros.
+            scale = FP8_MAX / tl.minimum(tl.maximum(tl.max(tl.abs(t), axis=1), EPS_), 3.4028234663852886e38)
+            q = tl.minimum(tl.maximum(t * scale[:, None], -FP8_MAX), FP8_MAX)
             tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+        else:
+            amax = tl.zeros((ROWS,), dtype=tl.float32)
+            for i in range(0, tl.cdiv(C, COLS)):
+                cols = i * COLS + tl.arange(0, COLS)
+                mask = row_ok[:, None] & (cols[None, :] < C)
+                t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask, other=0.0)
+                amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
+            scale = FP8_MAX / tl.minimum(tl.maximum(amax, EPS_), 3.4028234663852886e38)
+            for i in range(0, tl.cdiv(C, COLS)):
+                cols = i * COLS + tl.arange(0, COLS)
+                mask = row_ok[:, None] & (cols[None, :] < C)
+                t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask, other=0.0)
+                q = tl.minimum(tl.maximum(t.to(tl.float32) * scale[:, None], -FP8_MAX), FP8_MAX)
+                tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty),
+                         mask=mask)
         tl.store(s_ptr + rows, 1.0 / scale, mask=row_ok)
 
     return triton, quant_rowwise_kernel
 
 
-def _tile(R: int, C: int, row_major: bool) -> tuple[int, int]:
-    """(ROWS, COLS) per program, ~4K elements a tile. Row-major t: wide along its contiguous C.
+# A row-major row up to this long is quantized from one tile held in registers (read once); longer rows
+# loop over 512-wide chunks twice (amax, then cast; the second read mostly from L2).
+SINGLE_PASS_MAX_COLS = 8192
 
+
+def _tile(R: int, C: int, row_major: bool) -> tuple[int, int, bool]:
+    """(ROWS, COLS, single_pass) per program, ~4K+ elements a tile.
+
+    Row-major t with C <= SINGLE_PASS_MAX_COLS: whole rows, ROWS = 4096 // C' (at least 1, C' = C rounded up
+    to a power of two), one read. On the H200 the earlier two-pass 8 x 512 tile took 16.2 µs for a (1024,
+    7680) bf16 t and 9.6 µs for (1024, 4096) (only R / 8 = 128 programs: latency-bound).
+    Longer rows: 512 wide, two passes.
     A transposed view (t = a.t(), contiguous along R): 16 rows (one 32-byte sector of each row of ``a``) by
     256 along C, so (R / 16) programs fill the GPU. On the H200 this took quant(a.t()) for a (1024, C) bf16
     from 16.4 / 16.7 / 19.2 µs (64 x 64 tiles) to 5.5 / 8.2 / 12.3 µs at C = 2048 / 4096 / 7680.
     """
     import triton
     if row_major:
-        cols = min(triton.next_power_of_2(C), 512)
-        return max(1, min(triton.next_power_of_2(R), 4096 // cols)), cols
-    return min(triton.next_power_of_2(R), 16), min(triton.next_power_of_2(C), 256)
+        whole = triton.next_power_of_2(C)
+        if whole <= SINGLE_PASS_MAX_COLS:
+            return max(1, min(triton.next_power_of_2(R), 4096 // whole)), whole, True
+        cols = 512
+        return max(1, min(triton.next_power_of_2(R), 4096 // cols)), cols, False
+    return min(triton.next_power_of_2(R), 16), min(triton.next_power_of_2(C), 256), False
 
 
 def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
@@ -101,9 +124,10 @@ def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4
     R, C = t.shape
     q = torch.empty((R, C), dtype=dtype, device=t.device)
     s = torch.empty((R, 1), dtype=torch.float32, device=t.device)
-    rows, cols = _tile(R, C, row_major=t.stride(1) == 1)
+    rows, cols, single_pass = _tile(R, C, row_major=t.stride(1) == 1)
     kernel[(triton.cdiv(R, rows),)](t, q, s, R, C, t.stride(0), t.stride(1), q.stride(0),
-                                   FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, COLS=cols)
+                                   FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, COLS=cols,
+                                   SINGLE_PASS=single_pass, num_warps=8 if rows * cols >= 4096 else 4)
     return q, s
 
 

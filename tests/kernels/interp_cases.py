@@ -11,14 +11,16 @@ import torch
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_forward_ref
 from loka_trainer.kernels.mods_ref import linear_mods_ref, static_fp8_scale
-from loka_trainer.kernels.quant import quantize_rowwise
+from loka_trainer.kernels.quant import quantize_rowwise, quantize_tensorwise
 from loka_trainer.kernels.triton_quant import quantize_rowwise_fused, use_triton
+from loka_trainer.kernels.triton_quant_tensorwise import quantize_tensorwise_fused
 from tests.kernels.triton_interp import interpret, needs_triton  # noqa: F401  (fixture)
 
 
 @needs_triton
-@pytest.mark.parametrize("shape", [(37, 100), (8, 1100)])
-@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("shape, transposed", [((37, 100), False), ((8, 1100), False),  # row-major: one pass
+                                               ((3, 8300), False),  # rows > SINGLE_PASS_MAX_COLS: two passes
+                                               ((37, 100), True), ((8, 1100), True)])  # transposed views
 def test_fused_rowwise_matches_reference(interpret, shape, transposed):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g) * 3
@@ -33,6 +35,24 @@ def test_fused_rowwise_matches_reference(interpret, shape, transposed):
     # NOTE: the interpreter's numpy fp8 cast rounds some values that carry into the next binade differently
     # from torch/GPU (GPU tests check < 0.1%); most elements must still agree exactly.
     assert (q.float() == qr.float()).float().mean() > 0.9
+
+
+@needs_triton
+@pytest.mark.parametrize("shape, transposed", [((37, 300), False), ((300, 37), True)])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fused_tensorwise_matches_reference(interpret, shape, transposed, dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g)
+    x[3, 5] = 900.0  # one outlier sets the scale; tiles without it must still see it
+    t = x.t() if transposed else x
+    assert use_triton(t)
+    q, s = quantize_tensorwise_fused(t, dtype)
+    qr, sr = quantize_tensorwise(t, dtype)
+    assert q.shape == t.shape and q.dtype == dtype and q.is_contiguous() and s.shape == ()
+    torch.testing.assert_close(s, sr, rtol=1e-6, atol=0)
+    assert (q.float() == qr.float()).float().mean() > 0.9  # see the rowwise case on the interpreter's cast
+    zq, zs = quantize_tensorwise_fused(torch.zeros_like(t), dtype)  # all zeros: finite scale, exact zeros
+    assert torch.isfinite(zs) and not zq.float().any()
 
 
 M, K, N, B = 40, 32, 64, 32  # M not a multiple of any row tile: masked edge rows are exercised

@@ -55,7 +55,7 @@ def test_triton_backend_three_gemms():
         assert _rel(out, fp32_reference(gemm, x, w, dy)) < 0.06
 
 
-@pytest.mark.parametrize("shape", [(1024, 512), (100, 3000)])
+@pytest.mark.parametrize("shape", [(1024, 512), (100, 3000), (64, 9000)])  # (64, 9000): the two-pass path
 @pytest.mark.parametrize("transposed", [False, True])
 def test_quantize_rowwise_fused_matches_reference(shape, transposed):
     from loka_trainer.kernels.triton_quant import quantize_rowwise_fused
@@ -64,6 +64,20 @@ def test_quantize_rowwise_fused_matches_reference(shape, transposed):
     t = x.t() if transposed else x
     q, s = quantize_rowwise_fused(t)
     qr, sr = quantize(t, "rowwise")
+    torch.testing.assert_close(s, sr)
+    assert q.is_contiguous() and (q.float() != qr.float()).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("shape", [(1024, 512), (100, 3000)])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_quantize_tensorwise_fused_matches_reference(shape, transposed, dtype):
+    from loka_trainer.kernels.triton_quant_tensorwise import quantize_tensorwise_fused
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 3
+    x[7, 11] = 2000.0
+    t = x.t() if transposed else x
+    q, s = quantize_tensorwise_fused(t, dtype)
+    qr, sr = quantize(t, "tensorwise", dtype)
     torch.testing.assert_close(s, sr)
     assert q.is_contiguous() and (q.float() != qr.float()).float().mean() < 1e-3
 
