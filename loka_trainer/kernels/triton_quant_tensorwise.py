@@ -47,7 +47,7 @@ def quantize_tensorwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8
     q = torch.empty((R, C), dtype=dtype, device=t.device)
     s = torch.empty((), dtype=torch.float32, device=t.device)
     block_r, block_c = _tiles(t)
-    grid = (triton.cdiv(R, block_r), triton.cdiv(C, block_c))
+    grid = (triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)
     amax_kernel[grid](t, amax, R, C, t.stride(0), t.stride(1), BLOCK_R=block_r, BLOCK_C=block_c)
     cast_kernel[grid](t, amax, q, s, R, C, t.stride(0), t.stride(1), FP8_MAX=torch.finfo(dtype).max, EPS_=EPS,
                       BLOCK_R=block_r, BLOCK_C=block_c)

@@ -1,6 +1,6 @@
 """The Triton kernels of ``triton_quant_tensorwise`` (imports triton at module level: import this lazily).
 
-t (R, C) any strides, tiled (BLOCK_R, BLOCK_C); see ``triton_quant_tensorwise`` for the math.
+t (R, C) any strides, tiled (BLOCK_R, BLOCK_C), one program per tile; see ``triton_quant_tensorwise`` for the math.
 """
 import triton
 import triton.language as tl
@@ -8,8 +8,11 @@ import triton.language as tl
 
 @triton.jit
 def _load_tile(t_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    # a 1-D grid over (row tile, column tile): a 2-D one caps its second axis at 65535 tiles, which a
+    # transposed (64, 2**21) weight-grad operand exceeds
+    tiles_c = tl.cdiv(C, BLOCK_C)
+    rows = (tl.program_id(0) // tiles_c) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = (tl.program_id(0) % tiles_c) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     t = tl.load(t_ptr + rows[:, None] * stride_r + cols[None, :] * stride_c, mask=mask, other=0.0)
     return t.to(tl.float32), rows, cols, mask
@@ -29,5 +32,5 @@ def cast_kernel(t_ptr, amax_ptr, q_ptr, s_ptr, R, C, stride_r, stride_c, FP8_MAX
     scale = FP8_MAX / tl.minimum(tl.maximum(tl.load(amax_ptr), EPS_), 3.4028234663852886e38)
     q = tl.minimum(tl.maximum(t * scale, -FP8_MAX), FP8_MAX)
     tl.store(q_ptr + rows[:, None] * C + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
-    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+    if tl.program_id(0) == 0:
         tl.store(s_ptr, 1.0 / scale)

@@ -82,6 +82,18 @@ def test_quantize_tensorwise_fused_matches_reference(shape, transposed, dtype):
     assert q.is_contiguous() and (q.float() != qr.float()).float().mean() < 1e-3
 
 
+def test_quantize_tensorwise_fused_more_tiles_than_a_2d_grid_axis():
+    # the transposed (64, 2**21) weight-grad operand of Wukong's LCB layer: 131072 column tiles (a 2-D grid's
+    # second axis takes 65535; that launch failed with "invalid argument" on the H200)
+    from loka_trainer.kernels.triton_quant_tensorwise import quantize_tensorwise_fused
+    x = torch.randn(2 ** 21, 64, device="cuda", dtype=torch.bfloat16)
+    x[12345, 7] = 500.0
+    q, s = quantize_tensorwise_fused(x.t(), torch.float8_e5m2)
+    qr, sr = quantize(x.t(), "tensorwise", torch.float8_e5m2)
+    torch.testing.assert_close(s, sr)
+    assert (q.float() != qr.float()).float().mean() < 1e-3
+
+
 @pytest.mark.parametrize("M,K,N", [(1024, 256, 256), (1000, 512, 512), (1024, 4096, 2048), (1024, 256, 7680)])
 @pytest.mark.parametrize("block", [256, 128])
 def test_fused_forward_bf16_matches_reference(M, K, N, block):
