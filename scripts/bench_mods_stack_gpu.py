@@ -11,7 +11,8 @@ Per batch size, the same MLP widths as
 - ``fused_fp8_handoff``: the same, plus the FP8 handoff (``chain_fp8_handoffs``): each layer's epilogue also
   writes its output in e4m3, so the next layer skips its quantization pass.
 Times: GPU µs from CUDA-graph replay (``do_bench_cudagraph``), and the launch-bound eager time separately.
-Parameters and inputs BF16. Writes OUT_DIR/bench_mods_stack.json and prints a ratio table last.
+Parameters and inputs BF16; gradients are reset before each timed call (written, not accumulated, as in a
+training step). Writes OUT_DIR/bench_mods_stack.json and .png and prints a ratio table last.
 ``--device cpu`` only builds every variant and runs one step (a functional check; no timing).
 """
 from __future__ import annotations
@@ -97,6 +98,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Bars of speedup vs ``base`` (graph replay) per variant, one group per batch size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    batches = sorted({r["batch"] for r in rows})
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        ys = [next((r.get("speedup_vs_base", 0) for r in rows if r["batch"] == b and r["variant"] == v), 0)
+              for b in batches]
+        ax.bar([j + i * width for j in range(len(batches))], ys, width, label=v)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([j + 0.4 for j in range(len(batches))], [f"batch {b}" for b in batches])
+    ax.set_ylabel("speedup vs base (graph replay)")
+    ax.set_title(f"MLP {rows[0]['widths']}: forward + backward")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir", type=Path)
@@ -121,6 +144,7 @@ def main() -> None:
     meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "command": " ".join(sys.argv)}
     (args.out_dir / "bench_mods_stack.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    plot(rows, args.out_dir / "bench_mods_stack.png")
     print(table(rows))
 
 
