@@ -5,7 +5,8 @@
 Per batch size, the same MLP widths as
 - ``base``: Linear(bias) -> LayerNorm -> SiLU per layer, BF16 (eager, and ``base_compiled``);
 - ``mods_compiled``: no bias -> BlockNorm(256) -> Hard Swish in plain PyTorch under ``torch.compile``;
-- ``fused_bf16``: ``FusedLinearMods`` per layer, BF16 (cuBLAS GEMM + Triton epilogue, Triton dz backward);
+- ``fused_bf16`` / ``split_bf16``: ``FusedLinearMods`` per layer, BF16, forward as one Triton GEMM+epilogue
+  kernel / as a cuBLAS GEMM + the Triton epilogue kernel (the default mode); Triton dz backward;
 - ``fused_fp8``: every layer with an FP8 forward (rowwise, fused GEMM+epilogue kernel) and FP8 dgrad (dz
   quantization fused into the dz kernel), BF16 wgrad;
 - ``fused_fp8_handoff``: the same, plus the FP8 handoff (``chain_fp8_handoffs``): each layer's epilogue also
@@ -51,13 +52,12 @@ def build_variants(widths: list[int], device, *, compile_: bool = True) -> dict[
     if compile_:
         variants["base_compiled"] = torch.compile(_stack(widths, PUBLISHED, device), dynamic=False)
         variants["mods_compiled"] = torch.compile(_stack(widths, MODS, device), dynamic=False)
-    fused_bf16 = _stack(widths, MODS, device)
-    fuse_linear_mods(fused_bf16, kernels={})
-    variants["fused_bf16"] = fused_bf16
-    for name, handoff in (("fused_fp8", False), ("fused_fp8_handoff", True)):
+    for name, kernels, handoff in (("fused_bf16", dict(mode="fused_bf16"), False),
+                                   ("split_bf16", dict(mode="split_bf16"), False),
+                                   ("fused_fp8", FP8_KERNELS, False), ("fused_fp8_handoff", FP8_KERNELS, True)):
         m = _stack(widths, MODS, device)
         fqns = [f for f, mod in m.named_modules() if isinstance(mod, nn.Linear)]
-        fuse_linear_mods(m, kernels={f: FP8_KERNELS for f in fqns})
+        fuse_linear_mods(m, kernels={f: kernels for f in fqns})
         if handoff:
             chain_fp8_handoffs(m)
         variants[name] = m
@@ -137,7 +137,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_mods_stack_gpu.py needs a CUDA device (or --device cpu for a functional check)")
     rows = []
-    with tqdm(total=len(args.batch) * 6, desc="mods stack", unit="variant") as progress:
+    with tqdm(total=len(args.batch) * 7, desc="mods stack", unit="variant") as progress:
         for batch in args.batch:
             rows += measure(args.widths, batch, progress)
     args.out_dir.mkdir(parents=True, exist_ok=True)

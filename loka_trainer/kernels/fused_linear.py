@@ -33,7 +33,7 @@ from torch import nn
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends import BASELINE
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_modes import FORWARD_MODES
+from loka_trainer.kernels.mods_modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.kernels.mods_ops import linear_mods_fp8_out, static_scale_inv
 from loka_trainer.kernels.plan import ModsChoice
 from loka_trainer.kernels.triton_quant import interpreting
@@ -59,7 +59,7 @@ class FusedLinearMods(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, *, block_size: int = 256, eps: float = 1e-6,
-                 mode: str = "fused_bf16", dgrad: str = "bf16", wgrad: str = "bf16", device=None,
+                 mode: str = DEFAULT_FORWARD_MODE, dgrad: str = "bf16", wgrad: str = "bf16", device=None,
                  dtype=None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -86,7 +86,7 @@ class FusedLinearMods(nn.Module):
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight = linear.weight
         new.block_size, new.eps = norm.block_size, norm.eps
-        new.set_kernels(**{"mode": "fused_bf16", "dgrad": "bf16", "wgrad": "bf16", **kernels})
+        new.set_kernels(**{"mode": DEFAULT_FORWARD_MODE, "dgrad": "bf16", "wgrad": "bf16", **kernels})
         new._weight_cache = WeightCache()
         new._init_handoff()
         return new
@@ -226,5 +226,5 @@ def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoi
     if mods is not None:
         mode = mods.mode
     else:
-        mode = "split_bf16" if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
+        mode = DEFAULT_FORWARD_MODE if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
     return {"mode": mode, "dgrad": backends.get("input_grad", "bf16"), "wgrad": backends.get("weight_grad", "bf16")}

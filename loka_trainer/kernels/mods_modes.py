@@ -23,3 +23,7 @@ FORWARD_MODES: dict[str, ForwardMode] = {
     "fused_fp8": ForwardMode(fp8=True, split=False),
     "split_fp8": ForwardMode(fp8=True, split=True),
 }
+
+# Without a Dispatch plan (or a plan built off-GPU): cuBLAS + the epilogue kernel. On the H200 it was faster than
+# the single fused kernel at 8 of 9 figure-13 shapes and within 1.5% at the ninth (docs/kernels/README.md, r5).
+DEFAULT_FORWARD_MODE = "split_bf16"

@@ -35,7 +35,7 @@ from torch import Tensor
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_modes import FORWARD_MODES
+from loka_trainer.kernels.mods_modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish, quantize_static, static_fp8_scale
 from loka_trainer.kernels.quant import quantize_rowwise
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
@@ -247,9 +247,10 @@ class LinearModsFn(torch.autograd.Function):
         return dx, dw, None, None, None, None, None, None, None, None, None
 
 
-def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6, mode: str = "fused_bf16",
-                        dgrad: str = "bf16", wgrad: str = "bf16", cache=None, x_fp8: Optional[Tensor] = None,
-                        x_fp8_scale_inv: float = 1.0, emit_fp8: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6,
+                        mode: str = DEFAULT_FORWARD_MODE, dgrad: str = "bf16", wgrad: str = "bf16", cache=None,
+                        x_fp8: Optional[Tensor] = None, x_fp8_scale_inv: float = 1.0,
+                        emit_fp8: bool = False) -> tuple[Tensor, Optional[Tensor]]:
     """``linear_mods`` that can take its input already in FP8 and hand its output on in FP8:
     x (M, K) -> (h (M, N) bf16, q (M, N) e4m3 at ``static_fp8_scale(block)`` or None).
 
@@ -270,7 +271,7 @@ def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 
     return h, (q if emit_fp8 else None)
 
 
-def linear_mods(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6, mode: str = "fused_bf16",
+def linear_mods(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6, mode: str = DEFAULT_FORWARD_MODE,
                 dgrad: str = "bf16", wgrad: str = "bf16", cache=None) -> Tensor:
     """HardSwish(BlockNorm(x·Wᵀ)) with fused forward and backward: x (M, K), w (N, K) -> (M, N) bf16.
 
