@@ -4,15 +4,14 @@
   contraction dim), weights with 128×128 tile scales (DeepSeek-V3 style); e4m3 everywhere. The scales
   live in the kernel's K loop, so outliers in one group do not crush the resolution of the rest of the row.
 
-Quantization is the plain-torch recipe from ``quant`` (GPU-resident; a fused Triton quantizer lives in
-``triton_gemm.quantize_1x128``), and the GEMM is ``triton_gemm.blockwise_mm_nt``.
+Quantization: one Triton kernel per operand (``triton_gemm.quantize_1x128`` / ``quantize_128x128``, the
+numerics of ``quant.quantize_block1x128`` / ``quantize_block128x128``); the GEMM is ``triton_gemm.blockwise_mm_nt``.
 """
 from __future__ import annotations
 
 import torch
 
 from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
-from loka_trainer.kernels.quant import quantize
 from loka_trainer.kernels.triton_quant import triton_importable
 
 
@@ -30,11 +29,9 @@ class TritonBlockwise(GemmBackend):
     def quantize_b(self, b: torch.Tensor, *, is_grad: bool) -> QuantOperand:
         # NOTE: gradients as the b operand (weight_grad: xᵀ is b, dyᵀ is a) keep 1x128 scales; only
         # weights get 128x128 tiles, which is what lets a weight be cast once per step for both layouts.
-        if is_grad:
-            from loka_trainer.kernels.triton_gemm import quantize_1x128
-            return quantize_1x128(b)  # one fused kernel (reads transposed views with their strides)
-        q, scale_inv = quantize(b, "block128x128", torch.float8_e4m3fn)
-        return q.contiguous(), scale_inv
+        from loka_trainer.kernels.triton_gemm import quantize_1x128, quantize_128x128
+        # one fused kernel either way (reads transposed views with their strides)
+        return quantize_1x128(b) if is_grad else quantize_128x128(b)
 
     def weight_grad(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """dy (M, N), x (M, K) -> dW (N, K) bf16 (both operands 1x128 along M)."""

@@ -1,9 +1,11 @@
-"""Triton blockwise FP8 GEMM and 1×128 quantizer (CUDA only; triton is imported on first use).
+"""Triton blockwise FP8 GEMM and its 1×128 / 128×128 quantizers (CUDA, quantizers also on the interpreter;
+triton is imported on first use).
 
 Notation: a (R, C) and b (P, C) row-major, contraction over C, G = ceil(C / 128).
 
 - ``quantize_1x128(x (R, C))`` -> q (R, C) e4m3, scale_inv (R, G) fp32: same math as
   ``quant.quantize_block1x128`` (amax per row and 128-group, clamp EPS, saturating cast).
+- ``quantize_128x128(x (R, C))`` -> q, scale_inv (ceil(R/128), G): ``quant.quantize_block128x128`` (weights).
 - ``blockwise_mm_nt(qa, sa (R, G), qb, sb)`` -> a·bᵀ (R, P) bf16, where sb is (P, G) for 1×128 or
   (ceil(P/128), G) for 128×128 b scales. BLOCK_K = 128 so each K step applies one scale per a row and one
   per b row/tile to the partial product: acc += (a_k · b_kᵀ) · sa_k[:, None] · sb_k[None, :].
@@ -24,19 +26,27 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def quant_1x128_kernel(x_ptr, q_ptr, s_ptr, R, C, stride_xr, stride_xc, stride_qr, stride_sr,
-                           FP8_MAX: tl.constexpr, EPS_: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr):
+    def quant_block_kernel(x_ptr, q_ptr, s_ptr, R, C, stride_xr, stride_xc, stride_qr, stride_sr,
+                           FP8_MAX: tl.constexpr, EPS_: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
+                           TILE_SCALE: tl.constexpr):
+        # one program per (ROWS, GROUP) tile; TILE_SCALE: one scale for the tile (128x128), else one per row
         pid_r, g = tl.program_id(0), tl.program_id(1)
         rows = pid_r * ROWS + tl.arange(0, ROWS)
         cols = g * GROUP + tl.arange(0, GROUP)
         mask = (rows[:, None] < R) & (cols[None, :] < C)
         x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :] * stride_xc, mask=mask, other=0.0)
         x = x.to(tl.float32)
-        amax = tl.maximum(tl.max(tl.abs(x), axis=1), EPS_)  # (ROWS,)
-        scale = FP8_MAX / amax
-        q = tl.minimum(tl.maximum(x * scale[:, None], -FP8_MAX), FP8_MAX)
+        # NOTE: same guard as quant.amax_to_scale: all-zero groups get a finite scale and exact zeros.
+        row_amax = tl.minimum(tl.maximum(tl.max(tl.abs(x), axis=1), EPS_), 3.4028234663852886e38)  # (ROWS,)
+        if TILE_SCALE:
+            scale = FP8_MAX / tl.max(row_amax, axis=0)
+            q = tl.minimum(tl.maximum(x * scale, -FP8_MAX), FP8_MAX)
+            tl.store(s_ptr + pid_r * stride_sr + g, 1.0 / scale)
+        else:
+            scale = FP8_MAX / row_amax
+            q = tl.minimum(tl.maximum(x * scale[:, None], -FP8_MAX), FP8_MAX)
+            tl.store(s_ptr + rows * stride_sr + g, 1.0 / scale, mask=rows < R)
         tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
-        tl.store(s_ptr + rows * stride_sr + g, 1.0 / scale, mask=rows < R)
 
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "GROUP_M": 8}, num_warps=w, num_stages=s)
                for bm, bn, w, s in [(128, 128, 8, 3), (64, 128, 4, 4), (128, 64, 4, 4), (64, 64, 4, 4)]]
@@ -76,20 +86,33 @@ def _kernels():
         c_ptrs = c_ptr + offs_m[:, None] * stride_cr + offs_n[None, :] * stride_cp
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
-    return triton, quant_1x128_kernel, blockwise_kernel
+    return triton, quant_block_kernel, blockwise_kernel
 
 
-def quantize_1x128(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (R, C) CUDA -> q (R, C) fp8 contiguous, scale_inv (R, G) fp32."""
+def _quantize_blocks(x: torch.Tensor, dtype: torch.dtype, rows_per_scale: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, C) any strides -> q (R, C) fp8 contiguous, scale_inv (ceil(R / rows_per_scale), G) fp32; one
+    scale per row (rows_per_scale 1) or per 128x128 tile (rows_per_scale 128) and 128-wide group."""
     triton, kernel, _ = _kernels()
     R, C = x.shape
     G = triton.cdiv(C, BLOCK)
+    tile = rows_per_scale == BLOCK
+    rows = BLOCK if tile else 16
     q = torch.empty((R, C), dtype=dtype, device=x.device)
-    s = torch.empty((R, G), dtype=torch.float32, device=x.device)
-    rows = 16
+    s = torch.empty((triton.cdiv(R, rows_per_scale), G), dtype=torch.float32, device=x.device)
     kernel[(triton.cdiv(R, rows), G)](x, q, s, R, C, x.stride(0), x.stride(1), q.stride(0), s.stride(0),
-                                      FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, GROUP=BLOCK)
+                                      FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, GROUP=BLOCK,
+                                      TILE_SCALE=tile, num_warps=8 if tile else 4)
     return q, s
+
+
+def quantize_1x128(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, C) CUDA -> q (R, C) fp8 contiguous, scale_inv (R, G) fp32 (``quant.quantize_block1x128``)."""
+    return _quantize_blocks(x, dtype, 1)
+
+
+def quantize_128x128(x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, C) CUDA -> q (R, C) fp8 contiguous, scale_inv (ceil(R/128), G) fp32 (``quant.quantize_block128x128``)."""
+    return _quantize_blocks(x, dtype, BLOCK)
 
 
 def blockwise_mm_nt(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor,

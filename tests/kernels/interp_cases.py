@@ -11,7 +11,7 @@ import torch
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_forward_ref
 from loka_trainer.kernels.mods_ref import linear_mods_ref, static_fp8_scale
-from loka_trainer.kernels.quant import quantize_rowwise, quantize_tensorwise
+from loka_trainer.kernels.quant import quantize, quantize_rowwise, quantize_tensorwise
 from loka_trainer.kernels.triton_quant import quantize_rowwise_fused, use_triton
 from loka_trainer.kernels.triton_quant_tensorwise import quantize_tensorwise_fused
 from tests.kernels.triton_interp import interpret, needs_triton  # noqa: F401  (fixture)
@@ -53,6 +53,23 @@ def test_fused_tensorwise_matches_reference(interpret, shape, transposed, dtype)
     assert (q.float() == qr.float()).float().mean() > 0.9  # see the rowwise case on the interpreter's cast
     zq, zs = quantize_tensorwise_fused(torch.zeros_like(t), dtype)  # all zeros: finite scale, exact zeros
     assert torch.isfinite(zs) and not zq.float().any()
+
+
+@needs_triton
+@pytest.mark.parametrize("granularity", ["block1x128", "block128x128"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_fused_block_quantizers_match_reference(interpret, granularity, transposed):
+    from loka_trainer.kernels.triton_gemm import quantize_1x128, quantize_128x128
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 300, generator=g)  # neither dim a multiple of 128: ragged edge tiles
+    x[:, 128:256] = 0.0  # an all-zero group / tile: finite scale, exact zeros
+    x[150, 10] = 700.0  # an outlier that sets one tile's scale only
+    t = x.t() if transposed else x
+    q, s = (quantize_1x128 if granularity == "block1x128" else quantize_128x128)(t)
+    qr, sr = quantize(t, granularity)
+    assert q.shape == t.shape and q.is_contiguous() and s.shape == sr.shape
+    torch.testing.assert_close(s, sr, rtol=1e-6, atol=0)
+    assert torch.isfinite(s).all() and (q.float() == qr.float()).float().mean() > 0.9
 
 
 M, K, N, B = 40, 32, 64, 32  # M not a multiple of any row tile: masked edge rows are exercised

@@ -19,12 +19,13 @@ def _rel(a, b) -> float:
 
 
 @pytest.mark.parametrize("shape", [(256, 512), (100, 300), (2048, 1024)])
-def test_quantize_1x128_matches_reference(shape):
-    from loka_trainer.kernels.triton_gemm import quantize_1x128
+@pytest.mark.parametrize("granularity", ["block1x128", "block128x128"])
+def test_quantize_blocks_match_reference(shape, granularity):
+    from loka_trainer.kernels.triton_gemm import quantize_1x128, quantize_128x128
     x = torch.randn(*shape, device="cuda") * 3
     x[1] = 0.0
-    q, s = quantize_1x128(x)
-    qr, sr = quantize(x, "block1x128")
+    q, s = (quantize_1x128 if granularity == "block1x128" else quantize_128x128)(x)
+    qr, sr = quantize(x, granularity)
     torch.testing.assert_close(s, sr)
     assert (q.float() != qr.float()).float().mean() < 1e-3  # rounding ties may differ
     assert torch.isfinite(dequantize(q, s)).all()
