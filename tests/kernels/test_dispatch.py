@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
@@ -141,3 +143,37 @@ def test_cuda_graph_timer_reports_graph_time_and_falls_back_when_capture_fails(m
     timer = cuda_graph_timer(fallback=lambda fn: 999.0)
     with pytest.warns(UserWarning, match="CUDA-graph capture failed .*not permitted when stream is capturing"):
         assert timer(lambda: None) == 999.0
+
+
+def test_cuda_graph_us_frees_the_warm_up_calls_cycles_before_capturing(monkeypatch):
+    # A first call's autograd graph kept alive by a reference cycle held AccumulateGrad nodes from the default
+    # stream into the capture (capture invalidated on the H200): the cycle must be gone when capture starts.
+    pytest.importorskip("triton")
+    import gc
+    import triton.testing
+
+    from loka_trainer.kernels.dispatch import cuda_graph_us
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    refs, seen = [], {}
+
+    class Node:
+        pass
+
+    def step():
+        node = Node()
+        node.self = node  # a cycle: freed only by the garbage collector
+        refs.append(weakref.ref(node))
+
+    def fake_bench(fn, **kw):
+        seen["alive_at_capture"] = refs[0]() is not None
+        seen["grad_to_none"] = kw.get("grad_to_none")
+        return 0.5
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", fake_bench)
+    leaves = [torch.zeros(2, requires_grad=True)]
+    gc.disable()
+    try:
+        assert cuda_graph_us(step, grad_to_none=leaves) == pytest.approx(500.0)
+    finally:
+        gc.enable()
+    assert seen == {"alive_at_capture": False, "grad_to_none": leaves}
