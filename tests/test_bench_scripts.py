@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,3 +150,19 @@ def test_e2e_bench_rejects_bad_names_before_touching_a_device():
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "unknown suffix ['turbo']" in proc.stderr
     assert "needs a CUDA device" not in proc.stderr
+
+
+def test_dispatch_bench_fused_variants_run_forward_and_backward_on_cpu():
+    # every figure-13 fused variant names a real forward mode and backends (torch's FP8 GEMM runs on CPU)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_dispatch_gpu import FUSED_VARIANTS
+
+    from loka_trainer.kernels.mods_ops import linear_mods
+    torch.manual_seed(0)
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(256, 64) / 8).to(torch.bfloat16).requires_grad_()
+    for name, kw in FUSED_VARIANTS.items():
+        x.grad = w.grad = None
+        linear_mods(x, w, **kw).float().square().sum().backward()
+        assert torch.isfinite(x.grad.float()).all() and torch.isfinite(w.grad.float()).all(), name
+        assert x.grad.abs().sum() > 0 and w.grad.abs().sum() > 0, name
