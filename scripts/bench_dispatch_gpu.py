@@ -1,10 +1,11 @@
 """GPU benchmark of LoKA Dispatch kernels (H200; torch 2.11 + triton; torchao / torchrec optional).
 
     python scripts/bench_dispatch_gpu.py OUT_DIR [--quick] [--suites a,b,c] [--fig13-variants v1,v2]
-                                                  [--wukong-batch 4096]
+        [--fig13-shapes 7680x256 ...] [--wukong-batch 4096] [--num-gemm-shapes N] [--accumulate-grads]
 
 Suites (all forward+backward, GPU time from CUDA-graph replay with ``triton.testing.do_bench_cudagraph``;
-launch-bound eager time reported separately with ``triton.testing.do_bench``):
+launch-bound eager time reported separately with ``triton.testing.do_bench``; gradients reset before every
+timed call unless ``--accumulate-grads``; see ``bench_timing``):
 (a) LRM GEMM shapes: the three GEMMs of one Linear (forward, input-grad, weight-grad), quantization
     included, per available backend vs BF16.
 (b) The paper's figure-13 layers at batch 1024: Linear(bias)+LayerNorm+SiLU in BF16 (eager, compiled), the
@@ -26,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import math
 import sys
-import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -41,8 +40,10 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loka_trainer.kernels.backends import available_backends  # noqa: E402
-from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_timing import both_ends, time_row  # noqa: E402
 
 GEMM_SHAPES = [(2048, 256, 768), (2048, 512, 512), (4096, 1024, 1024), (8192, 2048, 2048),
                (16384, 1024, 4096), (8192, 4096, 4096), (8192, 8192, 8192)]
@@ -63,71 +64,6 @@ FUSED_VARIANTS = {
     # the weight grad on tensorwise FP8 (e5m2 dz; two-kernel Triton quantizers of dzᵀ and xᵀ), unmeasured so far
     "split_fp8_dgrad_tw_wgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
 }
-
-
-def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20, grad_to_none=None) -> float:
-    """Fallback graph timer (PyTorch's documented capture recipe: 3 warm-up calls on a side stream, then
-    ``num_calls`` unrolled calls in one graph); median µs per call over ``num_replays`` replays.
-
-    Captured with ``capture_error_mode="thread_local"``: a CUDA call another thread makes during the capture
-    (which invalidates a capture in the default "global" mode) does not fail this one."""
-    def call():
-        for t in grad_to_none or ():
-            t.grad = None
-        fn()
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    gc.collect()  # see dispatch.cuda_graph_us
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
-        for _ in range(num_calls):
-            call()
-    times = []
-    for _ in range(num_replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / num_calls)
-    return sorted(times)[len(times) // 2]
-
-
-def both_ends(text: str, n: int) -> str:
-    """``text``, or its first and last ``n`` characters when longer than 2n."""
-    return text if len(text) <= 2 * n else text[:n] + "\n[...]\n" + text[-n:]
-
-
-def time_row(row: dict, fn, grad_to_none=None) -> None:
-    """Fill row's graph_us / eager_us; if do_bench_cudagraph's capture fails, record why and use the fallback.
-
-    ``grad_to_none``: leaf tensors whose ``.grad`` is reset before each call (a training step after
-    ``zero_grad(set_to_none=True)``: gradients are written, not added into the last call's); None keeps them
-    accumulating across calls, as the runs recorded before 2026-11-30 r5 did."""
-    try:
-        row["graph_us"] = cuda_graph_us(fn, rep_ms=50, grad_to_none=grad_to_none)
-    except Exception as e:
-        # both ends: a capture error is chained, and its cause (the first exception) comes first
-        row["graph_error"] = both_ends(traceback.format_exc(), 1500)
-        torch.cuda.synchronize()
-        try:
-            row["graph_us"], row["timer"] = manual_graph_us(fn, grad_to_none=grad_to_none), "manual_graph_thread_local"
-        except Exception as e2:
-            row["error"] = f"{type(e).__name__}: {e} | fallback {type(e2).__name__}: {e2}"[:400]
-            return
-    row["eager_us"] = eager_us(fn, grad_to_none)
-    row["grads"] = "accumulated" if grad_to_none is None else "reset"
-
-
-def eager_us(fn, grad_to_none=None) -> float:
-    from triton.testing import do_bench
-    return 1e3 * float(do_bench(fn, warmup=10, rep=50, grad_to_none=grad_to_none, return_mode="median"))
 
 
 def bench_gemms(shapes, progress) -> list[dict]:

@@ -69,7 +69,7 @@ def step_fn(model: nn.Module, x: torch.Tensor, dy: torch.Tensor):
 
 
 def measure(widths: list[int], batch: int, progress) -> list[dict]:
-    from bench_dispatch_gpu import time_row
+    from bench_timing import time_row
     rows = []
     torch._dynamo.reset()
     x = torch.randn(batch, widths[0], device="cuda", dtype=torch.bfloat16, requires_grad=True)
