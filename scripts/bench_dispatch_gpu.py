@@ -294,7 +294,7 @@ def main() -> None:
     suites = set(args.suites.split(","))
     gemm_shapes = (GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES[:args.num_gemm_shapes]) if "a" in suites else []
     fig_shapes = (FIG13_SHAPES[:2] if args.quick else FIG13_SHAPES) if "b" in suites else []
-    if args.fig13_shapes:
+    if args.fig13_shapes and "b" in suites:
         fig_shapes = [tuple(int(v) for v in s.split("x")) for s in args.fig13_shapes]
     only = set(args.fig13_variants.split(",")) if args.fig13_variants else None
     rows = []
