@@ -18,17 +18,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
 
 
+def with_grads_reset(fn, grad_to_none):
+    """``fn`` preceded by setting each ``grad_to_none`` tensor's ``.grad`` to None (a training step after
+    ``zero_grad(set_to_none=True)``); ``fn`` itself when there is none."""
+    if not grad_to_none:
+        return fn
+
+    def call():
+        for t in grad_to_none:
+            t.grad = None
+        return fn()
+    return call
+
+
 def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20, grad_to_none=None) -> float:
     """Fallback graph timer (PyTorch's documented capture recipe: 3 warm-up calls on a side stream, then
     ``num_calls`` unrolled calls in one graph); median µs per call over ``num_replays`` replays.
 
     Captured with ``capture_error_mode="thread_local"``: a CUDA call another thread makes during the capture
     (which invalidates a capture in the default "global" mode) does not fail this one."""
-    def call():
-        for t in grad_to_none or ():
-            t.grad = None
-        fn()
-
+    call = with_grads_reset(fn, grad_to_none)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_dispatch_gpu import BATCH, _fig13_variants  # noqa: E402
 from bench_e2e_gpu import is_gpu_annotation, kernel_category  # noqa: E402
+from bench_timing import with_grads_reset  # noqa: E402
 
 
 def is_gemm(kernel_name: str) -> bool:
@@ -32,11 +33,7 @@ def kernel_times(fn, grad_to_none: list[torch.Tensor], steps: int) -> dict[str, 
     ``.grad`` of ``grad_to_none`` is reset before each call, as in a training step."""
     from torch.profiler import ProfilerActivity, profile
 
-    def call():
-        for t in grad_to_none:
-            t.grad = None
-        fn()
-
+    call = with_grads_reset(fn, grad_to_none)
     for _ in range(3):
         call()
     torch.cuda.synchronize()
