@@ -217,9 +217,8 @@ def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoi
 
     The forward mode is the plan's measured one (``mods``: timed per layer when the plan was built on a GPU,
     ``convert.build_plan``); without it, a forward that Dispatch found worth FP8 runs the fused kernel on
-    rowwise-FP8 inputs, a BF16 forward "split_bf16" (cuBLAS GEMM + one Triton BlockNorm/HardSwish epilogue
-    kernel), which was at least as fast as the single fused BF16 kernel at every figure-13 shape on the H200
-    (docs/kernels/README.md). The two backward GEMMs keep the plan's backends; a ``scaled_mm_rowwise`` dgrad
+    rowwise-FP8 inputs, a BF16 forward ``mods_modes.DEFAULT_FORWARD_MODE`` (cuBLAS GEMM + one Triton
+    BlockNorm/HardSwish epilogue kernel; see there why). The two backward GEMMs keep the plan's backends; a ``scaled_mm_rowwise`` dgrad
     then runs fused (dz amax from the dz kernel, one cast pass, ``mods_ops.FUSED_DGRAD``) with the backend's
     numerics.
     """
