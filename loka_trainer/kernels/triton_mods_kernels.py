@@ -117,3 +117,72 @@ def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, M, NB, stride_dzm, stride_
     tl.store(q_ptr + offs_m[:, None] * stride_qm + offs_n[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     if pid_n == 0:
         tl.store(s_ptr + offs_m, 1.0 / scale, mask=mask_m)
+
+# (BLOCK_M, BLOCK_K): dx tiles; (BLOCK_M_DW, BLOCK_K_DW): dW tiles (their N tile is the norm block)
+bwd_configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_M_DW": bmw, "BLOCK_K_DW": bkw},
+                             num_warps=w, num_stages=s)
+               for bm, bk, bmw, bkw, w, s in [(16, 64, 32, 16, 4, 2), (32, 64, 32, 32, 4, 2),
+                                              (16, 128, 64, 32, 8, 2), (32, 128, 32, 64, 8, 2),
+                                              (64, 64, 64, 16, 8, 3), (64, 128, 64, 64, 8, 2)]]
+
+@triton.jit
+def _dx_program(pid, dy_ptr, u_ptr, r_ptr, w_ptr, dx_ptr, M, N, K, stride_dym, stride_um, stride_rm, stride_wn,
+                stride_dxm, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    # dx tile (BLOCK_M, BLOCK_K) = sum over the norm blocks j of dz[:, j] · W[j, :]
+    tiles_k = tl.cdiv(K, BLOCK_K)
+    offs_m = (pid // tiles_k) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = (pid % tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask_m, mask_k = offs_m < M, offs_k < K
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for j in range(0, N // BLOCK_N):
+        offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        dz = _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_um, stride_rm,
+                      BLOCK_N).to(tl.bfloat16).to(w_ptr.dtype.element_ty)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=mask_k[None, :], other=0.0)
+        acc = tl.dot(dz, w, acc)
+    tl.store(dx_ptr + offs_m[:, None] * stride_dxm + offs_k[None, :], acc.to(dx_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_k[None, :])
+
+
+@triton.jit
+def _dw_program(pid, dy_ptr, u_ptr, r_ptr, x_ptr, dw_ptr, M, K, stride_dym, stride_um, stride_rm, stride_xm,
+                stride_dwn, BLOCK_N: tl.constexpr, BLOCK_M_DW: tl.constexpr, BLOCK_K_DW: tl.constexpr):
+    # dW tile (BLOCK_N, BLOCK_K_DW) of norm block j = sum over row chunks of dz[rows, j]ᵀ · x[rows, :]
+    tiles_k = tl.cdiv(K, BLOCK_K_DW)
+    j = pid // tiles_k
+    offs_n = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = (pid % tiles_k) * BLOCK_K_DW + tl.arange(0, BLOCK_K_DW)
+    mask_k = offs_k < K
+    acc = tl.zeros((BLOCK_N, BLOCK_K_DW), dtype=tl.float32)
+    for i in range(0, tl.cdiv(M, BLOCK_M_DW)):
+        offs_m = i * BLOCK_M_DW + tl.arange(0, BLOCK_M_DW)
+        mask_m = offs_m < M
+        dz = _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_um, stride_rm,
+                      BLOCK_N).to(tl.bfloat16).to(x_ptr.dtype.element_ty)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                    other=0.0)
+        acc = tl.dot(tl.trans(dz), x, acc)
+    tl.store(dw_ptr + offs_n[:, None] * stride_dwn + offs_k[None, :], acc.to(dw_ptr.dtype.element_ty),
+             mask=mask_k[None, :])
+
+
+@triton.autotune(configs=bwd_configs, key=["M", "N", "K"])
+@triton.jit
+def fused_bwd_kernel(dy_ptr, u_ptr, r_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, M, N, K, stride_dym, stride_um,
+                     stride_rm, stride_xm, stride_wn, stride_dxm, stride_dwn, BLOCK_N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M_DW: tl.constexpr,
+                     BLOCK_K_DW: tl.constexpr):
+    # Two kinds of programs in one launch, no dependency between them: the first cdiv(M, BLOCK_M) *
+    # cdiv(K, BLOCK_K) own a dx tile, the rest a dW tile of one norm block. Each recomputes the dz it needs
+    # from dy, u, r (_dz_tile): dz is never written, and the layer's backward is this one kernel. dz is
+    # rounded to bf16 (as backward_dz stores it), then takes the operands' dtype: bf16 on GPU; fp32 in the
+    # interpreter, whose tl.dot mishandles bf16. (Each kind is its own function: Triton types the variables
+    # of both branches of an ``if`` alike.)
+    pid = tl.program_id(0)
+    n_dx = tl.cdiv(M, BLOCK_M) * tl.cdiv(K, BLOCK_K)
+    if pid < n_dx:
+        _dx_program(pid, dy_ptr, u_ptr, r_ptr, w_ptr, dx_ptr, M, N, K, stride_dym, stride_um, stride_rm, stride_wn,
+                    stride_dxm, BLOCK_N, BLOCK_M, BLOCK_K)
+    else:
+        _dw_program(pid - n_dx, dy_ptr, u_ptr, r_ptr, x_ptr, dw_ptr, M, K, stride_dym, stride_um, stride_rm,
+                    stride_xm, stride_dwn, BLOCK_N, BLOCK_M_DW, BLOCK_K_DW)
