@@ -13,9 +13,6 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16) -> (dz_q, scale_inv, dz)``: the same dz quantized
   rowwise to e4m3 (for an FP8 dgrad): the dz kernel also writes per-block amaxes, one cast kernel follows.
 
-- ``loka::mods_bwd_fused(dh, u, r, x, w, block) -> (dx, dW)``: the whole BF16 backward in one Triton kernel
-  (modes with ``fused_backward``; dz recomputed on chip, never written).
-
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x, w, u (bf16) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
@@ -154,20 +151,6 @@ def _(dh, u, r, block, write_bf16):
     return dh.new_empty((M, N), dtype=torch.float8_e4m3fn), dh.new_empty((M, 1), dtype=torch.float32), dz
 
 
-@torch.library.custom_op("loka::mods_bwd_fused", mutates_args=())
-def mods_bwd_fused(dh: Tensor, u: Tensor, r: Tensor, x: Tensor, w: Tensor, block: int) -> tuple[Tensor, Tensor]:
-    """dh (M, N), u (M, N), x (M, K), w (N, K) bf16, r (M, NB) fp32 -> (dx (M, K), dW (N, K)) bf16."""
-    if use_triton(dh):
-        return triton_mods.backward_fused(dh, u, r, x, w, block=block)
-    dz = mods_backward_ref(dh, u, r, block)
-    return dz @ w.to(dz.dtype), dz.t() @ x.to(dz.dtype)
-
-
-@mods_bwd_fused.register_fake
-def _(dh, u, r, x, w, block):
-    return x.new_empty(x.shape, dtype=torch.bfloat16), w.new_empty(w.shape, dtype=torch.bfloat16)
-
-
 def _dgrad_fp8_rowwise(dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor, cache: WeightCache,
                        need_dz: bool) -> tuple[Tensor, Optional[Tensor]]:
     """dh (M, N) -> (dx (M, K) bf16, dz (M, N) bf16 or None): one dz+quantization kernel, then cuBLAS rowwise
@@ -241,7 +224,7 @@ class LinearModsFn(torch.autograd.Function):
         h, u, r, q = _mods_forward(xb, wb, block, eps, mode, cache, x_q, x_q_scale_inv, emit_fp8, save=True,
                                    w_for_cache=w)
         ctx.save_for_backward(xb, wb, u, r)
-        ctx.block, ctx.cache, ctx.fused_backward = block, cache, FORWARD_MODES[mode].fused_backward
+        ctx.block, ctx.cache = block, cache
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
         ctx.dtypes = (x.dtype, w.dtype)
         ctx.mark_non_differentiable(q)
@@ -253,9 +236,6 @@ class LinearModsFn(torch.autograd.Function):
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
         dx = dw = None
-        if ctx.fused_backward and need_dx and need_dw and dgrad == wgrad == BASELINE:
-            dx, dw = mods_bwd_fused(dh, u, r, xb, wb, ctx.block)
-            return dx.to(ctx.dtypes[0]), dw.to(ctx.dtypes[1]), None, None, None, None, None, None, None, None, None
         if need_dx and dgrad in FUSED_DGRAD:
             dx, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
         else:

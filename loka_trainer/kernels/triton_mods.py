@@ -16,9 +16,6 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   the small buffer), both parallel over rows x blocks. Against dz kernel + quantization kernel this saves
   the quantizer's amax pass over dz. (A single kernel whose programs own whole rows was measured first on
   the H200: latency-bound at M = 1024, 1.5x slower than unfused at N = 7680.)
-- ``backward_fused``: the whole BF16 backward in one kernel: dx = dz·W and dW = dzᵀ·x, dz recomputed on chip
-  by each program from dh, u, r and never written (two kinds of programs in one grid, see the kernel). For
-  small layers, where the backward is three latency-bound launches (dz kernel, two cuBLAS GEMMs).
 
 Requirements (else ``supports`` is False and callers use the reference): N % B == 0, B a power of two in
 [16, 256], K % 16 == 0.
@@ -50,13 +47,6 @@ def _kernels():
 
     from loka_trainer.kernels import triton_mods_kernels as k
     return triton, k.fused_fwd_kernel, k.norm_fwd_kernel, k.bwd_dz_kernel
-
-
-@functools.lru_cache(maxsize=1)
-def _bwd_kernel():
-    """The one-kernel backward of ``backward_fused`` (imported lazily, like ``_kernels``)."""
-    from loka_trainer.kernels import triton_mods_kernels as k
-    return k.fused_bwd_kernel
 
 
 @functools.lru_cache(maxsize=1)
@@ -152,23 +142,3 @@ def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block
     _quant_kernel()[grid](dz, amax, q, s, M, nb, dz.stride(0), amax.stride(0), q.stride(0), FP8_MAX_=FP8_MAX,
                           EPS_=EPS, NB_P2=triton.next_power_of_2(nb), BLOCK_N=block, BLOCK_M=rows)
     return q, s, (dz if write_bf16 else None)
-
-
-def backward_fused(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *,
-                   block: int = DEFAULT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy (M, N), u (M, N), x (M, K), w (N, K) bf16, r (M, NB) fp32 -> (dx (M, K), dW (N, K)) bf16 in one kernel:
-    dz = ``backward_dz``'s (rounded to bf16 on chip, as it is stored there), then dz·W and dzᵀ·x."""
-    import triton
-    kernel = _bwd_kernel()
-    (M, N), K = dy.shape, x.shape[1]
-    dy, x, w = (t if t.stride(1) == 1 else t.contiguous() for t in (dy, x, w))
-    dx = torch.empty((M, K), dtype=torch.bfloat16, device=dy.device)
-    dw = torch.empty((N, K), dtype=torch.bfloat16, device=dy.device)
-    meta = {}
-    if interpreting():  # the interpreter cannot time autotune configs: run one small config directly
-        kernel, meta = kernel.fn, {"BLOCK_M": 16, "BLOCK_K": 32, "BLOCK_M_DW": 16, "BLOCK_K_DW": 16}
-    grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]) * triton.cdiv(K, m["BLOCK_K"])  # noqa: E731
-                      + (N // block) * triton.cdiv(K, m["BLOCK_K_DW"]),)
-    kernel[grid](dy, u, r, x, w, dx, dw, M, N, K, dy.stride(0), u.stride(0), r.stride(0), x.stride(0), w.stride(0),
-                 dx.stride(0), dw.stride(0), BLOCK_N=block, **meta)
-    return dx, dw
