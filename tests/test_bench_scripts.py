@@ -166,3 +166,26 @@ def test_dispatch_bench_fused_variants_run_forward_and_backward_on_cpu():
         linear_mods(x, w, **kw).float().square().sum().backward()
         assert torch.isfinite(x.grad.float()).all() and torch.isfinite(w.grad.float()).all(), name
         assert x.grad.abs().sum() > 0 and w.grad.abs().sum() > 0, name
+
+
+def test_fig13_gemm_bench_covers_a_linears_three_gemms_and_reports_their_ratio(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_fig13_gemms_gpu import GEMM_RECIPES, gemm_dims, plot, summarize
+
+    M, K, N = 32, 48, 16
+    x, w, dy = torch.randn(M, K), torch.randn(N, K), torch.randn(M, N)
+    operands = {"forward": (x, w), "input_grad": (dy, w.t()), "weight_grad": (dy.t(), x.t())}  # a (R, C), b (P, C)
+    expected = {"forward": x @ w.t(), "input_grad": dy @ w, "weight_grad": dy.t() @ x}
+    for gemm, (R, C, P) in gemm_dims(M, K, N).items():
+        a, b = operands[gemm]
+        assert (a.shape, b.shape) == ((R, C), (P, C)), gemm
+        torch.testing.assert_close(a @ b.t(), expected[gemm])
+    # bf16 sums to 30 us, rowwise to 20 us: the rowwise line reports 1.50x; a missing recipe reports nan
+    rows = [{"K": K, "N": N, "kind": "gemm", "op": op, "recipe": recipe, "graph_us": t}
+            for op in gemm_dims(M, K, N) for recipe, t in (("bf16", 10.0), ("rowwise", 20 / 3))]
+    lines = summarize(rows)
+    assert any(" rowwise " in ln and ln.rstrip().endswith("1.50x") for ln in lines), lines
+    assert any(" tw_e4m3 " in ln and ln.rstrip().endswith("nanx") for ln in lines), lines
+    assert set(GEMM_RECIPES) == {"bf16", "tw_e4m3", "tw_e5m2", "rowwise"}
+    plot(rows, tmp_path / "g.png", "cpu")
+    assert (tmp_path / "g.png").stat().st_size > 0
