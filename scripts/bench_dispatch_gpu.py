@@ -1,9 +1,10 @@
 """GPU benchmark of LoKA Dispatch kernels (H200; torch 2.11 + triton; torchao / torchrec optional).
 
     python scripts/bench_dispatch_gpu.py OUT_DIR [--quick] [--suites a,b,c] [--fig13-variants v1,v2]
-        [--fig13-shapes 7680x256 ...] [--wukong-batch 4096] [--num-gemm-shapes N] [--accumulate-grads]
+        [--fig13-shapes 7680x256 ...] [--fig13-forward-only] [--wukong-batch 4096] [--num-gemm-shapes N]
+        [--accumulate-grads]
 
-Suites (all forward+backward, GPU time from CUDA-graph replay with ``triton.testing.do_bench_cudagraph``;
+Suites (forward+backward unless said, GPU time from CUDA-graph replay with ``triton.testing.do_bench_cudagraph``;
 launch-bound eager time reported separately with ``triton.testing.do_bench``; gradients reset before every
 timed call unless ``--accumulate-grads``; see ``bench_timing``):
 (a) LRM GEMM shapes: the three GEMMs of one Linear (forward, input-grad, weight-grad), quantization
@@ -14,6 +15,8 @@ timed call unless ``--accumulate-grads``; see ``bench_timing``):
     split (``_scaled_mm`` + epilogue kernel), FP8 dgrad with dz's amax from the dz kernel, FP8 all
     three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
     ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring).
+    ``--fig13-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
+    ``fig13_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
     backward of ``logits.sum()``, compute only: the sparse embeddings are replaced by a fixed (B, F_s, D)
     tensor. BF16 = the published model (bias, LayerNorm, SiLU), eager and compiled; each uniform torchao
@@ -50,6 +53,7 @@ GEMM_SHAPES = [(2048, 256, 768), (2048, 512, 512), (4096, 1024, 1024), (8192, 20
 FIG13_SHAPES = [(256, 256), (7680, 256), (512, 512), (7680, 512), (4096, 2048), (4096, 2560), (2048, 4096),
                 (2560, 4096), (256, 7680)]
 BATCH = 1024
+FIG13_SUITES = ("fig13", "fig13_fwd")  # forward + backward (training), forward only (inference)
 FUSED_VARIANTS = {
     "fused_bf16": dict(mode="fused_bf16"),
     "split_bf16": dict(mode="split_bf16"),
@@ -123,28 +127,42 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
     return {k: f for k, f in v.items() if keep(k)}, [w, b, ln_w, ln_b, *params]
 
 
-def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool = True) -> list[dict]:
+def _inference(f, x):
+    """() -> f(x) under ``torch.no_grad`` (a forward-only step: nothing saved for backward)."""
+    def call():
+        with torch.no_grad():
+            return f(x)
+    return call
+
+
+def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool = True,
+                forward_only: bool = False) -> list[dict]:
     """Suite (b): one figure-13 layer fwd+bwd at batch 1024 per variant (``only``: names to keep;
-    ``reset_grads``: see ``time_row``'s grad_to_none)."""
+    ``reset_grads``: see ``time_row``'s grad_to_none). ``forward_only``: the inference forward instead (under
+    ``torch.no_grad``), suite name ``fig13_fwd``."""
     rows = []
+    suite = "fig13_fwd" if forward_only else "fig13"
     for K, N in shapes:
         torch._dynamo.reset()  # the lambdas share code objects across shapes: keep each shape's graphs fresh
-        x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16, requires_grad=not forward_only)
         dy = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
         variants, params = _fig13_variants(K, N, only)
         for name, f in variants.items():
-            progress.set_postfix_str(f"fig13 ({K},{N}) {name}")
-            row = {"suite": "fig13", "M": BATCH, "K": K, "N": N, "variant": name}
-            time_row(row, lambda f=f: f(x).backward(dy), [x, *params] if reset_grads else None)
+            progress.set_postfix_str(f"{suite} ({K},{N}) {name}")
+            row = {"suite": suite, "M": BATCH, "K": K, "N": N, "variant": name}
+            if forward_only:
+                time_row(row, _inference(f, x))
+            else:
+                time_row(row, lambda f=f: f(x).backward(dy), [x, *params] if reset_grads else None)
             rows.append(row)
         progress.update(1)
     return rows
 
 
 def add_fused_best(rows: list[dict]) -> None:
-    """Append, per fig13 shape, a ``fused_best`` row: the fastest fused variant (Dispatch's choice)."""
-    for key in sorted({(r["M"], r["K"], r["N"]) for r in rows if r["suite"] == "fig13"}):
-        fused = [r for r in rows if r["suite"] == "fig13" and (r["M"], r["K"], r["N"]) == key
+    """Append, per figure-13 suite and shape, a ``fused_best`` row: the fastest fused variant (Dispatch's choice)."""
+    for key in sorted({(r["suite"], r["M"], r["K"], r["N"]) for r in rows if r["suite"] in FIG13_SUITES}):
+        fused = [r for r in rows if (r["suite"], r["M"], r["K"], r["N"]) == key
                  and r["variant"] in FUSED_VARIANTS and r.get("graph_us")]
         if fused:
             best = min(fused, key=lambda r: r["graph_us"])
@@ -259,7 +277,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xticks([j + 0.4 for j in range(len(shapes))], [f"{m}x{k}x{n}" for m, k, n in shapes],
                       rotation=45, ha="right", fontsize=7)
         ax.set_ylabel("speedup vs baseline (graph replay)")
-        ax.set_title(f"{suite}: fwd+bwd")
+        ax.set_title(f"{suite}: " + ("forward only (no_grad)" if suite == "fig13_fwd" else "fwd+bwd"))
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -283,6 +301,8 @@ def main() -> None:
                         "resetting it to None before each call as a training step does")
     p.add_argument("--fig13-shapes", nargs="+", default=None, metavar="INxOUT",
                    help="only these figure-13 shapes in (b), e.g. 7680x256")
+    p.add_argument("--fig13-forward-only", action="store_true",
+                   help="(b): time the inference forward (torch.no_grad) instead of forward + backward")
     args = p.parse_args()
     # Every figure-13 shape recompiles the same lambdas: without this dynamo stops compiling after 8 and
     # silently runs them eagerly, which is what made "compiled" rows slow at the later shapes.
@@ -302,14 +322,16 @@ def main() -> None:
     partial = args.out_dir / "bench_dispatch.partial.json"  # survives a run cut short by a time limit
     with tqdm(total=len(gemm_shapes) + len(fig_shapes) + ("c" in suites), desc="bench_dispatch") as progress:
         for shape in fig_shapes:  # saved per shape: a run cut short keeps the shapes it measured
-            rows += bench_fig13([shape], progress, only, reset_grads=not args.accumulate_grads)
+            rows += bench_fig13([shape], progress, only, reset_grads=not args.accumulate_grads,
+                                forward_only=args.fig13_forward_only)
             partial.write_text(json.dumps(rows))
         if "c" in suites:
             rows += bench_wukong(args.wukong_batch, progress, reset_grads=not args.accumulate_grads)
             partial.write_text(json.dumps(rows))
         rows += bench_gemms(gemm_shapes, progress)
     add_fused_best(rows)
-    add_ratios(rows, {"gemm": "bf16", "fig13": "base_eager", "wukong": "bf16_compiled"})
+    add_ratios(rows, {"gemm": "bf16", "fig13": "base_eager", "fig13_fwd": "base_eager",
+                      "wukong": "bf16_compiled"})
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": _triton_version(), "command": " ".join(sys.argv), "rows": rows, "geomean_speedup": geomeans(rows)}
