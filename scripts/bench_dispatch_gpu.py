@@ -70,6 +70,10 @@ FUSED_VARIANTS = {
     "split_fp8_dgrad_tw_wgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
 }
 
+# fused variants also timed with dx and dW computed one after the other (``<name>_serial_grads``; by default
+# ``streams.side_by_side`` runs them on two streams), to measure what the overlap gains
+SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd")
+
 
 def bench_gemms(shapes, progress) -> list[dict]:
     """Suite (a): per shape and backend, the three GEMMs of one Linear with quantization included."""
@@ -89,6 +93,19 @@ def bench_gemms(shapes, progress) -> list[dict]:
             rows.append(row)
         progress.update(1)
     return rows
+
+
+def _serial_grads(f):
+    """``f`` with the backward's two GEMMs in order on one stream (``streams.ENABLED`` off during the call)."""
+    from loka_trainer.kernels import streams
+
+    def call(x):
+        streams.ENABLED = False
+        try:
+            return f(x)
+        finally:
+            streams.ENABLED = True
+    return call
 
 
 def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, list[torch.Tensor]]:
@@ -115,6 +132,8 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
     if K % 16 == 0 and N % 256 == 0:
         for name, kw in FUSED_VARIANTS.items():
             v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
+        for name in SERIAL_GRADS_VARIANTS:
+            v[f"{name}_serial_grads"] = _serial_grads(v[name])
     try:
         if not keep("torchao_rowwise_mods_compiled"):
             raise ImportError

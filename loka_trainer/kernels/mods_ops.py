@@ -16,7 +16,7 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x, w, u (bf16) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
-directly). Forward modes: ``mods_modes.FORWARD_MODES``.
+directly), the two GEMMs on two CUDA streams (``streams.side_by_side``). Forward modes: ``mods_modes.FORWARD_MODES``.
 
 Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` the layer does not
 call the backend (dz kernel, then a quantization kernel reading dz twice: amax, cast) but has the dz kernel
@@ -38,6 +38,7 @@ from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.mods_modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish, quantize_static, static_fp8_scale
 from loka_trainer.kernels.quant import quantize_rowwise
+from loka_trainer.kernels.streams import side_by_side
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
 
 FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
@@ -152,12 +153,13 @@ def _(dh, u, r, block, write_bf16):
 
 
 def _dgrad_fp8_rowwise(dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor, cache: WeightCache,
-                       need_dz: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """dh (M, N) -> (dx (M, K) bf16, dz (M, N) bf16 or None): one dz+quantization kernel, then cuBLAS rowwise
-    FP8 against Wᵀ (K, N) e4m3, cast once per weight version by the ``scaled_mm_rowwise`` backend."""
+                       need_dz: bool) -> tuple[Callable[[], Tensor], Optional[Tensor]]:
+    """dh (M, N) -> (dx thunk () -> (M, K) bf16, dz (M, N) bf16 or None): the dz+quantization kernels run now,
+    the GEMM (cuBLAS rowwise FP8 against Wᵀ (K, N) e4m3, cast once per weight version by the
+    ``scaled_mm_rowwise`` backend) when the thunk is called, so the weight grad can run beside it."""
     dz_q, s_dz, dz = mods_bwd_dz_fp8(dh, u, r, block, need_dz)
     wt_q, s_wt = cache.get(w, FP8_WEIGHT_BACKEND, "input_grad")
-    return scaled_mm_nt(dz_q, s_dz, wt_q, s_wt), (dz if need_dz else None)
+    return (lambda: scaled_mm_nt(dz_q, s_dz, wt_q, s_wt)), (dz if need_dz else None)
 
 
 # dgrad backend name -> the fused implementation of the same numerics (see the module docstring)
@@ -235,15 +237,15 @@ class LinearModsFn(torch.autograd.Function):
         xb, wb, u, r = ctx.saved_tensors
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        dx = dw = None
         if need_dx and dgrad in FUSED_DGRAD:
-            dx, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
+            dx_fn, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
         else:
             dz = mods_bwd_dz(dh, u, r, ctx.block)
-            dx = _input_grad(dgrad, dz, wb, ctx.cache) if need_dx else None
-        if need_dw:
-            dw = _weight_grad(wgrad, dz, xb).to(ctx.dtypes[1])
+            dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
+        dw_fn = (lambda: _weight_grad(wgrad, dz, xb)) if need_dw else None
+        dx, dw = side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
+        dw = dw.to(ctx.dtypes[1]) if dw is not None else None
         return dx, dw, None, None, None, None, None, None, None, None, None
 
 

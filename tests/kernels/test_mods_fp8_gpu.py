@@ -73,7 +73,8 @@ def test_fused_dgrad_equals_unfused_backend():
     dh, u, r = _du(1024, 2048, 256)
     w = (torch.randn(2048, 512, device="cuda") / 512 ** 0.5).to(torch.bfloat16)
     cache = WeightCache()
-    dx, dz = FUSED_DGRAD["scaled_mm_rowwise"](dh, u, r, 256, w, cache, True)
+    dx_fn, dz = FUSED_DGRAD["scaled_mm_rowwise"](dh, u, r, 256, w, cache, True)
+    dx = dx_fn()
     be = get_backend("scaled_mm_rowwise")
     ref = be.input_grad(mods_bwd_dz(dh, u, r, 256), w, wt_q=cache.get(w, "scaled_mm_rowwise", "input_grad"))
     assert dx.shape == (1024, 512) and dz.shape == (1024, 2048)
@@ -171,3 +172,40 @@ def test_plan_times_the_forward_modes_of_fused_layers():
         choice = plan.layers[fqn].mods_forward
         assert choice is not None and choice.times_us["split_bf16"] > 0 and choice.times_us["fused_bf16"] > 0
         assert model[0][i].mode == choice.mode and isinstance(model[0][i], FusedLinearMods)
+
+
+@pytest.mark.parametrize("kw", [dict(mode="split_bf16"), dict(mode="split_fp8", dgrad="scaled_mm_rowwise"),
+                                dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise")])
+def test_grads_on_two_streams_equal_grads_in_order_also_under_graph_replay(kw):
+    from loka_trainer.kernels import streams
+    from loka_trainer.kernels.linear import WeightCache
+    from loka_trainer.kernels.mods_ops import linear_mods
+    x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(768, 512, device="cuda") / 23).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
+    cache = WeightCache()
+
+    def grads(enabled: bool):
+        streams.ENABLED = enabled
+        try:
+            x.grad = w.grad = None
+            linear_mods(x, w, cache=cache, **kw).backward(dy)
+            return x.grad.clone(), w.grad.clone()
+        finally:
+            streams.ENABLED = True
+    (gx, gw), (sx, sw) = grads(True), grads(False)
+    assert torch.equal(gx, sx) and torch.equal(gw, sw)  # same kernels, only the streams differ
+    # captured: the fork/join becomes graph edges; replay gives the same gradients
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        grads(True)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    x.grad = w.grad = None
+    with torch.cuda.graph(g):
+        linear_mods(x, w, cache=cache, **kw).backward(dy)
+    x.grad.zero_(), w.grad.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x.grad, gx) and torch.equal(w.grad, gw)

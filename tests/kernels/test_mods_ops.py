@@ -113,3 +113,14 @@ def test_inference_skips_the_autograd_function(monkeypatch):
         y_infer = mods_ops.linear_mods(x, w, block=64, mode="split_bf16")
     assert not applied and not y_infer.requires_grad
     torch.testing.assert_close(y_infer, y_train.detach())
+
+
+def test_side_by_side_off_cuda_runs_both_in_order_and_skips_missing_ones():
+    from loka_trainer.kernels.streams import side_by_side
+    calls = []
+    main = lambda: calls.append("main") or torch.ones(2)  # noqa: E731
+    side = lambda: calls.append("side") or torch.zeros(2)  # noqa: E731
+    a, b = side_by_side(main, side, torch.device("cpu"))
+    assert calls == ["main", "side"] and torch.equal(a, torch.ones(2)) and torch.equal(b, torch.zeros(2))
+    assert side_by_side(None, side, torch.device("cpu"))[0] is None
+    assert side_by_side(main, None, torch.device("cpu"))[1] is None
