@@ -96,13 +96,22 @@ def bench_gemms(shapes, progress) -> list[dict]:
 
 
 def _serial_grads(f):
-    """``f`` with the backward's two GEMMs in order on one stream (``streams.ENABLED`` off during the call)."""
+    """``f`` marked so that ``bench_fig13`` times its whole step (forward and backward) with the backward's two
+    GEMMs in order on one stream (``with_serial_grads``)."""
+    def call(x):
+        return f(x)
+    call.serial_grads = True
+    return call
+
+
+def with_serial_grads(step):
+    """``step`` with ``streams.ENABLED`` off for the whole call: the backward runs inside it too."""
     from loka_trainer.kernels import streams
 
-    def call(x):
+    def call():
         streams.ENABLED = False
         try:
-            return f(x)
+            return step()
         finally:
             streams.ENABLED = True
     return call
@@ -173,7 +182,9 @@ def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool 
             if forward_only:
                 time_row(row, _inference(f, x))
             else:
-                time_row(row, lambda f=f: f(x).backward(dy), [x, *params] if reset_grads else None)
+                step = lambda f=f: f(x).backward(dy)  # noqa: E731
+                step = with_serial_grads(step) if getattr(f, "serial_grads", False) else step
+                time_row(row, step, [x, *params] if reset_grads else None)
             rows.append(row)
         progress.update(1)
     return rows

@@ -208,3 +208,31 @@ def test_dispatch_bench_forward_only_suite_gets_its_own_best_and_ratios():
     w = torch.ones(4, 4, requires_grad=True)
     y = _inference(lambda x: x @ w, torch.ones(2, 4))()
     assert y.grad_fn is None and torch.equal(y, torch.full((2, 4), 4.0))
+
+
+def test_dispatch_bench_serial_grads_variant_covers_the_backward():
+    # the flag must be off while backward runs, not only during the forward call (a first version reset it on
+    # return from the forward, so its "serial" rows ran concurrent)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_dispatch_gpu import _serial_grads, with_serial_grads
+
+    from loka_trainer.kernels import streams
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(streams.ENABLED)
+            return g
+
+    f = _serial_grads(lambda x: Probe.apply(x))
+    x = torch.ones(3, requires_grad=True)
+    step = lambda: f(x).sum().backward()  # noqa: E731
+    assert f.serial_grads
+    with_serial_grads(step)()
+    step()
+    assert seen == [False, True] and streams.ENABLED
