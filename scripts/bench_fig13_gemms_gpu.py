@@ -35,11 +35,12 @@ from loka_trainer.kernels.triton_quant import quant_rowwise  # noqa: E402
 from loka_trainer.kernels.triton_quant_tensorwise import quant_tensorwise  # noqa: E402
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+GEMMS = ("forward", "input_grad", "weight_grad")
 
 
 def gemm_dims(M: int, K: int, N: int) -> dict[str, tuple[int, int, int]]:
     """GEMM name -> (R, C, P) of ``a (R, C) · b (P, C)ᵀ`` for one Linear x (M, K) -> (M, N)."""
-    return {"forward": (M, K, N), "input_grad": (M, N, K), "weight_grad": (N, M, K)}
+    return dict(zip(GEMMS, [(M, K, N), (M, N, K), (N, M, K)]))
 
 
 def _scaled(R: int, C: int, P: int, a_dtype, rowwise: bool):
@@ -88,15 +89,25 @@ def bench_shape(K: int, N: int) -> list[dict]:
     return rows
 
 
+def shapes_of(rows: list[dict]) -> list[tuple[int, int]]:
+    """The (K, N) shapes in ``rows``, smallest layer first."""
+    return sorted({(r["K"], r["N"]) for r in rows}, key=lambda s: s[0] * s[1])
+
+
+def gemm_times(rows: list[dict], K: int, N: int, recipe: str) -> list[float]:
+    """µs of the forward, input-grad and weight-grad GEMM of shape (K, N) on ``recipe`` (nan where missing)."""
+    t = {r["op"]: r.get("graph_us") for r in rows
+         if (r["K"], r["N"]) == (K, N) and r["kind"] == "gemm" and r["recipe"] == recipe}
+    return [t.get(op) or math.nan for op in GEMMS]
+
+
 def summarize(rows: list[dict]) -> list[str]:
     """Per shape: each recipe's three-GEMM sum and its ratio to BF16; the quantizers' µs."""
     lines = [f"{'(K, N)':>13} {'recipe':>16} {'forward':>8} {'in_grad':>8} {'w_grad':>8} {'sum':>8} {'vs bf16':>8}"]
-    for K, N in sorted({(r["K"], r["N"]) for r in rows}, key=lambda s: s[0] * s[1]):
-        gemm = {(r["op"], r["recipe"]): r.get("graph_us") for r in rows if (r["K"], r["N"]) == (K, N)
-                and r["kind"] == "gemm"}
-        base = sum(gemm.get((op, "bf16")) or math.nan for op in ("forward", "input_grad", "weight_grad"))
+    for K, N in shapes_of(rows):
+        base = sum(gemm_times(rows, K, N, "bf16"))
         for recipe in GEMM_RECIPES:
-            ts = [gemm.get((op, recipe)) or math.nan for op in ("forward", "input_grad", "weight_grad")]
+            ts = gemm_times(rows, K, N, recipe)
             lines.append(f"{str((K, N)):>13} {recipe:>16} " + " ".join(f"{t:8.1f}" for t in ts)
                          + f" {sum(ts):8.1f} {base / sum(ts):7.2f}x")
         for r in rows:
@@ -111,17 +122,11 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    shapes = sorted({(r["K"], r["N"]) for r in rows}, key=lambda s: s[0] * s[1])
+    shapes = shapes_of(rows)
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / (len(GEMM_RECIPES) - 1)
     for i, recipe in enumerate(r for r in GEMM_RECIPES if r != "bf16"):
-        ratios = []
-        for K, N in shapes:
-            t = {(r["op"], r["recipe"]): r.get("graph_us") or math.nan for r in rows
-                 if (r["K"], r["N"]) == (K, N) and r["kind"] == "gemm"}
-            ops = ("forward", "input_grad", "weight_grad")
-            total = lambda name: sum(t.get((o, name), math.nan) for o in ops)  # noqa: E731
-            ratios.append(total("bf16") / total(recipe))
+        ratios = [sum(gemm_times(rows, K, N, "bf16")) / sum(gemm_times(rows, K, N, recipe)) for K, N in shapes]
         ax.bar([j + i * width for j in range(len(shapes))], ratios, width, label=recipe)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks([j + width for j in range(len(shapes))], [str(s) for s in shapes], rotation=20)
