@@ -66,7 +66,8 @@ FUSED_VARIANTS = {
     "split_fp8_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise"),
     "fused_fp8_dgrad": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise"),  # the fused FP8 forward + FP8 dgrad
     "split_fp8_all": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
-    # the weight grad on tensorwise FP8 (e5m2 dz; two-kernel Triton quantizers of dzᵀ and xᵀ), unmeasured so far
+    # the weight grad on tensorwise FP8 (e5m2 dz; two-kernel Triton quantizers of dzᵀ and xᵀ); on the H200 no
+    # faster than split_fp8_all (docs/kernels/README.md, "FP8 weight grad at three shapes")
     "split_fp8_dgrad_tw_wgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
 }
 

@@ -132,9 +132,9 @@ def cuda_graph_timer(fallback: Optional[Timer] = None) -> Timer:
     return timer
 
 
-# ``precision.gpu_timer`` -> how Dispatch times candidates on a GPU. "cuda_events" is what every recorded plan
-# and speed run so far used; "cuda_graph" is GPU time without host cost (``cuda_graph_timer``), to be compared
-# end to end before it becomes the default.
+# ``precision.gpu_timer`` -> how Dispatch times candidates on a GPU. "cuda_events" (the default) is what the
+# recorded plans used; "cuda_graph" is GPU time without host cost (``cuda_graph_timer``). End to end on the H200
+# (Wukong, docs/results.md §2b) the graph-timed plan chose more FP8 GEMMs and trained 1.8% slower.
 GPU_TIMERS: dict[str, Callable[[], Timer]] = {"cuda_events": cuda_timer, "cuda_graph": cuda_graph_timer}
 
 
