@@ -64,6 +64,10 @@ FUSED_VARIANTS = {
     "split_fp8_fwd": dict(mode="split_fp8"),
     "split_bf16_fp8_dgrad": dict(mode="split_bf16", dgrad="scaled_mm_rowwise"),
     "split_fp8_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise"),
+    # the dgrad on tensorwise FP8 (e5m2 dz; the dz kernel folds its amax into one scalar, then one cast pass):
+    # cuBLAS's tensorwise FP8 GEMM is faster than its rowwise one at every figure-13 shape (bench_fig13_gemms)
+    "split_bf16_tw_dgrad": dict(mode="split_bf16", dgrad="scaled_mm_tensorwise"),
+    "split_fp8_tw_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise"),
     "fused_fp8_dgrad": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise"),  # the fused FP8 forward + FP8 dgrad
     "split_fp8_all": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
     # the weight grad on tensorwise FP8 (e5m2 dz; two-kernel Triton quantizers of dzᵀ and xᵀ); on the H200 no

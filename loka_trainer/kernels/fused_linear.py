@@ -55,7 +55,7 @@ class FusedLinearMods(nn.Module):
     """HardSwish(BlockNorm(x·Wᵀ)) as one module: x (..., K) -> (..., N). Parameter ``weight`` (N, K), no bias.
 
     ``mode`` is the forward kernel (``mods_modes.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
-    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; dgrad ``scaled_mm_rowwise`` runs fused, ``mods_ops.FUSED_DGRAD``).
+    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; a ``torch._scaled_mm`` dgrad runs fused, ``mods_ops.FUSED_DGRAD``).
     """
 
     def __init__(self, in_features: int, out_features: int, *, block_size: int = 256, eps: float = 1e-6,
@@ -218,9 +218,9 @@ def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoi
     The forward mode is the plan's measured one (``mods``: timed per layer when the plan was built on a GPU,
     ``convert.build_plan``); without it, a forward that Dispatch found worth FP8 runs the fused kernel on
     rowwise-FP8 inputs, a BF16 forward ``mods_modes.DEFAULT_FORWARD_MODE`` (cuBLAS GEMM + one Triton
-    BlockNorm/HardSwish epilogue kernel; see there why). The two backward GEMMs keep the plan's backends; a ``scaled_mm_rowwise`` dgrad
-    then runs fused (dz amax from the dz kernel, one cast pass, ``mods_ops.FUSED_DGRAD``) with the backend's
-    numerics.
+    BlockNorm/HardSwish epilogue kernel; see there why). The two backward GEMMs keep the plan's backends; a
+    ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise`` dgrad then runs fused (dz amax from the dz kernel, one cast
+    pass, ``mods_ops.FUSED_DGRAD``) with the backend's numerics.
     """
     if mods is not None:
         mode = mods.mode

@@ -18,6 +18,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from loka_trainer.kernels.backend_base import QuantOperand
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.plan import GEMMS
+from loka_trainer.kernels.streams import side_by_side
 
 
 # NOTE: (data_ptr, version) alone is not a safe key under FSDP2: the all-gather rewrites the unsharded weight
@@ -77,7 +78,8 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class _LoKALinearFn(torch.autograd.Function):
-    """y = x·Wᵀ (+ b) with forward / input_grad / weight_grad each on its own backend.
+    """y = x·Wᵀ (+ b) with forward / input_grad / weight_grad each on its own backend; the backward's two
+    GEMMs (both need only dy) run side by side on two CUDA streams (``streams.side_by_side``).
 
     x (M, K), w (N, K), b (N,) or None -> y (M, N). Backend names are plain strings (constants for
     torch.compile); ``cache`` is the module's WeightCache.
@@ -105,11 +107,11 @@ class _LoKALinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         dgrad, wgrad = ctx.names
-        dx = dw = db = None
-        if ctx.needs_input_grad[0]:
-            dx = get_backend(dgrad).input_grad(dy, w, wt_q=ctx.wt_q).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            dw = get_backend(wgrad).weight_grad(dy, x).to(w.dtype)
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        dx_fn = (lambda: get_backend(dgrad).input_grad(dy, w, wt_q=ctx.wt_q).to(x.dtype)) if need_dx else None
+        dw_fn = (lambda: get_backend(wgrad).weight_grad(dy, x).to(w.dtype)) if need_dw else None
+        dx, dw = side_by_side(dx_fn, dw_fn, dy.device)  # the two GEMMs on two streams (CUDA, eager)
+        db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.float().sum(0)
         ctx.wt_q = None  # free the FP8 operand with the graph

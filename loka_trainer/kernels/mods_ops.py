@@ -10,23 +10,25 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   HardSwish (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
-- ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16) -> (dz_q, scale_inv, dz)``: the same dz quantized
-  rowwise to e4m3 (for an FP8 dgrad): the dz kernel also writes per-block amaxes, one cast kernel follows.
+- ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity) -> (dz_q, scale_inv, dz)``: the same dz
+  quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz kernel also writes the amaxes, one
+  cast kernel follows.
 
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x, w, u (bf16) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
 directly), the two GEMMs on two CUDA streams (``streams.side_by_side``). Forward modes: ``mods_modes.FORWARD_MODES``.
 
-Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` the layer does not
-call the backend (dz kernel, then a quantization kernel reading dz twice: amax, cast) but has the dz kernel
-write per-block amaxes, so one cast pass reads dz once, and runs ``torch._scaled_mm`` against the backend's
-cached (K, N) e4m3 weight. The numerics are the backend's exactly (rowwise e4m3 of the bf16 dz, rowwise e4m3
-of Wᵀ), so the Dispatch plan's name and its MERE stay valid; only the kernels differ. Any other dgrad backend
-runs unfused.
+Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise``
+the layer does not call the backend (dz kernel, then a quantizer reading dz twice: amax, cast) but has the dz
+kernel write the amaxes, so one cast pass reads dz once, and runs ``torch._scaled_mm`` against the backend's
+cached (K, N) e4m3 weight. The numerics are the backend's exactly (rowwise e4m3, or tensorwise e5m2, of the
+bf16 dz; the backend's e4m3 Wᵀ), so the Dispatch plan's name and its MERE stay valid; only the kernels differ.
+Any other dgrad backend runs unfused.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import torch
@@ -37,7 +39,7 @@ from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.mods_modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish, quantize_static, static_fp8_scale
-from loka_trainer.kernels.quant import quantize_rowwise
+from loka_trainer.kernels.quant import quantize
 from loka_trainer.kernels.streams import side_by_side
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
 
@@ -46,11 +48,13 @@ FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible
 
 
 def scaled_mm_nt(qa: Tensor, sa: Tensor, qb: Tensor, sb: Tensor) -> Tensor:
-    """qa (R, C), qb (P, C) row-major e4m3, sa (R, 1), sb (P, 1) fp32 -> (qa·sa)·(qb·sb)ᵀ (R, P) bf16.
+    """qa (R, C), qb (P, C) row-major fp8, sa (R, 1), sb (P, 1) fp32 (rowwise) or both () (tensorwise)
+    -> (qa·sa)·(qb·sb)ᵀ (R, P) bf16.
 
-    cuBLASLt's rowwise FP8 GEMM on CUDA (torch's reference kernel on CPU); R, C, P multiples of 16.
+    cuBLASLt's FP8 GEMM on CUDA (torch's reference kernel on CPU); R, C, P multiples of 16.
     """
-    return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb.reshape(1, -1), out_dtype=torch.bfloat16)
+    sb = sb if sb.dim() == 0 else sb.reshape(1, -1)  # b's row scales are the column scales of bᵀ
+    return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
 @torch.no_grad()
@@ -126,45 +130,53 @@ def _(dh, u, r, block):
 
 
 @torch.no_grad()
-def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
-    """dh (M, N), u (M, N), r (M, NB) -> (dz_q (M, N) e4m3, scale_inv (M, 1) fp32, dz (M, N) bf16)."""
+def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int, granularity: str = "rowwise"
+                          ) -> tuple[Tensor, Tensor, Tensor]:
+    """dh (M, N), u (M, N), r (M, NB) -> (dz_q (M, N) fp8, scale_inv fp32 ((M, 1) rowwise, () tensorwise),
+    dz (M, N) bf16)."""
     dz = mods_backward_ref(dh, u, r, block)
-    dz_q, scale_inv = quantize_rowwise(dz, torch.float8_e4m3fn)
+    dz_q, scale_inv = quantize(dz, granularity, triton_mods.DZ_FP8[granularity][0])
     return dz_q, scale_inv, dz
 
 
 @torch.library.custom_op("loka::mods_bwd_dz_fp8", mutates_args=())
-def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bool
+def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bool, granularity: str = "rowwise"
                     ) -> tuple[Tensor, Tensor, Tensor]:
-    """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) e4m3, scale_inv (M, 1) fp32, dz (M, N) bf16);
-    dz is an empty (0, N) tensor unless ``write_bf16`` (custom ops cannot return None)."""
+    """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16) as
+    ``mods_backward_fp8_ref``; dz is an empty (0, N) tensor unless ``write_bf16`` (custom ops cannot return None)."""
+    if granularity not in triton_mods.DZ_FP8:
+        raise ValueError(f"mods_bwd_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(triton_mods.DZ_FP8)}")
     if use_triton(dh):
-        dz_q, scale_inv, dz = triton_mods.backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16)
+        dz_q, scale_inv, dz = triton_mods.backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16,
+                                                          granularity=granularity)
     else:
-        dz_q, scale_inv, dz = mods_backward_fp8_ref(dh, u, r, block)
+        dz_q, scale_inv, dz = mods_backward_fp8_ref(dh, u, r, block, granularity)
     return dz_q, scale_inv, dz if write_bf16 else dh.new_empty((0, dh.shape[1]), dtype=torch.bfloat16)
 
 
 @mods_bwd_dz_fp8.register_fake
-def _(dh, u, r, block, write_bf16):
+def _(dh, u, r, block, write_bf16, granularity="rowwise"):
     M, N = dh.shape
     dz = dh.new_empty((M if write_bf16 else 0, N), dtype=torch.bfloat16)
-    return dh.new_empty((M, N), dtype=torch.float8_e4m3fn), dh.new_empty((M, 1), dtype=torch.float32), dz
+    scale_shape = (M, 1) if granularity == "rowwise" else ()
+    return (dh.new_empty((M, N), dtype=triton_mods.DZ_FP8[granularity][0]), dh.new_empty(scale_shape, dtype=torch.float32),
+            dz)
 
 
-def _dgrad_fp8_rowwise(dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor, cache: WeightCache,
-                       need_dz: bool) -> tuple[Callable[[], Tensor], Optional[Tensor]]:
+def _dgrad_fp8(granularity: str, backend: str, dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor,
+               cache: WeightCache, need_dz: bool) -> tuple[Callable[[], Tensor], Optional[Tensor]]:
     """dh (M, N) -> (dx thunk () -> (M, K) bf16, dz (M, N) bf16 or None): the dz+quantization kernels run now,
-    the GEMM (cuBLAS rowwise FP8 against Wᵀ (K, N) e4m3, cast once per weight version by the
-    ``scaled_mm_rowwise`` backend) when the thunk is called, so the weight grad can run beside it."""
-    dz_q, s_dz, dz = mods_bwd_dz_fp8(dh, u, r, block, need_dz)
-    wt_q, s_wt = cache.get(w, FP8_WEIGHT_BACKEND, "input_grad")
+    the GEMM (``torch._scaled_mm`` against Wᵀ (K, N) e4m3, cast once per weight version by ``backend``) when
+    the thunk is called, so the weight grad can run beside it."""
+    dz_q, s_dz, dz = mods_bwd_dz_fp8(dh, u, r, block, need_dz, granularity)
+    wt_q, s_wt = cache.get(w, backend, "input_grad")
     return (lambda: scaled_mm_nt(dz_q, s_dz, wt_q, s_wt)), (dz if need_dz else None)
 
 
 # dgrad backend name -> the fused implementation of the same numerics (see the module docstring)
-FUSED_DGRAD: dict[str, Callable[..., tuple[Tensor, Optional[Tensor]]]] = {
-    "scaled_mm_rowwise": _dgrad_fp8_rowwise,
+FUSED_DGRAD: dict[str, Callable[..., tuple[Callable[[], Tensor], Optional[Tensor]]]] = {
+    "scaled_mm_rowwise": functools.partial(_dgrad_fp8, "rowwise", "scaled_mm_rowwise"),
+    "scaled_mm_tensorwise": functools.partial(_dgrad_fp8, "tensorwise", "scaled_mm_tensorwise"),
 }
 
 

@@ -11,11 +11,12 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   kernel has too few programs (small N, long K), cuBLAS + this kernel is faster.
 - ``backward_dz``: dz from dh in one pass: g = dh·HardSwish'(u), dz = r·(g − u·mean_B(g·u)) per block.
   dx = dz·W and dW = dzᵀ·x are then plain GEMMs (cuBLAS or an FP8 backend).
-- ``backward_dz_fp8``: the same dz, plus its rowwise e4m3 quantization for an FP8 dgrad GEMM: the dz kernel
-  also writes each (row, block) amax (M, NB), then one cast kernel reads dz once (the row amax comes from
-  the small buffer), both parallel over rows x blocks. Against dz kernel + quantization kernel this saves
-  the quantizer's amax pass over dz. (A single kernel whose programs own whole rows was measured first on
-  the H200: latency-bound at M = 1024, 1.5x slower than unfused at N = 7680.)
+- ``backward_dz_fp8``: the same dz, plus its FP8 quantization for an FP8 dgrad GEMM (``DZ_FP8``). Rowwise
+  e4m3: the dz kernel also writes each (row, block) amax (M, NB), then one cast kernel reads dz once (the row
+  amax comes from the small buffer), both parallel over rows x blocks. Tensorwise e5m2: the dz kernel folds
+  its tiles' amaxes into one scalar (atomic max), then the tensorwise cast pass. Against dz kernel +
+  quantization kernel this saves the quantizer's amax pass over dz. (A single kernel whose programs own whole
+  rows was measured first on the H200: latency-bound at M = 1024, 1.5x slower than unfused at N = 7680.)
 
 Requirements (else ``supports`` is False and callers use the reference): N % B == 0, B a power of two in
 [16, 256], K % 16 == 0.
@@ -119,26 +120,53 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
     rows = _rows_per_program(block)
     kernel[(triton.cdiv(M, rows), N // block)](dy, u, r, dz, dz, M, dy.stride(0), u.stride(0), r.stride(0),
-                                               dz.stride(0), 0, WRITE_AMAX=False, BLOCK_N=block, BLOCK_M=rows)
+                                               dz.stride(0), 0, AMAX=0, BLOCK_N=block, BLOCK_M=rows)
     return dz
 
 
-def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK,
-                    write_bf16: bool = True):
-    """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) e4m3, scale_inv (M, 1) fp32, dz (M, N) bf16
-    or None): dz as ``backward_dz``, quantized rowwise exactly as ``quant.quantize_rowwise(dz_bf16)``."""
-    triton, _, _, dz_kernel = _kernels()
+def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int):
+    """dz kernel writing each (row, block) amax, then one cast kernel (row amax from that small buffer)."""
+    triton = _kernels()[0]
     M, N = dy.shape
     nb = N // block
-    dy = dy if dy.stride(1) == 1 else dy.contiguous()
-    dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)  # written either way: the cast reads it
     amax = torch.empty((M, nb), dtype=torch.float32, device=dy.device)
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=dy.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=dy.device)
-    rows = _rows_per_program(block)
-    grid = (triton.cdiv(M, rows), nb)
     dz_kernel[grid](dy, u, r, dz, amax, M, dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0),
-                    WRITE_AMAX=True, BLOCK_N=block, BLOCK_M=rows)
+                    AMAX=1, BLOCK_N=block, BLOCK_M=rows)
     _quant_kernel()[grid](dz, amax, q, s, M, nb, dz.stride(0), amax.stride(0), q.stride(0), FP8_MAX_=FP8_MAX,
                           EPS_=EPS, NB_P2=triton.next_power_of_2(nb), BLOCK_N=block, BLOCK_M=rows)
+    return q, s
+
+
+def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int):
+    """dz kernel with one atomic max over all its tiles, then the tensorwise cast pass (reads dz once)."""
+    from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
+    amax = torch.zeros((), dtype=torch.float32, device=dy.device)
+    dz_kernel[grid](dy, u, r, dz, amax, dy.shape[0], dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), 0,
+                    AMAX=2, BLOCK_N=block, BLOCK_M=rows)
+    return cast_with_amax(dz, amax, torch.float8_e5m2)
+
+
+# granularity -> (fp8 dtype, launcher): the numerics of the torch._scaled_mm backend of that granularity for a
+# gradient operand (rowwise: e4m3, cuBLASLt's rowwise kernels take no e5m2; tensorwise: e5m2)
+DZ_FP8 = {
+    "rowwise": (torch.float8_e4m3fn, _dz_and_rowwise_e4m3),
+    "tensorwise": (torch.float8_e5m2, _dz_and_tensorwise_e5m2),
+}
+
+
+def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK,
+                    write_bf16: bool = True, granularity: str = "rowwise"):
+    """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16 or None):
+    dz as ``backward_dz``, quantized exactly as ``quant.quantize(dz_bf16, granularity, DZ_FP8[granularity][0])``:
+    rowwise e4m3 with scale_inv (M, 1), or tensorwise e5m2 with scale_inv ()."""
+    if granularity not in DZ_FP8:
+        raise ValueError(f"backward_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(DZ_FP8)}")
+    triton, _, _, dz_kernel = _kernels()
+    M, N = dy.shape
+    dy = dy if dy.stride(1) == 1 else dy.contiguous()
+    dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)  # written either way: the cast reads it
+    rows = _rows_per_program(block)
+    q, s = DZ_FP8[granularity][1](dz_kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows)
     return q, s, (dz if write_bf16 else None)

@@ -85,7 +85,8 @@ def _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride
 
 @triton.jit
 def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, M, stride_dym, stride_um, stride_rm, stride_dzm,
-                  stride_am, WRITE_AMAX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                  stride_am, AMAX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    # AMAX: 0 none, 1 each (row, block) amax into amax_ptr (M, NB), 2 one atomic max into the scalar amax_ptr
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -93,8 +94,11 @@ def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, M, stride_dym, stride_
     dz = _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, pid_n, stride_dym, stride_um, stride_rm, BLOCK_N)
     dz = dz.to(dz_ptr.dtype.element_ty)
     tl.store(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], dz, mask=mask_m[:, None])
-    if WRITE_AMAX:  # of the stored (rounded) dz, so the FP8 cast matches quantizing the bf16 dz
+    # of the stored (rounded) dz, so the FP8 cast matches quantizing the bf16 dz (masked rows hold zeros)
+    if AMAX == 1:
         tl.store(amax_ptr + offs_m * stride_am + pid_n, tl.max(tl.abs(dz.to(tl.float32)), axis=1), mask=mask_m)
+    if AMAX == 2:
+        tl.atomic_max(amax_ptr, tl.max(tl.abs(dz.to(tl.float32))))  # a max: exact in any order
 
 @triton.jit
 def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, M, NB, stride_dzm, stride_am, stride_qm,

@@ -41,16 +41,26 @@ def quantize_tensorwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8
     if not use_triton(t):
         q, s = quantize_tensorwise(t, dtype)
         return q.contiguous(), s
-    triton, amax_kernel, cast_kernel = _kernels()
+    triton, amax_kernel, _ = _kernels()
     R, C = t.shape
     amax = torch.zeros((), dtype=torch.float32, device=t.device)
+    block_r, block_c = _tiles(t)
+    amax_kernel[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](t, amax, R, C, t.stride(0), t.stride(1),
+                                                                     BLOCK_R=block_r, BLOCK_C=block_c)
+    return cast_with_amax(t, amax, dtype)
+
+
+def cast_with_amax(t: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """t (R, C) any strides, amax () fp32 = max |t| (found elsewhere, e.g. by the kernel that wrote t) ->
+    (q (R, C) fp8 contiguous, scale_inv () fp32): the cast pass of ``quantize_tensorwise_fused`` (Triton)."""
+    triton, _, cast_kernel = _kernels()
+    R, C = t.shape
     q = torch.empty((R, C), dtype=dtype, device=t.device)
     s = torch.empty((), dtype=torch.float32, device=t.device)
     block_r, block_c = _tiles(t)
-    grid = (triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)
-    amax_kernel[grid](t, amax, R, C, t.stride(0), t.stride(1), BLOCK_R=block_r, BLOCK_C=block_c)
-    cast_kernel[grid](t, amax, q, s, R, C, t.stride(0), t.stride(1), FP8_MAX=torch.finfo(dtype).max, EPS_=EPS,
-                      BLOCK_R=block_r, BLOCK_C=block_c)
+    cast_kernel[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](
+        t, amax, q, s, R, C, t.stride(0), t.stride(1), FP8_MAX=torch.finfo(dtype).max, EPS_=EPS,
+        BLOCK_R=block_r, BLOCK_C=block_c)
     return q, s
 
 

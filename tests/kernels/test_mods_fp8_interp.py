@@ -47,18 +47,21 @@ def _dh_u_r(rows: int, seed: int = 0):
 
 @only_interpreted
 @pytest.mark.parametrize("write_bf16", [True, False])
-def test_backward_dz_fp8_matches_reference(interpret, write_bf16):
+@pytest.mark.parametrize("granularity", ["rowwise", "tensorwise"])
+def test_backward_dz_fp8_matches_reference(interpret, write_bf16, granularity):
     from loka_trainer.kernels.mods_ops import mods_backward_fp8_ref
     from loka_trainer.kernels.triton_mods import _rows_per_program, backward_dz_fp8
     rows = 3 * _rows_per_program(B) - 5  # the last row tile is partly masked
     dh, u, r = _dh_u_r(rows)
-    q, s, dz = backward_dz_fp8(dh, u, r, block=B, write_bf16=write_bf16)
-    qr, sr, dzr = mods_backward_fp8_ref(dh, u, r, B)
-    assert q.dtype == torch.float8_e4m3fn and q.shape == (rows, N) and s.shape == (rows, 1)
+    q, s, dz = backward_dz_fp8(dh, u, r, block=B, write_bf16=write_bf16, granularity=granularity)
+    qr, sr, dzr = mods_backward_fp8_ref(dh, u, r, B, granularity)
+    assert q.dtype == qr.dtype and q.shape == (rows, N) and s.shape == sr.shape
     torch.testing.assert_close(s, sr, rtol=1e-2, atol=0)  # dz's bf16 rounding may differ by an ulp
     assert torch.isfinite(s).all() and (q[3].float() == 0).all()
-    # NOTE: the interpreter's numpy fp8 cast differs from torch's on some binade carries (see interp_cases)
-    assert (q.float() == qr.float()).float().mean() > 0.9 and _rel(q.float() * s, dzr) < 0.1
+    # NOTE: the interpreter's numpy fp8 cast differs from torch's on some binade carries (see interp_cases; more
+    # of them in e5m2's 2-bit mantissa), so the error is bounded by the recipe's own, with slack
+    assert (q.float() == qr.float()).float().mean() > 0.9
+    assert _rel(q.float() * s, dzr) < 2 * _rel(qr.float() * sr, dzr) + 0.05
     assert (dz is None) != write_bf16
     if write_bf16:
         assert _rel(dz, dzr) < 1e-2
@@ -74,10 +77,11 @@ def _spy(monkeypatch, module, name: str) -> list:
 @only_interpreted
 @pytest.mark.parametrize("mode,dgrad,wgrad", [("split_fp8", "bf16", "bf16"),
                                               ("split_fp8", "scaled_mm_rowwise", "bf16"),
+                                              ("split_bf16", "scaled_mm_tensorwise", "bf16"),
                                               ("split_bf16", "scaled_mm_rowwise", "scaled_mm_rowwise")])
 def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, wgrad):
     from loka_trainer.kernels import triton_mods
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.kernels.mods_ops import FUSED_DGRAD, linear_mods
     from loka_trainer.kernels.mods_ref import linear_mods_ref
     norm_calls = _spy(monkeypatch, triton_mods, "norm_forward")
     fused_dz_calls = _spy(monkeypatch, triton_mods, "backward_dz_fp8")
@@ -87,7 +91,7 @@ def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, w
     dy = torch.randn(M, N, generator=g)
     y = linear_mods(x, w, block=B, mode=mode, dgrad=dgrad, wgrad=wgrad)
     y.backward(dy.to(torch.bfloat16))
-    assert len(norm_calls) == 1 and len(fused_dz_calls) == (dgrad == "scaled_mm_rowwise")
+    assert len(norm_calls) == 1 and len(fused_dz_calls) == (dgrad in FUSED_DGRAD)
     xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     yr = linear_mods_ref(xr, wr, B)
     yr.backward(dy)
@@ -97,17 +101,18 @@ def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, w
 
 
 @only_interpreted
-def test_fused_dgrad_equals_unfused_backend(interpret):
+@pytest.mark.parametrize("backend", ["scaled_mm_rowwise", "scaled_mm_tensorwise"])
+def test_fused_dgrad_equals_unfused_backend(interpret, backend):
     from loka_trainer.kernels.backends import get_backend
     from loka_trainer.kernels.linear import WeightCache
     from loka_trainer.kernels.mods_ops import FUSED_DGRAD, mods_bwd_dz
     dh, u, r = _dh_u_r(M, seed=2)
     w = (torch.randn(N, K, generator=torch.Generator().manual_seed(3)) / K ** 0.5).to(torch.bfloat16)
     cache = WeightCache()
-    dx_fn, dz = FUSED_DGRAD["scaled_mm_rowwise"](dh, u, r, B, w, cache, True)
+    dx_fn, dz = FUSED_DGRAD[backend](dh, u, r, B, w, cache, True)
     dx = dx_fn()
     dz_ref = mods_bwd_dz(dh, u, r, B)
-    ref = get_backend("scaled_mm_rowwise").input_grad(dz_ref, w, wt_q=cache.get(w, "scaled_mm_rowwise", "input_grad"))
+    ref = get_backend(backend).input_grad(dz_ref, w, wt_q=cache.get(w, backend, "input_grad"))
     assert dx.shape == (M, K) and cache.num_casts == 1
     assert _rel(dz, dz_ref) < 1e-2 and _rel(dx, ref) < 2e-2
 

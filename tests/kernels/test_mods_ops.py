@@ -8,7 +8,7 @@ import torch
 from loka_trainer.kernels.mods_modes import FORWARD_MODES
 from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_bwd_dz_fp8, mods_forward_ref
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish, linear_mods_ref
-from loka_trainer.kernels.quant import quantize_rowwise
+from loka_trainer.kernels.quant import quantize
 
 
 @pytest.mark.parametrize("block", [16, 64])
@@ -40,7 +40,7 @@ def _rel(a, b) -> float:
 
 
 @pytest.mark.parametrize("mode", sorted(FORWARD_MODES))
-@pytest.mark.parametrize("backward", ["bf16", "scaled_mm_rowwise"])
+@pytest.mark.parametrize("backward", ["bf16", "scaled_mm_rowwise", "scaled_mm_tensorwise"])
 def test_every_mode_matches_fp32_reference(mode, backward):
     """The plain-torch paths (CPU) of each forward mode and the fused FP8 dgrad, values and both grads."""
     g = torch.Generator().manual_seed(0)
@@ -70,21 +70,29 @@ def test_ragged_batch_falls_back_from_fp8_gemms():
 
 
 @pytest.mark.parametrize("write_bf16", [True, False])
-def test_bwd_dz_fp8_op_is_rowwise_quantized_dz(write_bf16):
+@pytest.mark.parametrize("granularity,dtype", [("rowwise", torch.float8_e4m3fn), ("tensorwise", torch.float8_e5m2)])
+def test_bwd_dz_fp8_op_is_the_quantized_dz(write_bf16, granularity, dtype):
     g = torch.Generator().manual_seed(1)
     _, u, r = mods_forward_ref(torch.randn(32, 128, generator=g), 64, 1e-6)
     dh = torch.randn(32, 128, generator=g).to(torch.bfloat16)
     dh[2] = 0.0
-    q, s, dz = mods_bwd_dz_fp8(dh, u, r, 64, write_bf16)
+    q, s, dz = mods_bwd_dz_fp8(dh, u, r, 64, write_bf16, granularity)
     dz_ref = mods_backward_ref(dh, u, r, 64)
-    qr, sr = quantize_rowwise(dz_ref, torch.float8_e4m3fn)
+    qr, sr = quantize(dz_ref, granularity, dtype)
+    assert q.dtype == dtype and s.shape == sr.shape
     torch.testing.assert_close(s, sr)
     torch.testing.assert_close(q.float(), qr.float())
     assert (q[2].float() == 0).all() and torch.isfinite(s).all()
     assert dz.shape == ((32, 128) if write_bf16 else (0, 128))
     if write_bf16:
         torch.testing.assert_close(dz, dz_ref)
-    torch.library.opcheck(mods_bwd_dz_fp8, (dh, u, r, 64, write_bf16))  # fake impl (torch.compile) agrees
+    torch.library.opcheck(mods_bwd_dz_fp8, (dh, u, r, 64, write_bf16, granularity))  # fake impl agrees
+
+
+def test_bwd_dz_fp8_op_rejects_an_unknown_granularity():
+    _, u, r = mods_forward_ref(torch.randn(16, 64), 64, 1e-6)
+    with pytest.raises(ValueError, match="unknown granularity 'colwise'"):
+        mods_bwd_dz_fp8(torch.randn(16, 64).to(torch.bfloat16), u, r, 64, True, "colwise")
 
 
 @pytest.mark.parametrize("write_fp8,save", [(False, True), (True, True), (False, False), (True, False)])
