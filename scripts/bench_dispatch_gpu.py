@@ -15,7 +15,7 @@ timed call unless ``--accumulate-grads``; see ``bench_timing``):
     split (``_scaled_mm`` + epilogue kernel), FP8 dgrad (rowwise or tensorwise) with dz's amax from the dz
     kernel, FP8 all three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
     ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring). ``*_serial_grads``:
-    the backward's two GEMMs in order instead of on two streams; ``lokalinear_*``: the Linear alone.
+    the backward's two GEMMs in order instead of on two streams.
     ``--fig13-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
     ``fig13_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
@@ -76,16 +76,9 @@ FUSED_VARIANTS = {
     "split_fp8_dgrad_tw_wgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
 }
 
-# The Linear alone (``LoKALinear`` with bias, no norm or activation), per GEMM backends: what the backward's two
-# streams gain for a plain Linear (its ``_serial_grads`` twin); not a fused variant
-LINEAR_VARIANTS = {
-    "lokalinear_bf16": {},
-    "lokalinear_tw_dgrad": {"input_grad": "scaled_mm_tensorwise"},
-}
-
 # variants also timed with dx and dW computed one after the other (``<name>_serial_grads``; by default
 # ``streams.side_by_side`` runs them on two streams), to measure what the overlap gains
-SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd", "split_fp8_tw_dgrad", *LINEAR_VARIANTS)
+SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd", "split_fp8_tw_dgrad")
 
 
 def bench_gemms(shapes, progress) -> list[dict]:
@@ -149,19 +142,13 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
                     ("ablate_blocknorm", bnorm), ("ablate_hardswish", hswish)]:
         if keep(name):  # dynamic=False: each shape gets its own specialized graph (no dynamic-shape kernels)
             v[name] = torch.compile(f, dynamic=False)
-    from loka_trainer.kernels.linear import LoKALinear, WeightCache
+    from loka_trainer.kernels.linear import WeightCache
     from loka_trainer.kernels.mods_ops import linear_mods
-    linear_params = []
     if K % 16 == 0 and N % 256 == 0:
         for name, kw in FUSED_VARIANTS.items():
             v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
-        for name, backends in LINEAR_VARIANTS.items():
-            if keep(name) or keep(f"{name}_serial_grads"):
-                v[name] = LoKALinear(K, N, backends=backends, device=dev, dtype=bf)
-                linear_params += list(v[name].parameters())
         for name in SERIAL_GRADS_VARIANTS:
-            if name in v:
-                v[f"{name}_serial_grads"] = _serial_grads(v[name])
+            v[f"{name}_serial_grads"] = _serial_grads(v[name])
     try:
         if not keep("torchao_rowwise_mods_compiled"):
             raise ImportError
@@ -172,7 +159,7 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
         params = [lin.weight]
     except ImportError:
         params = []
-    return {k: f for k, f in v.items() if keep(k)}, [w, b, ln_w, ln_b, *params, *linear_params]
+    return {k: f for k, f in v.items() if keep(k)}, [w, b, ln_w, ln_b, *params]
 
 
 def _inference(f, x):

@@ -18,7 +18,6 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from loka_trainer.kernels.backend_base import QuantOperand
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.plan import GEMMS
-from loka_trainer.kernels.streams import side_by_side
 
 
 # NOTE: (data_ptr, version) alone is not a safe key under FSDP2: the all-gather rewrites the unsharded weight
@@ -78,8 +77,7 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class _LoKALinearFn(torch.autograd.Function):
-    """y = x·Wᵀ (+ b) with forward / input_grad / weight_grad each on its own backend; the backward's two
-    GEMMs (both need only dy) run side by side on two CUDA streams (``streams.side_by_side``).
+    """y = x·Wᵀ (+ b) with forward / input_grad / weight_grad each on its own backend.
 
     x (M, K), w (N, K), b (N,) or None -> y (M, N). Backend names are plain strings (constants for
     torch.compile); ``cache`` is the module's WeightCache.
@@ -107,13 +105,15 @@ class _LoKALinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         dgrad, wgrad = ctx.names
-        need_dx, need_dw = ctx.needs_input_grad[:2]
-        dx_fn = (lambda: get_backend(dgrad).input_grad(dy, w, wt_q=ctx.wt_q).to(x.dtype)) if need_dx else None
-        dw_fn = (lambda: get_backend(wgrad).weight_grad(dy, x).to(w.dtype)) if need_dw else None
-        dx, dw = side_by_side(dx_fn, dw_fn, dy.device)  # the two GEMMs on two streams (CUDA, eager)
-        db = None
+        # NOTE: in order on one stream. On two streams (as ``mods_ops.LinearModsFn`` runs them) this layer was
+        # slower per step at 15 of 18 figure-13 cases on the H200, by 1.4-4.3 us (docs/kernels/README.md, r9).
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = get_backend(dgrad).input_grad(dy, w, wt_q=ctx.wt_q).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            dw = get_backend(wgrad).weight_grad(dy, x).to(w.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.float().sum(0)
+            db = dy.sum(0, dtype=torch.float32)  # fp32 accumulation without an fp32 copy of dy
         ctx.wt_q = None  # free the FP8 operand with the graph
         return dx, dw, db, None, None, None, None
 

@@ -1,5 +1,5 @@
-"""GPU-only: the FP8 paths of the fused Mods layer (split_fp8 forward, dz+quantization dgrad kernels) and the
-backward GEMMs on two streams (Mods layer and LoKALinear).
+"""GPU-only: the FP8 paths of the fused Mods layer (split_fp8 forward, dz+quantization dgrad kernels) and its
+backward GEMMs on two streams.
 
 Skipped without CUDA sm89+ and triton; the same kernels run on CPU in test_mods_fp8_interp.py.
 """
@@ -223,12 +223,3 @@ def test_grads_on_two_streams_equal_grads_in_order_also_under_graph_replay(kw):
     dy = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
     cache = WeightCache()
     _assert_two_streams_equal_in_order(lambda: linear_mods(x, w, cache=cache, **kw).backward(dy), [x, w])
-
-
-@pytest.mark.parametrize("backends", [{}, {"input_grad": "scaled_mm_tensorwise", "weight_grad": "scaled_mm_rowwise"}])
-def test_lokalinear_grads_on_two_streams_equal_grads_in_order(backends):
-    from loka_trainer.kernels.linear import LoKALinear
-    lin = LoKALinear(512, 768, bias=True, backends=backends, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
-    _assert_two_streams_equal_in_order(lambda: lin(x).backward(dy), [x, lin.weight, lin.bias])
