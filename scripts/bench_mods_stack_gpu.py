@@ -1,17 +1,19 @@
 """A stack of dense layers (an MLP of a recommendation model), published vs LoKA, forward + backward.
 
     python scripts/bench_mods_stack_gpu.py OUT_DIR [--widths 1024 2048 2048 1024 512] [--batch 1024 4096]
+        [--profile fused_fp8 fused_fp8_handoff]
 
 Per batch size, the same MLP widths as
 - ``base``: Linear(bias) -> LayerNorm -> SiLU per layer, BF16 (eager, and ``base_compiled``);
 - ``mods_compiled``: no bias -> BlockNorm(256) -> Hard Swish in plain PyTorch under ``torch.compile``;
 - ``fused_bf16`` / ``split_bf16``: ``FusedLinearMods`` per layer, BF16, forward as one Triton GEMM+epilogue
   kernel / as a cuBLAS GEMM + the Triton epilogue kernel (the default mode); Triton dz backward;
-- ``fused_fp8``: every layer with an FP8 forward (rowwise, fused GEMM+epilogue kernel) and FP8 dgrad (dz
-  quantization fused into the dz kernel), BF16 wgrad;
-- ``fused_fp8_handoff``: the same, plus the FP8 handoff (``chain_fp8_handoffs``): each layer's epilogue also
+- ``fused_fp8`` / ``split_fp8``: every layer with an FP8 forward (rowwise; fused GEMM+epilogue kernel / cuBLAS
+  ``_scaled_mm`` + the epilogue kernel) and FP8 dgrad (dz quantization fused into the dz kernel), BF16 wgrad;
+- ``*_handoff``: the same, plus the FP8 handoff (``chain_fp8_handoffs``): each layer's epilogue also
   writes its output in e4m3, so the next layer skips its quantization pass.
 Times: GPU µs from CUDA-graph replay (``do_bench_cudagraph``), and the launch-bound eager time separately.
+``--profile VARIANT ...``: also the per-kernel GPU µs of one step of those variants (``torch.profiler``).
 Parameters and inputs BF16; gradients are reset before each timed call (written, not accumulated, as in a
 training step). Writes OUT_DIR/bench_mods_stack.json and .png and prints a ratio table last.
 ``--device cpu`` only builds every variant and runs one step (a functional check; no timing).
@@ -38,7 +40,17 @@ from loka_trainer.models.layers import mlp  # noqa: E402
 
 PUBLISHED = dict(bias=True, norm="layernorm", activation="silu", block_size=256)
 MODS = dict(bias=False, norm="blocknorm", activation="hardswish", block_size=256)
-FP8_KERNELS = dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="bf16")
+FP8_DGRAD = dict(dgrad="scaled_mm_rowwise", wgrad="bf16")
+# FusedLinearMods variants: name -> (the kernels of every layer, FP8 handoff between layers)
+FUSED_STACKS = {
+    "fused_bf16": (dict(mode="fused_bf16"), False),
+    "split_bf16": (dict(mode="split_bf16"), False),
+    "fused_fp8": (dict(mode="fused_fp8", **FP8_DGRAD), False),
+    "fused_fp8_handoff": (dict(mode="fused_fp8", **FP8_DGRAD), True),
+    "split_fp8": (dict(mode="split_fp8", **FP8_DGRAD), False),
+    "split_fp8_handoff": (dict(mode="split_fp8", **FP8_DGRAD), True),
+}
+NUM_VARIANTS = 3 + len(FUSED_STACKS)  # base, base_compiled, mods_compiled + the fused stacks
 
 
 def _stack(widths: list[int], mods: dict, device) -> nn.Sequential:
@@ -52,9 +64,7 @@ def build_variants(widths: list[int], device, *, compile_: bool = True) -> dict[
     if compile_:
         variants["base_compiled"] = torch.compile(_stack(widths, PUBLISHED, device), dynamic=False)
         variants["mods_compiled"] = torch.compile(_stack(widths, MODS, device), dynamic=False)
-    for name, kernels, handoff in (("fused_bf16", dict(mode="fused_bf16"), False),
-                                   ("split_bf16", dict(mode="split_bf16"), False),
-                                   ("fused_fp8", FP8_KERNELS, False), ("fused_fp8_handoff", FP8_KERNELS, True)):
+    for name, (kernels, handoff) in FUSED_STACKS.items():
         m = _stack(widths, MODS, device)
         fqns = [f for f, mod in m.named_modules() if isinstance(mod, nn.Linear)]
         fuse_linear_mods(m, kernels={f: kernels for f in fqns})
@@ -68,8 +78,11 @@ def step_fn(model: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     return lambda: model(x).backward(dy)
 
 
-def measure(widths: list[int], batch: int, progress) -> list[dict]:
+def measure(widths: list[int], batch: int, progress, profile: tuple[str, ...] = ()) -> list[dict]:
+    """One row per variant at this batch; variants named in ``profile`` also get ``kernels_us`` (kernel name ->
+    GPU µs per step)."""
     from bench_timing import time_row
+    from profile_fig13_gpu import kernel_times
     rows = []
     torch._dynamo.reset()
     x = torch.randn(batch, widths[0], device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -78,6 +91,8 @@ def measure(widths: list[int], batch: int, progress) -> list[dict]:
         progress.set_postfix_str(f"batch {batch} {name}")
         row = {"batch": batch, "widths": widths, "variant": name}
         time_row(row, step_fn(model, x, dy), [x, *model.parameters()])  # grads written fresh, as in training
+        if name in profile:
+            row["kernels_us"] = kernel_times(step_fn(model, x, dy), [x, *model.parameters()], steps=10)
         rows.append(row)
         progress.update(1)
     base = next((r["graph_us"] for r in rows if r["variant"] == "base" and "graph_us" in r), None)
@@ -126,6 +141,8 @@ def main() -> None:
     ap.add_argument("--widths", nargs="+", type=int, default=[1024, 2048, 2048, 1024, 512])
     ap.add_argument("--batch", nargs="+", type=int, default=[1024, 4096])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--profile", nargs="*", default=[], metavar="VARIANT",
+                    help="also record per-kernel GPU time of one step of these variants")
     args = ap.parse_args()
     if args.device == "cpu":  # functional check: every variant builds and runs one step
         x = torch.randn(args.batch[0], args.widths[0], dtype=torch.bfloat16, requires_grad=True)
@@ -137,14 +154,18 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_mods_stack_gpu.py needs a CUDA device (or --device cpu for a functional check)")
     rows = []
-    with tqdm(total=len(args.batch) * 7, desc="mods stack", unit="variant") as progress:
+    with tqdm(total=len(args.batch) * NUM_VARIANTS, desc="mods stack", unit="variant") as progress:
         for batch in args.batch:
-            rows += measure(args.widths, batch, progress)
+            rows += measure(args.widths, batch, progress, tuple(args.profile))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "command": " ".join(sys.argv)}
     (args.out_dir / "bench_mods_stack.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, args.out_dir / "bench_mods_stack.png")
+    for r in rows:  # the profiled variants' largest kernels
+        if "kernels_us" in r:
+            top = sorted(r["kernels_us"].items(), key=lambda kv: -kv[1])[:8]
+            print(f"batch {r['batch']} {r['variant']}: " + "; ".join(f"{k[:40]} {t:.1f}" for k, t in top))
     print(table(rows))
 
 
