@@ -242,10 +242,15 @@ class LinearModsFn(torch.autograd.Function):
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
         ctx.dtypes = (x.dtype, w.dtype)
         ctx.mark_non_differentiable(q)
+        # q never gets a gradient: without this autograd passes backward a zero-filled (M, N) e4m3 tensor for
+        # it (a fill kernel per layer and step: 4-9 us per layer in the H200 MLP-stack profile)
+        ctx.set_materialize_grads(False)
         return h, q
 
     @staticmethod
     def backward(ctx, dh, _dq):
+        if dh is None:  # h was not used in the loss
+            return (None,) * 11
         xb, wb, u, r = ctx.saved_tensors
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]

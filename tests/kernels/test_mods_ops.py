@@ -123,6 +123,31 @@ def test_inference_skips_the_autograd_function(monkeypatch):
     torch.testing.assert_close(y_infer, y_train.detach())
 
 
+def test_backward_makes_no_zero_gradient_for_the_fp8_output():
+    """q (the FP8 copy for the next layer) gets no gradient; autograd must not build a zero e4m3 one for it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from loka_trainer.kernels.mods_ops import linear_mods_fp8_out
+
+    class Fp8Outputs(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (tuple, list)) else [out]
+            self.ops += [str(func) for t in outs if isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn]
+            return out
+    x = torch.randn(32, 64).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(128, 64) / 8).to(torch.bfloat16).requires_grad_()
+    h, q = linear_mods_fp8_out(x, w, block=64, mode="split_bf16", emit_fp8=True)
+    assert q is not None and q.dtype == torch.float8_e4m3fn and q.shape == (32, 128)
+    with Fp8Outputs() as seen:
+        h.float().square().sum().backward()
+    assert seen.ops == [] and x.grad is not None and w.grad is not None  # BF16 backward: nothing in FP8
+
+
 def test_side_by_side_off_cuda_runs_both_in_order_and_skips_missing_ones():
     from loka_trainer.kernels.streams import side_by_side
     calls = []
