@@ -1,7 +1,7 @@
 """A stack of dense layers (an MLP of a recommendation model), published vs LoKA, forward + backward.
 
     python scripts/bench_mods_stack_gpu.py OUT_DIR [--widths 1024 2048 2048 1024 512] [--batch 1024 4096]
-        [--profile fused_fp8 fused_fp8_handoff]
+        [--profile split_fp8 split_fp8_handoff]
 
 Per batch size, the same MLP widths as
 - ``base``: Linear(bias) -> LayerNorm -> SiLU per layer, BF16 (eager, and ``base_compiled``);
@@ -10,8 +10,8 @@ Per batch size, the same MLP widths as
   kernel / as a cuBLAS GEMM + the Triton epilogue kernel (the default mode); Triton dz backward;
 - ``fused_fp8`` / ``split_fp8``: every layer with an FP8 forward (rowwise; fused GEMM+epilogue kernel / cuBLAS
   ``_scaled_mm`` + the epilogue kernel) and FP8 dgrad (dz quantization fused into the dz kernel), BF16 wgrad;
-- ``*_handoff``: the same, plus the FP8 handoff (``chain_fp8_handoffs``): each layer's epilogue also
-  writes its output in e4m3, so the next layer skips its quantization pass.
+- ``split_fp8_handoff``: the same, plus the FP8 handoff (``chain_fp8_handoffs``): each layer's epilogue also
+  writes its output in e4m3, so the next layer skips its quantization pass (split emitters only, see there).
 Times: GPU µs from CUDA-graph replay (``do_bench_cudagraph``), and the launch-bound eager time separately.
 ``--profile VARIANT ...``: also the per-kernel GPU µs of one step of those variants (``torch.profiler``).
 Parameters and inputs BF16; gradients are reset before each timed call (written, not accumulated, as in a
@@ -46,7 +46,6 @@ FUSED_STACKS = {
     "fused_bf16": (dict(mode="fused_bf16"), False),
     "split_bf16": (dict(mode="split_bf16"), False),
     "fused_fp8": (dict(mode="fused_fp8", **FP8_DGRAD), False),
-    "fused_fp8_handoff": (dict(mode="fused_fp8", **FP8_DGRAD), True),
     "split_fp8": (dict(mode="split_fp8", **FP8_DGRAD), False),
     "split_fp8_handoff": (dict(mode="split_fp8", **FP8_DGRAD), True),
 }

@@ -19,7 +19,10 @@ FP8 handoff (``chain_fp8_handoffs``): when a FusedLinearMods feeds the next one 
 between them in one ``nn.Sequential``) and that one's forward is FP8, the first one's epilogue also writes its
 output in e4m3 at the static scale fp8_max / sqrt(B) (BlockNorm bounds it, see ``mods_ref``) and the second uses
 it instead of quantizing its input: one pass over the activation and one kernel launch less per pair. The
-handoff is eager-only (under ``torch.compile`` each layer quantizes its own input, which inductor schedules).
+handoff is eager-only (under ``torch.compile`` each layer quantizes its own input, which inductor schedules),
+and only from a layer whose forward mode is split (cuBLAS + the epilogue kernel): in the H200 MLP-stack
+profile the extra FP8 store made the single fused GEMM+epilogue kernel 29 µs slower at batch 4096 (3 layers)
+against 17 µs of quantization saved, while the split epilogue kernel paid 8 µs for it (docs/kernels/README.md).
 """
 from __future__ import annotations
 
@@ -174,8 +177,8 @@ def fuse_linear_mods(model: nn.Module, *, kernels: Optional[dict[str, dict[str, 
 
 def chain_fp8_handoffs(model: nn.Module) -> list[tuple[str, str]]:
     """Link each FusedLinearMods to the next one in its ``nn.Sequential`` (only ``nn.Identity`` between) when
-    the next one's forward is FP8: the first emits its output in FP8, the second reads it (module docstring).
-    Returns the linked (source FQN, reader FQN) pairs."""
+    the next one's forward is FP8 and the first one's is split: the first emits its output in FP8, the second
+    reads it (module docstring). Returns the linked (source FQN, reader FQN) pairs."""
     pairs = []
     for seq_fqn, seq in model.named_modules():
         if not isinstance(seq, nn.Sequential):
@@ -186,7 +189,7 @@ def chain_fp8_handoffs(model: nn.Module) -> list[tuple[str, str]]:
             if isinstance(child, nn.Identity):
                 continue
             if (isinstance(child, FusedLinearMods) and prev is not None and FORWARD_MODES[child.mode].fp8
-                    and prev[1].out_features == child.in_features):
+                    and FORWARD_MODES[prev[1].mode].split and prev[1].out_features == child.in_features):
                 prev[1].emit_fp8 = True
                 object.__setattr__(child, "_fp8_source", prev[1])
                 pairs.append((prev[0], fqn))

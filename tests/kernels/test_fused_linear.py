@@ -133,3 +133,15 @@ def test_a_reused_plan_sets_each_fused_layers_forward_mode(tmp_path):
     (tmp_path / PLAN_FILE).write_text(json.dumps(d))
     with pytest.raises(ValueError, match="unknown mode 'fastest'"):
         apply_precision(_mlp(), config=PrecisionConfig(**cfg, plan=str(tmp_path / PLAN_FILE)), device="cpu")
+
+
+@pytest.mark.parametrize("first,second,linked", [("split_bf16", "split_fp8", True), ("split_fp8", "fused_fp8", True),
+                                                 ("fused_fp8", "split_fp8", False), ("fused_bf16", "fused_fp8", False),
+                                                 ("split_fp8", "split_bf16", False)])
+def test_fp8_handoff_links_only_a_split_emitter_to_an_fp8_reader(first, second, linked):
+    # the reader must take FP8; the emitter must run the separate epilogue kernel (the FP8 store slowed the
+    # single fused GEMM+epilogue kernel by more than the reader's quantization costs, docs/kernels/README.md)
+    from loka_trainer.kernels.fused_linear import chain_fp8_handoffs
+    stack = nn.Sequential(FusedLinearMods(64, 256, mode=first), nn.Identity(), FusedLinearMods(256, 256, mode=second))
+    assert chain_fp8_handoffs(stack) == ([("0", "2")] if linked else [])
+    assert stack[0].emit_fp8 == linked and not stack[2].emit_fp8

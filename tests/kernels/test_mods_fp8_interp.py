@@ -143,7 +143,7 @@ def _mods_stack(mode_first: str, mode_second: str):
 
 
 @only_interpreted
-@pytest.mark.parametrize("mode_first", ["split_bf16", "fused_fp8"])
+@pytest.mark.parametrize("mode_first", ["split_bf16", "split_fp8"])
 def test_fp8_handoff_skips_the_next_layers_quantization(interpret, monkeypatch, mode_first):
     from loka_trainer.kernels import mods_ops
     from loka_trainer.kernels.fused_linear import chain_fp8_handoffs
@@ -169,7 +169,7 @@ def test_fp8_handoff_skips_the_next_layers_quantization(interpret, monkeypatch, 
         assert torch.isfinite(g_chained.float()).all() and _rel(g_chained, g_plain) < 0.15
 
 
-FORWARD_FP8 = {"split_bf16": 0, "fused_fp8": 1}
+FORWARD_FP8 = {"split_bf16": 0, "split_fp8": 1}
 
 
 @only_interpreted
