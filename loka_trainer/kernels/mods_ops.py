@@ -158,9 +158,8 @@ def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bo
 def _(dh, u, r, block, write_bf16, granularity="rowwise"):
     M, N = dh.shape
     dz = dh.new_empty((M if write_bf16 else 0, N), dtype=torch.bfloat16)
-    scale_shape = (M, 1) if granularity == "rowwise" else ()
-    return (dh.new_empty((M, N), dtype=triton_mods.DZ_FP8[granularity][0]), dh.new_empty(scale_shape, dtype=torch.float32),
-            dz)
+    scale_inv = dh.new_empty((M, 1) if granularity == "rowwise" else (), dtype=torch.float32)
+    return dh.new_empty((M, N), dtype=triton_mods.DZ_FP8[granularity][0]), scale_inv, dz
 
 
 def _dgrad_fp8(granularity: str, backend: str, dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor,
