@@ -24,6 +24,13 @@ FUSED_QUANTIZERS = {
 }
 
 
+def scaled_mm_nt(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """qa (R, C), qb (P, C) row-major fp8, sa (R, 1), sb (P, 1) fp32 (rowwise) or both () (tensorwise)
+    -> (qa·sa)·(qb·sb)ᵀ (R, P) bf16: cuBLASLt's FP8 GEMM on CUDA (torch's reference on CPU); R, C, P % 16 == 0."""
+    sb = sb if sb.dim() == 0 else sb.reshape(1, -1)  # b's row scales (P, 1) are the column scales of bᵀ
+    return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+
 class ScaledMMBackend(GemmBackend):
     """``torch._scaled_mm`` with a per-operand quantization granularity."""
 
@@ -51,9 +58,7 @@ class ScaledMMBackend(GemmBackend):
 
     def _mm_nt_q(self, a: QuantOperand, b: QuantOperand) -> torch.Tensor:
         (qa, sa), (qb, sb) = a, b
-        # b's row scales (P, 1) become the column scales (1, P) of bᵀ.
-        sb = sb if sb.dim() == 0 else sb.reshape(1, -1)
-        return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        return scaled_mm_nt(qa, sa, qb, sb)
 
 
 def scaled_mm_backends() -> dict[str, GemmBackend]:

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends import BASELINE, get_backend
+from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.mods_modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish, quantize_static, static_fp8_scale
@@ -45,16 +46,6 @@ from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
 
 FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
-
-
-def scaled_mm_nt(qa: Tensor, sa: Tensor, qb: Tensor, sb: Tensor) -> Tensor:
-    """qa (R, C), qb (P, C) row-major fp8, sa (R, 1), sb (P, 1) fp32 (rowwise) or both () (tensorwise)
-    -> (qa·sa)·(qb·sb)ᵀ (R, P) bf16.
-
-    cuBLASLt's FP8 GEMM on CUDA (torch's reference kernel on CPU); R, C, P multiples of 16.
-    """
-    sb = sb if sb.dim() == 0 else sb.reshape(1, -1)  # b's row scales are the column scales of bᵀ
-    return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
 @torch.no_grad()

@@ -160,9 +160,8 @@ def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block
                     write_bf16: bool = True, granularity: str = "rowwise"):
     """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16 or None):
     dz as ``backward_dz``, quantized exactly as ``quant.quantize(dz_bf16, granularity, DZ_FP8[granularity][0])``:
-    rowwise e4m3 with scale_inv (M, 1), or tensorwise e5m2 with scale_inv ()."""
-    if granularity not in DZ_FP8:
-        raise ValueError(f"backward_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(DZ_FP8)}")
+    rowwise e4m3 with scale_inv (M, 1), or tensorwise e5m2 with scale_inv () (``mods_ops.mods_bwd_dz_fp8``
+    validates ``granularity``)."""
     triton, _, _, dz_kernel = _kernels()
     M, N = dy.shape
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
