@@ -70,27 +70,59 @@ def _returned(y, u, r, q, write_fp8: bool, save: bool):
     return y, (u if save else None), (r if save else None), (q if write_fp8 else None)
 
 
+# split-K: fill the GPU when (M / 64) x NB programs are too few for its SMs, keeping >= this many K per slice
+MIN_K_PER_SPLIT = 512
+MAX_SPLIT_K = 8
+
+
+def split_k_for(M: int, N: int, K: int, block: int, sm_count: int) -> int:
+    """How many K slices ``fused_forward`` sums separately: the largest power of two <= MAX_SPLIT_K that keeps
+    (M / 64) · (N / block) · split programs within one wave of ``sm_count`` and K / split >= MIN_K_PER_SPLIT."""
+    programs = -(-M // 64) * (N // block)
+    split = 1
+    while (split * 2 <= MAX_SPLIT_K and programs * split * 2 <= sm_count
+           and K // (split * 2) >= MIN_K_PER_SPLIT):
+        split *= 2
+    return split
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[torch.Tensor] = None,
                   w_scale_inv: Optional[torch.Tensor] = None, block: int = DEFAULT_BLOCK,
-                  eps: float = DEFAULT_EPS, write_fp8: bool = False, save: bool = True):
+                  eps: float = DEFAULT_EPS, write_fp8: bool = False, save: bool = True,
+                  split_k: Optional[int] = None):
     """x (M, K), w (N, K) both bf16, or both fp8 e4m3 with x_scale_inv (M,)/(M,1), w_scale_inv (N,)/(N,1)
     -> (h (M, N) bf16, u (M, N) bf16, r (M, NB) fp32, q (M, N) e4m3 or None); u, r are None unless ``save``
-    (what the backward needs; inference skips writing them)."""
-    triton, kernel, _, _ = _kernels()
+    (what the backward needs; inference skips writing them).
+
+    ``split_k`` (default ``split_k_for`` on CUDA, 1 elsewhere): > 1 splits K into that many slices, each
+    summed by its own programs into an fp32 (split_k, M, N) workspace; the epilogue kernel (``norm_forward``'s)
+    adds them. For long K and few (M, N) tiles, e.g. (K, N) = (7680, 256) at M = 1024: 16 programs alone."""
+    triton, kernel, norm_kernel, _ = _kernels()
     M, K = x.shape
     N = w.shape[0]
     assert supports(K, N, block), (K, N, block)
+    if split_k is None:
+        split_k = split_k_for(M, N, K, block, _sm_count(x.device.index or 0)) if x.is_cuda else 1
     y, u, r, q = _outputs(M, N, block, x.device, write_fp8, save)
     has_scales = x_scale_inv is not None
     sx = x_scale_inv.reshape(-1).float().contiguous() if has_scales else y
     sw = w_scale_inv.reshape(-1).float().contiguous() if has_scales else y
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block)
+    ws = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else y
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block, split_k)
     meta = {}
     if interpreting():  # the interpreter cannot time autotune configs: run one small config directly
         kernel, meta = kernel.fn, {"BLOCK_M": 16, "BLOCK_K": 32}
-    kernel[grid](x, w, y, u, r, q, sx, sw, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                 y.stride(0), r.stride(0), eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
-                 HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, BLOCK_N=block, **meta)
+    kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+                 y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
+                 HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,
+                 BLOCK_N=block, **meta)
+    if split_k > 1:
+        _launch_norm(norm_kernel, ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
     return _returned(y, u, r, q, write_fp8, save)
 
 
@@ -101,15 +133,23 @@ def _rows_per_program(block: int) -> int:
 def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
                  write_fp8: bool = False, save: bool = True):
     """z (M, N) (row stride free, unit column stride) -> (h, u, r, q) as ``fused_forward``."""
-    triton, _, kernel, _ = _kernels()
+    _, _, kernel, _ = _kernels()
     M, N = z.shape
     assert z.stride(1) == 1 and N % block == 0, (z.stride(), N, block)
     y, u, r, q = _outputs(M, N, block, z.device, write_fp8, save)
-    rows = _rows_per_program(block)
-    kernel[(triton.cdiv(M, rows), N // block)](z, y, u, r, q, M, z.stride(0), y.stride(0), r.stride(0), eps,
-                                               static_fp8_scale(block), FP8_MAX_=FP8_MAX, WRITE_FP8=write_fp8,
-                                               SAVE_FOR_BACKWARD=save, BLOCK_N=block, BLOCK_M=rows)
+    _launch_norm(kernel, z, y, u, r, q, block, eps, write_fp8, save)
     return _returned(y, u, r, q, write_fp8, save)
+
+
+def _launch_norm(kernel, z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: bool, splits: int = 1):
+    """The epilogue kernel on z (M, N), or on the sum of ``splits`` contiguous (M, N) slices starting at z."""
+    triton = _kernels()[0]
+    M, N = z.shape
+    rows = _rows_per_program(block)
+    kernel[(triton.cdiv(M, rows), N // block)](z, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0),
+                                               eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
+                                               WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLITS=splits,
+                                               BLOCK_N=block, BLOCK_M=rows)
 
 
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:

@@ -132,3 +132,20 @@ def test_forward_without_saving_writes_the_same_output(interpret, split):
     assert u2 is None and r2 is None and u is not None and r is not None
     torch.testing.assert_close(h2, h)
     assert torch.equal(q2.float(), q.float())
+
+
+@needs_triton
+@pytest.mark.parametrize("split_k", [2, 3])  # 3: K's 4 tiles split 2 + 2 + 0 (an empty slice stores zeros)
+@pytest.mark.parametrize("scaled", [False, True])
+def test_split_k_forward_matches_one_slice(interpret, split_k, scaled):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(M, 128, generator=g), torch.randn(N, 128, generator=g) / 128 ** 0.5
+    scales = dict(x_scale_inv=torch.rand(M, 1, generator=g) + 0.5, w_scale_inv=torch.rand(N, 1, generator=g) + 0.5)
+    kw = dict(block=B, write_fp8=True, **(scales if scaled else {}))
+    h, u, r, q = triton_mods.fused_forward(x, w, split_k=split_k, **kw)
+    h1, u1, r1, q1 = triton_mods.fused_forward(x, w, split_k=1, **kw)
+    z = (x * scales["x_scale_inv"]) @ (w * scales["w_scale_inv"]).t() if scaled else x @ w.t()
+    hr, _, rr = mods_forward_ref(z, B, 1e-6)
+    assert _rel(h, hr) < 1e-2 and _rel(h, h1) < 1e-2 and _rel(u, u1) < 1e-2
+    torch.testing.assert_close(r, rr, rtol=1e-4, atol=0)
+    assert (q.float() == q1.float()).float().mean() > 0.9

@@ -120,6 +120,25 @@ def test_fused_forward_fp8_inputs_match_reference(M, K, N):
     assert _rel(y, linear_mods_ref(x, w)) < 0.06
 
 
+@pytest.mark.parametrize("K,N", [(7680, 256), (7680, 512), (1536, 256)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_split_k_forward_matches_one_slice(K, N, fp8):
+    from loka_trainer.kernels.triton_mods import _sm_count, fused_forward, split_k_for
+    x = torch.randn(1024, K, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
+    kw = {}
+    if fp8:
+        (x, sx), (w, sw) = quantize(x, "rowwise"), quantize(w, "rowwise")
+        kw = dict(x_scale_inv=sx, w_scale_inv=sw)
+    auto = split_k_for(1024, N, K, 256, _sm_count(0))
+    assert auto > 1  # these shapes are the ones split-K is for
+    y1, u1, r1, _ = fused_forward(x, w, split_k=1, **kw)
+    for split in (auto, 3):  # the default, and an uneven one
+        y, u, r, _ = fused_forward(x, w, split_k=split, **kw)
+        assert _rel(y, y1) < 1e-2 and _rel(u, u1) < 1e-2
+        torch.testing.assert_close(r, r1, rtol=1e-3, atol=0)
+
+
 @pytest.mark.parametrize("kw", [dict(mode="fused_bf16"), dict(mode="split_bf16"), dict(mode="fused_fp8"),
                                 dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise")])
 def test_linear_mods_autograd_matches_reference_grads(kw):
