@@ -94,14 +94,15 @@ def _sm_count(device_index: int) -> int:
 def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[torch.Tensor] = None,
                   w_scale_inv: Optional[torch.Tensor] = None, block: int = DEFAULT_BLOCK,
                   eps: float = DEFAULT_EPS, write_fp8: bool = False, save: bool = True,
-                  split_k: Optional[int] = None):
+                  split_k: Optional[int] = None, config: Optional[dict] = None):
     """x (M, K), w (N, K) both bf16, or both fp8 e4m3 with x_scale_inv (M,)/(M,1), w_scale_inv (N,)/(N,1)
     -> (h (M, N) bf16, u (M, N) bf16, r (M, NB) fp32, q (M, N) e4m3 or None); u, r are None unless ``save``
     (what the backward needs; inference skips writing them).
 
     ``split_k`` (default ``split_k_for`` on CUDA, 1 elsewhere): > 1 splits K into that many slices, each
     summed by its own programs into an fp32 (split_k, M, N) workspace; the epilogue kernel (``norm_forward``'s)
-    adds them. For long K and few (M, N) tiles, e.g. (K, N) = (7680, 256) at M = 1024: 16 programs alone."""
+    adds them. For long K and few (M, N) tiles, e.g. (K, N) = (7680, 256) at M = 1024: 16 programs alone.
+    ``config`` (BLOCK_M, BLOCK_K, optionally num_warps / num_stages) replaces the autotuner's choice."""
     triton, kernel, norm_kernel, _ = _kernels()
     M, K = x.shape
     N = w.shape[0]
@@ -115,8 +116,10 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     ws = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else y
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block, split_k)
     meta = {}
-    if interpreting():  # the interpreter cannot time autotune configs: run one small config directly
-        kernel, meta = kernel.fn, {"BLOCK_M": 16, "BLOCK_K": 32}
+    if config is None and interpreting():  # the interpreter cannot time autotune configs: one small config
+        config = {"BLOCK_M": 16, "BLOCK_K": 32}
+    if config is not None:
+        kernel, meta = kernel.fn, dict(config)
     kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                  y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                  HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,

@@ -1,0 +1,156 @@
+"""The fused Mods forward kernel alone (training forward: h, u and r written): split-K and tile configs.
+
+    python scripts/bench_fused_forward_gpu.py OUT_DIR [--shapes 7680x256 4096x2048] [--no-configs]
+
+Per figure-13 shape (K in, N out; batch M = 1024), bf16 and FP8 (rowwise e4m3 operands, quantized beforehand):
+- ``splits``: cuBLAS GEMM (``x @ wᵀ`` / ``torch._scaled_mm``) + the epilogue kernel, against
+  ``triton_mods.fused_forward`` at split_k 1, 2, 4, 8 and the default (``split_k_for``);
+- ``configs``: the fused kernel (split_k 1) at every tile config of a small grid (BLOCK_M 16-128, BLOCK_K
+  64/128/256, 4 or 8 warps, 3 or 4 stages), the autotune list marked: is a config outside it faster?
+
+GPU µs from CUDA-graph replay (``triton.testing.do_bench_cudagraph`` median; the ``splits`` rows also report
+launch-bound eager time). Writes OUT_DIR/fused_forward.json and fused_forward.png; prints tables last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_dispatch_gpu import BATCH, FIG13_SHAPES  # noqa: E402
+from bench_timing import time_row  # noqa: E402
+
+from loka_trainer.kernels import triton_mods  # noqa: E402
+from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt  # noqa: E402
+from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
+from loka_trainer.kernels.triton_quant import quant_rowwise  # noqa: E402
+
+SPLITS = (1, 2, 4, 8)
+CONFIG_GRID = [dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=w, num_stages=s)
+               for bm, bk, w, s in itertools.product((16, 32, 64, 128), (64, 128), (4, 8), (3, 4))]
+CONFIG_GRID += [c for c in (dict(BLOCK_M=16, BLOCK_K=256, num_warps=4, num_stages=3),) if c not in CONFIG_GRID]
+
+
+def operands(K: int, N: int, fp8: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """x (M, K), w (N, K) bf16, or rowwise e4m3 with their scales as ``fused_forward`` keywords."""
+    x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
+    if not fp8:
+        return x, w, {}
+    (xq, sx), (wq, sw) = quant_rowwise(x), quant_rowwise(w)
+    return xq, wq, dict(x_scale_inv=sx, w_scale_inv=sw)
+
+
+def bench_splits(K: int, N: int, fp8: bool) -> list[dict]:
+    x, w, kw = operands(K, N, fp8)
+    cublas = ((lambda: triton_mods.norm_forward(scaled_mm_nt(x, kw["x_scale_inv"], w, kw["w_scale_inv"])))
+              if fp8 else (lambda: triton_mods.norm_forward(x @ w.t())))
+    auto = triton_mods.split_k_for(BATCH, N, K, 256, triton_mods._sm_count(x.device.index or 0))
+    cases = {"cublas_epilogue": cublas, **{f"fused_split{s}": (lambda s=s: triton_mods.fused_forward(x, w, split_k=s, **kw))
+                                           for s in SPLITS}}
+    rows = []
+    for name, fn in cases.items():
+        row = {"part": "splits", "K": K, "N": N, "fp8": fp8, "variant": name, "default_split": auto}
+        time_row(row, fn)
+        rows.append(row)
+    return rows
+
+
+def bench_configs(K: int, N: int, fp8: bool) -> list[dict]:
+    x, w, kw = operands(K, N, fp8)
+    listed = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
+              for c in __import__("loka_trainer.kernels.triton_mods_kernels", fromlist=["configs"]).configs}
+    rows = []
+    for cfg in CONFIG_GRID:
+        row = {"part": "configs", "K": K, "N": N, "fp8": fp8, **cfg,
+               "autotune_list": tuple(cfg.values()) in listed}
+        try:
+            row["graph_us"] = cuda_graph_us(lambda: triton_mods.fused_forward(x, w, split_k=1, config=cfg, **kw))
+        except Exception as e:  # noqa: BLE001 -- a config that does not compile (shared memory) is reported
+            row["error"] = f"{type(e).__name__}: {e}"[:200]
+        rows.append(row)
+    return rows
+
+
+def split_table(rows: list[dict]) -> list[str]:
+    lines = [f"{'(K, N)':>13} {'fp8':>5} {'default':>7} " + " ".join(f"{v:>15}" for v in
+                                                                        ["cublas_epilogue"] + [f"fused_split{s}" for s in SPLITS])]
+    keys = sorted({(r["K"], r["N"], r["fp8"]) for r in rows if r["part"] == "splits"}, key=lambda k: (k[0] * k[1], k[2]))
+    for K, N, fp8 in keys:
+        t = {r["variant"]: r for r in rows if r["part"] == "splits" and (r["K"], r["N"], r["fp8"]) == (K, N, fp8)}
+        lines.append(f"{str((K, N)):>13} {str(fp8):>5} {t['cublas_epilogue']['default_split']:>7} "
+                     + " ".join(f"{t[v].get('graph_us', float('nan')):15.1f}" for v in t))
+    return lines
+
+
+def config_table(rows: list[dict]) -> list[str]:
+    lines = [f"{'(K, N)':>13} {'fp8':>5} {'best of list':>22} {'best overall':>22}"]
+    keys = sorted({(r["K"], r["N"], r["fp8"]) for r in rows if r["part"] == "configs"}, key=lambda k: (k[0] * k[1], k[2]))
+    name = lambda r: f"{r['BLOCK_M']}x{r['BLOCK_K']} w{r['num_warps']} s{r['num_stages']} {r['graph_us']:.1f}"  # noqa: E731
+    for K, N, fp8 in keys:
+        ok = [r for r in rows if r["part"] == "configs" and (r["K"], r["N"], r["fp8"]) == (K, N, fp8) and "graph_us" in r]
+        best = min(ok, key=lambda r: r["graph_us"])
+        best_listed = min((r for r in ok if r["autotune_list"]), key=lambda r: r["graph_us"])
+        lines.append(f"{str((K, N)):>13} {str(fp8):>5} {name(best_listed):>22} {name(best):>22}")
+    return lines
+
+
+def plot(rows: list[dict], path: Path, device: str) -> None:
+    """Per shape and input dtype: the fused kernel at the default split vs cuBLAS + epilogue (µs)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    split_rows = [r for r in rows if r["part"] == "splits" and "graph_us" in r]
+    keys = sorted({(r["K"], r["N"], r["fp8"]) for r in split_rows}, key=lambda k: (k[0] * k[1], k[2]))
+    t = {(r["K"], r["N"], r["fp8"], r["variant"]): r["graph_us"] for r in split_rows}
+    default = {(r["K"], r["N"]): f"fused_split{r['default_split']}" for r in split_rows}
+    fig, ax = plt.subplots(figsize=(12, 4))
+    bars = [("cublas_epilogue", "cuBLAS + epilogue"), ("fused_split1", "fused, split 1"), (None, "fused, default split")]
+    for i, (variant, label) in enumerate(bars):
+        ys = [t.get((K, N, f, variant or default[(K, N)]), 0) for K, N, f in keys]
+        ax.bar([j + i * 0.27 for j in range(len(keys))], ys, 0.27, label=label)
+    ax.set_xticks([j + 0.27 for j in range(len(keys))], [f"({K},{N}){' fp8' if f else ''}" for K, N, f in keys],
+                  rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("GPU µs (graph replay)")
+    ax.set_title(f"Mods forward (training), batch {BATCH}, {device}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--shapes", nargs="+", default=None, metavar="INxOUT")
+    p.add_argument("--no-configs", action="store_true", help="skip the tile-config sweep")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_fused_forward_gpu: needs a CUDA device")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else FIG13_SHAPES
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for K, N in tqdm(shapes, desc="fused forward"):
+        for fp8 in (False, True):
+            rows += bench_splits(K, N, fp8)
+            if not args.no_configs:
+                rows += bench_configs(K, N, fp8)
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "command": " ".join(sys.argv), "batch": BATCH}
+    (args.out_dir / "fused_forward.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    plot(rows, args.out_dir / "fused_forward.png", meta["device"])
+    print("\n".join(split_table(rows)))
+    if not args.no_configs:
+        print("\n".join(config_table(rows)))
+
+
+if __name__ == "__main__":
+    main()
