@@ -1,6 +1,10 @@
 """The fused Mods forward kernel alone (training forward: h, u and r written): split-K and tile configs.
 
-    python scripts/bench_fused_forward_gpu.py OUT_DIR [--shapes 7680x256 4096x2048] [--no-configs]
+    python scripts/bench_fused_forward_gpu.py OUT_DIR [--shapes 7680x256 4096x2048] [--config-shapes 4096x2048]
+
+The config sweep compiles and times ~30 kernels per shape and input dtype: over all nine shapes it ran past 9
+minutes on an H200, so ``--config-shapes`` (default: none) picks where it runs; results are written after each
+shape (OUT_DIR/fused_forward.partial.json), so a cut run keeps what it measured.
 
 Per figure-13 shape (K in, N out; batch M = 1024), bf16 and FP8 (rowwise e4m3 operands, quantized beforehand):
 - ``splits``: cuBLAS GEMM (``x @ wᵀ`` / ``torch._scaled_mm``) + the epilogue kernel, against
@@ -9,7 +13,8 @@ Per figure-13 shape (K in, N out; batch M = 1024), bf16 and FP8 (rowwise e4m3 op
   64/128/256, 4 or 8 warps, 3 or 4 stages), the autotune list marked: is a config outside it faster?
 
 GPU µs from CUDA-graph replay (``triton.testing.do_bench_cudagraph`` median; the ``splits`` rows also report
-launch-bound eager time). Writes OUT_DIR/fused_forward.json and fused_forward.png; prints tables last.
+launch-bound eager time). Writes OUT_DIR/fused_forward.json, fused_forward.png (and
+fused_forward_configs.png with a config sweep); prints tables last.
 """
 from __future__ import annotations
 
@@ -127,28 +132,54 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_configs(rows: list[dict], path: Path, device: str) -> None:
+    """Per shape and input dtype: the fastest tile config of the autotune list vs of the whole grid (µs)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cfg_rows = [r for r in rows if r["part"] == "configs" and "graph_us" in r]
+    keys = sorted({(r["K"], r["N"], r["fp8"]) for r in cfg_rows}, key=lambda k: (k[0] * k[1], k[2]))
+    fig, ax = plt.subplots(figsize=(12, 4))
+    for i, (listed_only, label) in enumerate([(True, "best of the autotune list"), (False, "best of the grid")]):
+        ys = [min(r["graph_us"] for r in cfg_rows if (r["K"], r["N"], r["fp8"]) == k
+                  and (r["autotune_list"] or not listed_only)) for k in keys]
+        ax.bar([j + i * 0.4 for j in range(len(keys))], ys, 0.4, label=label)
+    ax.set_xticks([j + 0.2 for j in range(len(keys))], [f"({K},{N}){' fp8' if f else ''}" for K, N, f in keys],
+                  rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("GPU µs (graph replay)")
+    ax.set_title(f"Fused Mods forward kernel (split 1) by tile config, batch {BATCH}, {device}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", type=Path)
     p.add_argument("--shapes", nargs="+", default=None, metavar="INxOUT")
-    p.add_argument("--no-configs", action="store_true", help="skip the tile-config sweep")
+    p.add_argument("--config-shapes", nargs="*", default=[], metavar="INxOUT",
+                   help="shapes that also get the tile-config sweep")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_fused_forward_gpu: needs a CUDA device")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else FIG13_SHAPES
+    parse = lambda specs: [tuple(int(v) for v in s.split("x")) for s in specs]  # noqa: E731
+    shapes = parse(args.shapes) if args.shapes else FIG13_SHAPES
+    config_shapes = set(parse(args.config_shapes))
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "command": " ".join(sys.argv), "batch": BATCH}
     rows = []
     for K, N in tqdm(shapes, desc="fused forward"):
         for fp8 in (False, True):
             rows += bench_splits(K, N, fp8)
-            if not args.no_configs:
+            if (K, N) in config_shapes:
                 rows += bench_configs(K, N, fp8)
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "command": " ".join(sys.argv), "batch": BATCH}
+        (args.out_dir / "fused_forward.partial.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     (args.out_dir / "fused_forward.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     plot(rows, args.out_dir / "fused_forward.png", meta["device"])
     print("\n".join(split_table(rows)))
-    if not args.no_configs:
+    if config_shapes:
+        plot_configs(rows, args.out_dir / "fused_forward_configs.png", meta["device"])
         print("\n".join(config_table(rows)))
 
 
