@@ -59,7 +59,7 @@ def bench_splits(K: int, N: int, fp8: bool) -> list[dict]:
     x, w, kw = operands(K, N, fp8)
     cublas = ((lambda: triton_mods.norm_forward(scaled_mm_nt(x, kw["x_scale_inv"], w, kw["w_scale_inv"])))
               if fp8 else (lambda: triton_mods.norm_forward(x @ w.t())))
-    auto = triton_mods.split_k_for(BATCH, N, K, 256, triton_mods._sm_count(x.device.index or 0))
+    auto = triton_mods.split_k_for(BATCH, N, K, 256, triton_mods.sm_count(x.device.index or 0))
     cases = {"cublas_epilogue": cublas, **{f"fused_split{s}": (lambda s=s: triton_mods.fused_forward(x, w, split_k=s, **kw))
                                            for s in SPLITS}}
     rows = []

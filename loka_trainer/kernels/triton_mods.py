@@ -7,6 +7,8 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   (BLOCK_M, B) accumulator is normalized on chip. Inputs bf16, or fp8 e4m3 with rowwise scales (applied to
   the fp32 accumulator). Writes h (M, N) bf16, and what backward needs: u (M, N) bf16 and r (M, NB) fp32;
   optionally the next layer's FP8 input q = sat(h · fp8_max / sqrt(B)) (|h| <= sqrt(B), see mods_ref).
+  Split-K where (M / 64) · NB programs leave most SMs idle and K is long (``split_k_for``): each K slice's
+  programs write an fp32 partial z, and the ``norm_forward`` kernel sums the slices before its epilogue.
 - ``norm_forward``: the same epilogue on a z computed elsewhere (cuBLAS): for shapes where one fused
   kernel has too few programs (small N, long K), cuBLAS + this kernel is faster.
 - ``backward_dz``: dz from dh in one pass: g = dh·HardSwish'(u), dz = r·(g − u·mean_B(g·u)) per block.
@@ -75,19 +77,20 @@ MIN_K_PER_SPLIT = 512
 MAX_SPLIT_K = 8
 
 
-def split_k_for(M: int, N: int, K: int, block: int, sm_count: int) -> int:
+def split_k_for(M: int, N: int, K: int, block: int, num_sms: int) -> int:
     """How many K slices ``fused_forward`` sums separately: the largest power of two <= MAX_SPLIT_K that keeps
-    (M / 64) · (N / block) · split programs within one wave of ``sm_count`` and K / split >= MIN_K_PER_SPLIT."""
+    (M / 64) · (N / block) · split programs within one wave of ``num_sms`` and K / split >= MIN_K_PER_SPLIT."""
     programs = -(-M // 64) * (N // block)
     split = 1
-    while (split * 2 <= MAX_SPLIT_K and programs * split * 2 <= sm_count
+    while (split * 2 <= MAX_SPLIT_K and programs * split * 2 <= num_sms
            and K // (split * 2) >= MIN_K_PER_SPLIT):
         split *= 2
     return split
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
+def sm_count(device_index: int) -> int:
+    """The number of SMs of CUDA device ``device_index`` (cached)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -108,7 +111,7 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     N = w.shape[0]
     assert supports(K, N, block), (K, N, block)
     if split_k is None:
-        split_k = split_k_for(M, N, K, block, _sm_count(x.device.index or 0)) if x.is_cuda else 1
+        split_k = split_k_for(M, N, K, block, sm_count(x.device.index or 0)) if x.is_cuda else 1
     y, u, r, q = _outputs(M, N, block, x.device, write_fp8, save)
     has_scales = x_scale_inv is not None
     sx = x_scale_inv.reshape(-1).float().contiguous() if has_scales else y

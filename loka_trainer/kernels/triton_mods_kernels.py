@@ -25,7 +25,7 @@ def _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym
         tl.store(q_ptr + idx, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 # the two 4-warp 64-row tiles: 17.1 vs 22.8 us (FP8) and 37.4 vs 41.9 us (bf16) at (K, N) = (4096, 2048), M = 1024,
-# against the best of the others (H200, docs/kernels/README.md, eighth round)
+# against the autotuner's pick among the others (H200, docs/kernels/README.md, eighth round)
 configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
            for bm, bk, w, s in [(64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 4),
                                 (32, 64, 4, 4), (32, 128, 4, 3), (16, 128, 4, 4), (16, 256, 4, 3)]]

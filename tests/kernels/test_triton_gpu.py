@@ -123,14 +123,14 @@ def test_fused_forward_fp8_inputs_match_reference(M, K, N):
 @pytest.mark.parametrize("K,N", [(7680, 256), (7680, 512), (1536, 256)])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_split_k_forward_matches_one_slice(K, N, fp8):
-    from loka_trainer.kernels.triton_mods import _sm_count, fused_forward, split_k_for
+    from loka_trainer.kernels.triton_mods import fused_forward, sm_count, split_k_for
     x = torch.randn(1024, K, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
     kw = {}
     if fp8:
         (x, sx), (w, sw) = quantize(x, "rowwise"), quantize(w, "rowwise")
         kw = dict(x_scale_inv=sx, w_scale_inv=sw)
-    auto = split_k_for(1024, N, K, 256, _sm_count(0))
+    auto = split_k_for(1024, N, K, 256, sm_count(0))
     assert auto > 1  # these shapes are the ones split-K is for
     y1, u1, r1, _ = fused_forward(x, w, split_k=1, **kw)
     for split in (auto, 3):  # the default, and an uneven one
