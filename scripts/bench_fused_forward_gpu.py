@@ -86,71 +86,73 @@ def bench_configs(K: int, N: int, fp8: bool) -> list[dict]:
     return rows
 
 
+def cases(rows: list[dict], part: str) -> list[tuple[int, int, bool]]:
+    """The (K, N, fp8) cases of ``part``'s rows, smallest layer first."""
+    return sorted({(r["K"], r["N"], r["fp8"]) for r in rows if r["part"] == part}, key=lambda k: (k[0] * k[1], k[2]))
+
+
 def split_table(rows: list[dict]) -> list[str]:
-    lines = [f"{'(K, N)':>13} {'fp8':>5} {'default':>7} " + " ".join(f"{v:>15}" for v in
-                                                                        ["cublas_epilogue"] + [f"fused_split{s}" for s in SPLITS])]
-    keys = sorted({(r["K"], r["N"], r["fp8"]) for r in rows if r["part"] == "splits"}, key=lambda k: (k[0] * k[1], k[2]))
-    for K, N, fp8 in keys:
+    variants = ["cublas_epilogue"] + [f"fused_split{s}" for s in SPLITS]
+    lines = [f"{'(K, N)':>13} {'fp8':>5} {'default':>7} " + " ".join(f"{v:>15}" for v in variants)]
+    for K, N, fp8 in cases(rows, "splits"):
         t = {r["variant"]: r for r in rows if r["part"] == "splits" and (r["K"], r["N"], r["fp8"]) == (K, N, fp8)}
         lines.append(f"{str((K, N)):>13} {str(fp8):>5} {t['cublas_epilogue']['default_split']:>7} "
-                     + " ".join(f"{t[v].get('graph_us', float('nan')):15.1f}" for v in t))
+                     + " ".join(f"{t[v].get('graph_us', float('nan')):15.1f}" for v in variants))
     return lines
+
+
+def best_configs(rows: list[dict], K: int, N: int, fp8: bool) -> tuple[dict, dict]:
+    """(fastest config row of the autotune list, fastest of the whole grid) for one case."""
+    ok = [r for r in rows if r["part"] == "configs" and (r["K"], r["N"], r["fp8"]) == (K, N, fp8) and "graph_us" in r]
+    fastest = lambda rs: min(rs, key=lambda r: r["graph_us"])  # noqa: E731
+    return fastest([r for r in ok if r["autotune_list"]]), fastest(ok)
 
 
 def config_table(rows: list[dict]) -> list[str]:
     lines = [f"{'(K, N)':>13} {'fp8':>5} {'best of list':>22} {'best overall':>22}"]
-    keys = sorted({(r["K"], r["N"], r["fp8"]) for r in rows if r["part"] == "configs"}, key=lambda k: (k[0] * k[1], k[2]))
     name = lambda r: f"{r['BLOCK_M']}x{r['BLOCK_K']} w{r['num_warps']} s{r['num_stages']} {r['graph_us']:.1f}"  # noqa: E731
-    for K, N, fp8 in keys:
-        ok = [r for r in rows if r["part"] == "configs" and (r["K"], r["N"], r["fp8"]) == (K, N, fp8) and "graph_us" in r]
-        best = min(ok, key=lambda r: r["graph_us"])
-        best_listed = min((r for r in ok if r["autotune_list"]), key=lambda r: r["graph_us"])
+    for K, N, fp8 in cases(rows, "configs"):
+        best_listed, best = best_configs(rows, K, N, fp8)
         lines.append(f"{str((K, N)):>13} {str(fp8):>5} {name(best_listed):>22} {name(best):>22}")
     return lines
 
 
-def plot(rows: list[dict], path: Path, device: str) -> None:
-    """Per shape and input dtype: the fused kernel at the default split vs cuBLAS + epilogue (µs)."""
+def grouped_bars(keys: list[tuple[int, int, bool]], series: dict[str, list[float]], title: str, path: Path) -> None:
+    """One group of bars (µs) per (K, N, fp8) case, one bar per ``series`` entry; saved as a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    split_rows = [r for r in rows if r["part"] == "splits" and "graph_us" in r]
-    keys = sorted({(r["K"], r["N"], r["fp8"]) for r in split_rows}, key=lambda k: (k[0] * k[1], k[2]))
-    t = {(r["K"], r["N"], r["fp8"], r["variant"]): r["graph_us"] for r in split_rows}
-    default = {(r["K"], r["N"]): f"fused_split{r['default_split']}" for r in split_rows}
+    width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(12, 4))
-    bars = [("cublas_epilogue", "cuBLAS + epilogue"), ("fused_split1", "fused, split 1"), (None, "fused, default split")]
-    for i, (variant, label) in enumerate(bars):
-        ys = [t.get((K, N, f, variant or default[(K, N)]), 0) for K, N, f in keys]
-        ax.bar([j + i * 0.27 for j in range(len(keys))], ys, 0.27, label=label)
-    ax.set_xticks([j + 0.27 for j in range(len(keys))], [f"({K},{N}){' fp8' if f else ''}" for K, N, f in keys],
-                  rotation=35, ha="right", fontsize=8)
+    for i, (label, ys) in enumerate(series.items()):
+        ax.bar([j + i * width for j in range(len(keys))], ys, width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))],
+                  [f"({K},{N}){' fp8' if f else ''}" for K, N, f in keys], rotation=35, ha="right", fontsize=8)
     ax.set_ylabel("GPU µs (graph replay)")
-    ax.set_title(f"Mods forward (training), batch {BATCH}, {device}")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def plot(rows: list[dict], path: Path, device: str) -> None:
+    """Per shape and input dtype: the fused kernel at split 1 and at the default split vs cuBLAS + epilogue."""
+    keys = cases(rows, "splits")
+    t = {(r["K"], r["N"], r["fp8"], r["variant"]): r.get("graph_us", 0) for r in rows if r["part"] == "splits"}
+    default = {(r["K"], r["N"]): f"fused_split{r['default_split']}" for r in rows if r["part"] == "splits"}
+    series = {"cuBLAS + epilogue": [t.get((K, N, f, "cublas_epilogue"), 0) for K, N, f in keys],
+              "fused, split 1": [t.get((K, N, f, "fused_split1"), 0) for K, N, f in keys],
+              "fused, default split": [t.get((K, N, f, default[(K, N)]), 0) for K, N, f in keys]}
+    grouped_bars(keys, series, f"Mods forward (training), batch {BATCH}, {device}", path)
 
 
 def plot_configs(rows: list[dict], path: Path, device: str) -> None:
     """Per shape and input dtype: the fastest tile config of the autotune list vs of the whole grid (µs)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    cfg_rows = [r for r in rows if r["part"] == "configs" and "graph_us" in r]
-    keys = sorted({(r["K"], r["N"], r["fp8"]) for r in cfg_rows}, key=lambda k: (k[0] * k[1], k[2]))
-    fig, ax = plt.subplots(figsize=(12, 4))
-    for i, (listed_only, label) in enumerate([(True, "best of the autotune list"), (False, "best of the grid")]):
-        ys = [min(r["graph_us"] for r in cfg_rows if (r["K"], r["N"], r["fp8"]) == k
-                  and (r["autotune_list"] or not listed_only)) for k in keys]
-        ax.bar([j + i * 0.4 for j in range(len(keys))], ys, 0.4, label=label)
-    ax.set_xticks([j + 0.2 for j in range(len(keys))], [f"({K},{N}){' fp8' if f else ''}" for K, N, f in keys],
-                  rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("GPU µs (graph replay)")
-    ax.set_title(f"Fused Mods forward kernel (split 1) by tile config, batch {BATCH}, {device}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    keys = cases(rows, "configs")
+    best = [best_configs(rows, *k) for k in keys]
+    series = {"best of the autotune list": [b[0]["graph_us"] for b in best],
+              "best of the grid": [b[1]["graph_us"] for b in best]}
+    grouped_bars(keys, series, f"Fused Mods forward kernel (split 1) by tile config, batch {BATCH}, {device}", path)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """The GPU benchmark scripts' multi-rank path, run on CPU with gloo (times are meaningless there)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -239,3 +240,23 @@ def test_dispatch_bench_serial_grads_variant_covers_the_backward():
     with_serial_grads(step)()
     step()
     assert seen == [False, True] and streams.ENABLED
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels' autotune list needs triton")
+def test_fused_forward_bench_sweeps_the_autotune_list_and_finds_the_fastest_config(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_fused_forward_gpu import CONFIG_GRID, best_configs, config_table, plot_configs
+
+    from loka_trainer.kernels.triton_mods_kernels import configs
+    grid = {tuple(c.values()) for c in CONFIG_GRID}
+    assert {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in configs} <= grid
+    row = lambda listed, us, bm: {"part": "configs", "K": 64, "N": 256, "fp8": True, "BLOCK_M": bm,  # noqa: E731
+                                  "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "autotune_list": listed,
+                                  "graph_us": us}
+    failed = {k: v for k, v in row(False, 1.0, 64).items() if k != "graph_us"} | {"error": "out of resources"}
+    rows = [row(True, 9.0, 16), row(True, 7.0, 32), row(False, 5.0, 128), failed]  # failed: never picked
+    best_listed, best = best_configs(rows, 64, 256, True)
+    assert (best_listed["BLOCK_M"], best["BLOCK_M"]) == (32, 128)
+    assert config_table(rows)[1].split()[-1] == "5.0"
+    plot_configs(rows, tmp_path / "c.png", "cpu")
+    assert (tmp_path / "c.png").stat().st_size > 0
