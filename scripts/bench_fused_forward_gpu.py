@@ -70,10 +70,15 @@ def bench_splits(K: int, N: int, fp8: bool) -> list[dict]:
     return rows
 
 
+def autotune_list() -> set[tuple[int, int, int, int]]:
+    """The fused kernel's autotune configs as (BLOCK_M, BLOCK_K, num_warps, num_stages) (imports triton)."""
+    from loka_trainer.kernels.triton_mods_kernels import configs
+    return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in configs}
+
+
 def bench_configs(K: int, N: int, fp8: bool) -> list[dict]:
     x, w, kw = operands(K, N, fp8)
-    listed = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
-              for c in __import__("loka_trainer.kernels.triton_mods_kernels", fromlist=["configs"]).configs}
+    listed = autotune_list()
     rows = []
     for cfg in CONFIG_GRID:
         row = {"part": "configs", "K": K, "N": N, "fp8": fp8, **cfg,

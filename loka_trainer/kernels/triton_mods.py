@@ -106,7 +106,7 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     summed by its own programs into an fp32 (split_k, M, N) workspace; the epilogue kernel (``norm_forward``'s)
     adds them. For long K and few (M, N) tiles, e.g. (K, N) = (7680, 256) at M = 1024: 16 programs alone.
     ``config`` (BLOCK_M, BLOCK_K, optionally num_warps / num_stages) replaces the autotuner's choice."""
-    triton, kernel, norm_kernel, _ = _kernels()
+    triton, kernel, _, _ = _kernels()
     M, K = x.shape
     N = w.shape[0]
     assert supports(K, N, block), (K, N, block)
@@ -128,7 +128,7 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
                  HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,
                  BLOCK_N=block, **meta)
     if split_k > 1:
-        _launch_norm(norm_kernel, ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
+        _launch_norm(ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
     return _returned(y, u, r, q, write_fp8, save)
 
 
@@ -139,17 +139,16 @@ def _rows_per_program(block: int) -> int:
 def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
                  write_fp8: bool = False, save: bool = True):
     """z (M, N) (row stride free, unit column stride) -> (h, u, r, q) as ``fused_forward``."""
-    _, _, kernel, _ = _kernels()
     M, N = z.shape
     assert z.stride(1) == 1 and N % block == 0, (z.stride(), N, block)
     y, u, r, q = _outputs(M, N, block, z.device, write_fp8, save)
-    _launch_norm(kernel, z, y, u, r, q, block, eps, write_fp8, save)
+    _launch_norm(z, y, u, r, q, block, eps, write_fp8, save)
     return _returned(y, u, r, q, write_fp8, save)
 
 
-def _launch_norm(kernel, z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: bool, splits: int = 1):
+def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: bool, splits: int = 1):
     """The epilogue kernel on z (M, N), or on the sum of ``splits`` contiguous (M, N) slices starting at z."""
-    triton = _kernels()[0]
+    triton, _, kernel, _ = _kernels()
     M, N = z.shape
     rows = _rows_per_program(block)
     kernel[(triton.cdiv(M, rows), N // block)](z, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0),
