@@ -58,9 +58,6 @@ FIG13_SUITES = ("fig13", "fig13_fwd")  # forward + backward (training), forward 
 FUSED_VARIANTS = {
     "fused_bf16": dict(mode="fused_bf16"),
     "split_bf16": dict(mode="split_bf16"),
-    # the whole BF16 backward (dz, dx, dW) in one Triton kernel that recomputes dz instead of storing it
-    "fused_bf16_fused_bwd": dict(mode="fused_bf16_fused_bwd"),
-    "split_bf16_fused_bwd": dict(mode="split_bf16_fused_bwd"),
     "fused_fp8_fwd": dict(mode="fused_fp8"),
     "fused_fp8_all": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
     # split_fp8: quant_rowwise(x) + torch._scaled_mm (cached e4m3 W) + the Triton epilogue kernel.

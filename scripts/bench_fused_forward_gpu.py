@@ -1,6 +1,6 @@
 """The fused Mods forward kernel alone (training forward: h, u and r written): split-K and tile configs.
 
-    python scripts/bench_fused_forward_gpu.py OUT_DIR [--shapes 7680x256 4096x2048] [--config-shapes 4096x2048]
+    python scripts/bench_fused_forward_gpu.py OUT_DIR [--shapes 7680x256 4096x2048] [--config-shapes 4096x2048] [--grid-stages 2 3]
 
 The config sweep compiles and times ~30 kernels per shape and input dtype: over all nine shapes it ran past 9
 minutes on an H200, so ``--config-shapes`` (default: none) picks where it runs; results are written after each
@@ -10,7 +10,8 @@ Per figure-13 shape (K in, N out; batch M = 1024), bf16 and FP8 (rowwise e4m3 op
 - ``splits``: cuBLAS GEMM (``x @ wᵀ`` / ``torch._scaled_mm``) + the epilogue kernel, against
   ``triton_mods.fused_forward`` at split_k 1, 2, 4, 8 and the default (``split_k_for``);
 - ``configs``: the fused kernel (split_k 1) at every tile config of a small grid (BLOCK_M 16-128, BLOCK_K
-  64/128/256, 4 or 8 warps, 3 or 4 stages), the autotune list marked: is a config outside it faster?
+  64/128, 4 or 8 warps, ``--grid-stages``, default 3 or 4) and of the autotune list, the list's configs marked:
+  is a config outside it faster?
 
 GPU µs from CUDA-graph replay (``triton.testing.do_bench_cudagraph`` median; the ``splits`` rows also report
 launch-bound eager time). Writes OUT_DIR/fused_forward.json, fused_forward.png (and
@@ -40,9 +41,16 @@ from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
 from loka_trainer.kernels.triton_quant import quant_rowwise  # noqa: E402
 
 SPLITS = (1, 2, 4, 8)
-CONFIG_GRID = [dict(BLOCK_M=bm, BLOCK_K=bk, num_warps=w, num_stages=s)
-               for bm, bk, w, s in itertools.product((16, 32, 64, 128), (64, 128), (4, 8), (3, 4))]
-CONFIG_GRID += [c for c in (dict(BLOCK_M=16, BLOCK_K=256, num_warps=4, num_stages=3),) if c not in CONFIG_GRID]
+GRID_STAGES = (3, 4)
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_K", "num_warps", "num_stages")
+
+
+def config_grid(stages=GRID_STAGES) -> list[dict]:
+    """The sweep's tile configs: BLOCK_M 16-128 x BLOCK_K 64/128 x 4/8 warps x ``stages``, plus every config of
+    the kernel's autotune list (so that "best of the list" is always measured; imports triton)."""
+    grid = [tuple(c) for c in itertools.product((16, 32, 64, 128), (64, 128), (4, 8), stages)]
+    grid += sorted(autotune_list() - set(grid))
+    return [dict(zip(CONFIG_KEYS, c)) for c in grid]
 
 
 def operands(K: int, N: int, fp8: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -76,11 +84,11 @@ def autotune_list() -> set[tuple[int, int, int, int]]:
     return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in configs}
 
 
-def bench_configs(K: int, N: int, fp8: bool) -> list[dict]:
+def bench_configs(K: int, N: int, fp8: bool, grid: list[dict]) -> list[dict]:
     x, w, kw = operands(K, N, fp8)
     listed = autotune_list()
     rows = []
-    for cfg in CONFIG_GRID:
+    for cfg in grid:
         row = {"part": "configs", "K": K, "N": N, "fp8": fp8, **cfg,
                "autotune_list": tuple(cfg.values()) in listed}
         try:
@@ -166,12 +174,15 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=None, metavar="INxOUT")
     p.add_argument("--config-shapes", nargs="*", default=[], metavar="INxOUT",
                    help="shapes that also get the tile-config sweep")
+    p.add_argument("--grid-stages", nargs="+", type=int, default=list(GRID_STAGES),
+                   help="num_stages values of the config sweep's grid (the autotune list is always swept)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_fused_forward_gpu: needs a CUDA device")
     parse = lambda specs: [tuple(int(v) for v in s.split("x")) for s in specs]  # noqa: E731
     shapes = parse(args.shapes) if args.shapes else FIG13_SHAPES
     config_shapes = set(parse(args.config_shapes))
+    grid = config_grid(tuple(args.grid_stages)) if config_shapes else []
     args.out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "command": " ".join(sys.argv), "batch": BATCH}
@@ -180,7 +191,7 @@ def main() -> None:
         for fp8 in (False, True):
             rows += bench_splits(K, N, fp8)
             if (K, N) in config_shapes:
-                rows += bench_configs(K, N, fp8)
+                rows += bench_configs(K, N, fp8, grid)
         (args.out_dir / "fused_forward.partial.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     (args.out_dir / "fused_forward.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
     plot(rows, args.out_dir / "fused_forward.png", meta["device"])

@@ -245,9 +245,11 @@ def test_dispatch_bench_serial_grads_variant_covers_the_backward():
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels' autotune list needs triton")
 def test_fused_forward_bench_sweeps_the_autotune_list_and_finds_the_fastest_config(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_fused_forward_gpu import CONFIG_GRID, autotune_list, best_configs, config_table, plot_configs
+    from bench_fused_forward_gpu import autotune_list, best_configs, config_grid, config_table, plot_configs
 
-    assert autotune_list() <= {tuple(c.values()) for c in CONFIG_GRID}
+    for stages in [(3, 4), (2,)]:
+        grid = {tuple(c.values()) for c in config_grid(stages)}
+        assert autotune_list() <= grid and (128, 64, 4, stages[0]) in grid
     row = lambda listed, us, bm: {"part": "configs", "K": 64, "N": 256, "fp8": True, "BLOCK_M": bm,  # noqa: E731
                                   "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "autotune_list": listed,
                                   "graph_us": us}

@@ -1,4 +1,4 @@
-"""The kernels a fused Linear -> BlockNorm -> HardSwish layer can run (``FusedLinearMods.mode``).
+"""The forward kernels a fused Linear -> BlockNorm -> HardSwish layer can run (``FusedLinearMods.mode``).
 
 A registry with no kernel imports, so plan files can be read and counted without triton or CUDA.
 """
@@ -11,13 +11,10 @@ import dataclasses
 class ForwardMode:
     """``fp8``: x and W rowwise e4m3 (x by ``quant_rowwise``, W from the WeightCache), else bf16.
     ``split``: a cuBLAS GEMM (bf16 or ``torch._scaled_mm``) + the Triton epilogue kernel, else one fused
-    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs).
-    ``fused_backward``: when both backward GEMMs are BF16, dz, dx and dW come from one Triton kernel
-    (``triton_mods.fused_backward``, for small layers) instead of the dz kernel and two cuBLAS GEMMs."""
+    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs)."""
 
     fp8: bool
     split: bool
-    fused_backward: bool = False
 
 
 FORWARD_MODES: dict[str, ForwardMode] = {
@@ -25,8 +22,6 @@ FORWARD_MODES: dict[str, ForwardMode] = {
     "split_bf16": ForwardMode(fp8=False, split=True),
     "fused_fp8": ForwardMode(fp8=True, split=False),
     "split_fp8": ForwardMode(fp8=True, split=True),
-    "fused_bf16_fused_bwd": ForwardMode(fp8=False, split=False, fused_backward=True),
-    "split_bf16_fused_bwd": ForwardMode(fp8=False, split=True, fused_backward=True),
 }
 
 # Without a Dispatch plan (or a plan built off-GPU): cuBLAS + the epilogue kernel. On the H200 it was faster than

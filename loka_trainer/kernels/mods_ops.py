@@ -10,8 +10,6 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   HardSwish (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
-- ``loka::mods_bwd_fused(dh, u, r, x, w, block) -> (dx, dW)``: dz and both BF16 backward GEMMs in one kernel
-  (modes with ``fused_backward``; for small layers).
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity) -> (dz_q, scale_inv, dz)``: the same dz
   quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz kernel also writes the amaxes, one
   cast kernel follows.
@@ -120,21 +118,6 @@ def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int) -> Tensor:
 @mods_bwd_dz.register_fake
 def _(dh, u, r, block):
     return dh.new_empty(dh.shape, dtype=torch.bfloat16)
-
-
-@torch.library.custom_op("loka::mods_bwd_fused", mutates_args=())
-def mods_bwd_fused(dh: Tensor, u: Tensor, r: Tensor, x: Tensor, w: Tensor, block: int) -> tuple[Tensor, Tensor]:
-    """dh (M, N), u (M, N) bf16, r (M, NB) fp32, x (M, K), w (N, K) bf16 -> (dx (M, K), dW (N, K)) bf16: dz and
-    both BF16 backward GEMMs in one kernel (``triton_mods.fused_backward``; dz is never written)."""
-    if use_triton(dh):
-        return triton_mods.fused_backward(dh, u, r, x, w, block=block)
-    dz = mods_backward_ref(dh, u, r, block)
-    return dz @ w.to(torch.bfloat16), dz.t() @ x.to(torch.bfloat16)
-
-
-@mods_bwd_fused.register_fake
-def _(dh, u, r, x, w, block):
-    return dh.new_empty(x.shape, dtype=torch.bfloat16), dh.new_empty(w.shape, dtype=torch.bfloat16)
 
 
 @torch.no_grad()
@@ -247,7 +230,6 @@ class LinearModsFn(torch.autograd.Function):
         ctx.save_for_backward(xb, wb, u, r)
         ctx.block, ctx.cache = block, cache
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
-        ctx.fused_backward = FORWARD_MODES[mode].fused_backward
         ctx.dtypes = (x.dtype, w.dtype)
         ctx.mark_non_differentiable(q)
         # q never gets a gradient: without this autograd passes backward a zero-filled (M, N) e4m3 tensor for
@@ -262,9 +244,6 @@ class LinearModsFn(torch.autograd.Function):
         xb, wb, u, r = ctx.saved_tensors
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        if ctx.fused_backward and need_dx and need_dw and dgrad == wgrad == BASELINE:
-            dx, dw = mods_bwd_fused(dh, u, r, xb, wb, ctx.block)
-            return dx.to(ctx.dtypes[0]), dw.to(ctx.dtypes[1]), None, None, None, None, None, None, None, None, None
         if need_dx and dgrad in FUSED_DGRAD:
             dx_fn, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
         else:

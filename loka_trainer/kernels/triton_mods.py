@@ -169,39 +169,6 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     return dz
 
 
-@functools.lru_cache(maxsize=1)
-def _fused_bwd_kernel():
-    """The one-kernel backward (imported lazily, like ``_kernels``)."""
-    from loka_trainer.kernels.triton_mods_bwd_kernels import fused_bwd_kernel
-    return fused_bwd_kernel
-
-
-def fused_backward(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *,
-                   block: int = DEFAULT_BLOCK, config: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """dy (M, N), u (M, N) bf16, r (M, NB) fp32, x (M, K), w (N, K) bf16 -> (dx (M, K), dW (N, K)) bf16 in one
-    kernel that never writes dz (``triton_mods_bwd_kernels``): for small layers, where the dz kernel and two GEMMs
-    are each a few latency-bound tiles. Same numerics as ``backward_dz`` + two BF16 GEMMs (dz rounded to bf16,
-    fp32 accumulation). ``config`` (DX_BM, DX_BK, DW_BM, DW_BK, optionally num_warps / num_stages) replaces
-    the autotuner's choice."""
-    triton = _kernels()[0]
-    kernel = _fused_bwd_kernel()
-    M, N = dy.shape
-    K = x.shape[1]
-    dy, u, x, w = (t if t.stride(1) == 1 else t.contiguous() for t in (dy, u, x, w))
-    dx = torch.empty((M, K), dtype=torch.bfloat16, device=dy.device)
-    dw = torch.empty((N, K), dtype=torch.bfloat16, device=dy.device)
-    grid = lambda meta: (N // block * triton.cdiv(K, meta["DW_BK"])  # noqa: E731
-                         + triton.cdiv(M, meta["DX_BM"]) * triton.cdiv(K, meta["DX_BK"]),)
-    meta = {}
-    if config is None and interpreting():
-        config = {"DX_BM": 16, "DX_BK": 32, "DW_BM": 16, "DW_BK": 16}
-    if config is not None:
-        kernel, meta = kernel.fn, dict(config)
-    kernel[grid](dy, u, r, x, w, dx, dw, M, N, K, dy.stride(0), u.stride(0), r.stride(0), x.stride(0), w.stride(0),
-                 dx.stride(0), dw.stride(0), BLOCK_N=block, **meta)
-    return dx, dw
-
-
 def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int):
     """dz kernel writing each (row, block) amax, then one cast kernel (row amax from that small buffer)."""
     triton = _kernels()[0]

@@ -85,10 +85,11 @@ def _xw(dtype):
 
 
 @needs_triton
-def test_fused_forward_matches_reference(interpret):
-    x, w = _xw(torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: tl.dot widened (patch_interpreter)
+def test_fused_forward_matches_reference(interpret, dtype):
+    x, w = _xw(dtype)
     h, u, r, q = triton_mods.fused_forward(x, w, block=B, write_fp8=True)
-    hr, ur, rr = mods_forward_ref(x @ w.t(), B, 1e-6)
+    hr, ur, rr = mods_forward_ref(x.float() @ w.float().t(), B, 1e-6)
     assert _rel(h, hr) < 1e-2 and _rel(u, ur) < 1e-2
     torch.testing.assert_close(r, rr, rtol=1e-4, atol=0)
     assert r.shape == (M, N // B) and float(h.float().abs().max()) <= B ** 0.5
@@ -117,36 +118,6 @@ def test_linear_mods_split_autograd_matches_reference(interpret):
     xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     linear_mods_ref(xr, wr, B).backward(dy)
     assert _rel(y.detach(), linear_mods_ref(xr, wr, B).detach()) < 1e-2
-    assert _rel(x.grad, xr.grad) < 2e-2 and _rel(w.grad, wr.grad) < 2e-2
-
-
-@needs_triton
-@pytest.mark.parametrize("config", [None, {"DX_BM": 32, "DX_BK": 16, "DW_BM": 32, "DW_BK": 32}])
-def test_fused_backward_matches_dz_then_two_gemms(interpret, config):
-    # K = 48: a ragged last K tile for both roles; M = 40: ragged row tiles; NB = 2 blocks summed by dx
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(M, 48, generator=g).to(torch.bfloat16)
-    w = (torch.randn(N, 48, generator=g) / 48 ** 0.5).to(torch.bfloat16)
-    _, u, r = mods_forward_ref(x.float() @ w.float().t(), B, 1e-6)
-    dy = torch.randn(M, N, generator=g).to(torch.bfloat16)
-    dx, dw = triton_mods.fused_backward(dy, u, r, x, w, block=B, config=config)
-    dz = mods_backward_ref(dy, u, r, B).float()
-    assert dx.shape == (M, 48) and dw.shape == (N, 48) and dx.dtype == dw.dtype == torch.bfloat16
-    assert _rel(dx, dz @ w.float()) < 1e-2 and _rel(dw, dz.t() @ x.float()) < 1e-2
-
-
-@needs_triton
-@pytest.mark.parametrize("mode", ["fused_bf16_fused_bwd", "split_bf16_fused_bwd"])
-def test_linear_mods_fused_backward_autograd(interpret, monkeypatch, mode):
-    def no_dz_kernel(*args, **kwargs):
-        raise AssertionError("a fused-backward mode ran the separate dz kernel")
-    monkeypatch.setattr(triton_mods, "backward_dz", no_dz_kernel)
-    x, w = _xw(torch.bfloat16)
-    x.requires_grad_(), w.requires_grad_()
-    dy = torch.randn(M, N, generator=torch.Generator().manual_seed(2))
-    linear_mods(x, w, block=B, mode=mode).backward(dy.to(torch.bfloat16))
-    xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
-    linear_mods_ref(xr, wr, B).backward(dy)
     assert _rel(x.grad, xr.grad) < 2e-2 and _rel(w.grad, wr.grad) < 2e-2
 
 
