@@ -30,9 +30,11 @@ from loka_trainer.kernels.dispatch import (
 )
 from loka_trainer.kernels.fused_linear import (
     chain_fp8_handoffs, find_fusable, fuse_linear_mods, kernels_from_plan_backends, time_forward_modes,
+    time_input_grads,
 )
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.kernels.mods_modes import FORWARD_MODES
+from loka_trainer.kernels.mods_ops import FUSED_DGRAD
 from loka_trainer.kernels.plan import (
     DispatchPlan, LayerPlan, ModsChoice, format_plan_table, load_plan, save_plan, validate_plan,
 )
@@ -153,28 +155,51 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: Preci
                                        min_speedup=config.min_speedup, forward_mere=probe.get(fqn),
                                        timing_cache=times)
     if config.mods and torch.device(device).type == "cuda" and triton_importable():
-        _choose_mods_modes(model, layers, timer=timer, device=device, min_speedup=config.min_speedup)
+        _choose_mods_modes(model, layers, timer=timer, device=device, min_speedup=config.min_speedup,
+                           mere_threshold=config.mere_threshold)
     name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
     return DispatchPlan(device=name, layers=layers, mere_threshold=config.mere_threshold,
                         min_speedup=config.min_speedup)
 
 
-def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer, device, min_speedup: float) -> None:
+def fused_input_grad_candidates(lp: LayerPlan, mere_threshold: float) -> list[str]:
+    """The input-grad backends a fused Mods layer is timed with: BF16, the plan's own choice, and each fused FP8
+    dgrad (``FUSED_DGRAD``) whose measured input-grad MERE is below ``mere_threshold``."""
+    accurate = [b for b in FUSED_DGRAD
+                if (lp.input_grad.candidates.get(b) or {}).get("mere") is not None
+                and lp.input_grad.candidates[b]["mere"] < mere_threshold]
+    return list(dict.fromkeys([BASELINE, lp.input_grad.backend, *accurate]))
+
+
+def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer, device, min_speedup: float,
+                       mere_threshold: float) -> None:
     """For each planned Linear that LoKA will fuse with its BlockNorm and HardSwish, time every forward mode it
     may run (FP8 modes only where the plan's forward GEMM is FP8, i.e. passed the accuracy test) at the layer's
-    shape and record the choice (``LayerPlan.mods_forward``). Shapes are timed once."""
-    timed: dict[tuple[int, int, int, tuple[str, ...]], dict] = {}
+    shape and record the choice (``LayerPlan.mods_forward``); then, in that mode, time the layer's whole step
+    with each input-grad candidate (``fused_input_grad_candidates``) and record that choice
+    (``LayerPlan.mods_input_grad``; only when there is an FP8 candidate). Shapes are timed once."""
+    timed: dict[tuple, dict] = {}
     for fqn, (seq, i) in find_fusable(model).items():
         lp = layers.get(fqn)
         if lp is None:
             continue
+        block, eps = seq[i + 1].block_size, seq[i + 1].eps
         is_fp8 = {m: f.fp8 for m, f in FORWARD_MODES.items() if not f.fp8 or lp.forward.backend != BASELINE}
         key = (lp.M, lp.K, lp.N, tuple(is_fp8))
         if key not in timed:
-            timed[key] = time_forward_modes(lp.M, lp.K, lp.N, list(is_fp8), block=seq[i + 1].block_size,
-                                            eps=seq[i + 1].eps, timer=timer, device=device)
+            timed[key] = time_forward_modes(lp.M, lp.K, lp.N, list(is_fp8), block=block, eps=eps, timer=timer,
+                                            device=device)
         mode, speedup = select_mods_mode(timed[key], is_fp8, min_speedup=min_speedup)
         lp.mods_forward = ModsChoice(mode=mode, times_us=timed[key], speedup=speedup)
+        dgrads = fused_input_grad_candidates(lp, mere_threshold)
+        if len(dgrads) == 1:
+            continue
+        key = (lp.M, lp.K, lp.N, mode, lp.weight_grad.backend, tuple(dgrads))
+        if key not in timed:
+            timed[key] = time_input_grads(lp.M, lp.K, lp.N, dgrads, mode=mode, wgrad=lp.weight_grad.backend,
+                                          block=block, eps=eps, timer=timer, device=device)
+        dgrad, speedup = select_mods_mode(timed[key], {d: d != BASELINE for d in dgrads}, min_speedup=min_speedup)
+        lp.mods_input_grad = ModsChoice(mode=dgrad, times_us=timed[key], speedup=speedup)
 
 
 def _broadcast_plan(plan: Optional[DispatchPlan]) -> DispatchPlan:
@@ -210,7 +235,8 @@ def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear])
 def _fuse_mods(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Optional[ModuleFilter],
                log: Callable[[str], None]) -> None:
     """Mods on: each Linear -> BlockNorm -> HardSwish becomes one FusedLinearMods with the plan's GEMM choices."""
-    kernels = {fqn: kernels_from_plan_backends(lp.backends(), lp.mods_forward) for fqn, lp in plan.layers.items()}
+    kernels = {fqn: kernels_from_plan_backends(lp.backends(), lp.mods_forward, lp.mods_input_grad)
+               for fqn, lp in plan.layers.items()}
     fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn)
     chained = chain_fp8_handoffs(model)
     log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods, "

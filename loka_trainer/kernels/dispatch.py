@@ -45,9 +45,9 @@ def select_backend(candidates: dict[str, dict[str, Optional[float]]], bf16_time_
 
 def select_mods_mode(times_us: dict[str, Optional[float]], is_fp8: dict[str, bool], *,
                      min_speedup: float) -> tuple[str, Optional[float]]:
-    """Pick a fused Mods layer's forward mode from measured times (µs; None = failed): the fastest BF16 mode,
-    unless an FP8 mode in ``is_fp8`` (only offered where the forward GEMM passed the accuracy test) is more than
-    ``min_speedup`` × faster than it. Returns (mode, speedup over the fastest BF16 mode)."""
+    """Pick a fused Mods layer's forward mode (or input-grad backend) from measured times (µs; None = failed):
+    the fastest BF16 option, unless an FP8 one in ``is_fp8`` (only offered where it passed the accuracy test) is
+    more than ``min_speedup`` × faster than it. Returns (choice, speedup over the fastest BF16 option)."""
     def fastest(fp8: bool) -> Optional[str]:
         ok = [m for m, t in times_us.items() if t is not None and t > 0 and is_fp8[m] == fp8]
         return min(ok, key=lambda m: times_us[m], default=None)

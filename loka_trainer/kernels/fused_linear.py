@@ -197,25 +197,54 @@ def chain_fp8_handoffs(model: nn.Module) -> list[tuple[str, str]]:
     return pairs
 
 
+def _random_layer(M: int, K: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K), w (N, K) random bf16 leaves on ``device`` that require grad."""
+    x = torch.randn(M, K, device=device, dtype=torch.bfloat16, requires_grad=True)
+    return x, (torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+
+
+def _time_each(names: list[str], run, timer, what: str, shape: tuple[int, int, int]) -> dict[str, Optional[float]]:
+    """name -> timer(lambda: run(name)) µs; a name whose run raises RuntimeError -> None (with a warning): a kernel
+    that fails at this shape is not a candidate, never an error."""
+    times: dict[str, Optional[float]] = {}
+    for name in names:
+        try:
+            times[name] = timer(lambda name=name: run(name))
+        except RuntimeError as exc:
+            warnings.warn(f"{what} {name} failed at M×K×N={'×'.join(map(str, shape))}: "
+                          f"{str(exc).splitlines()[0][:200]}")
+            times[name] = None
+    return times
+
+
 def time_forward_modes(M: int, K: int, N: int, modes: list[str], *, block: int, eps: float, timer,
                        device) -> dict[str, Optional[float]]:
     """µs of one training forward (autograd on, weight cast cached as in training) of each forward mode at
     x (M, K), w (N, K) random bf16 on ``device``; a mode that raises there -> None (with a warning)."""
-    x = torch.randn(M, K, device=device, dtype=torch.bfloat16, requires_grad=True)
-    w = (torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+    x, w = _random_layer(M, K, N, device)
     cache = WeightCache()
-    times: dict[str, Optional[float]] = {}
-    for mode in modes:
-        try:
-            times[mode] = timer(lambda mode=mode: linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode,
-                                                                     cache=cache))
-        except RuntimeError as exc:  # a kernel that fails at this shape is not a candidate, never an error
-            warnings.warn(f"mods forward mode {mode} failed at M×K×N={M}×{K}×{N}: {str(exc).splitlines()[0][:200]}")
-            times[mode] = None
-    return times
+    run = lambda mode: linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode, cache=cache)  # noqa: E731
+    return _time_each(modes, run, timer, "mods forward mode", (M, K, N))
 
 
-def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoice] = None) -> dict[str, str]:
+def time_input_grads(M: int, K: int, N: int, dgrads: list[str], *, mode: str, wgrad: str, block: int, eps: float,
+                     timer, device) -> dict[str, Optional[float]]:
+    """µs of one training step of the layer (forward in ``mode`` + backward with ``wgrad``; gradients written
+    fresh, as after ``zero_grad(set_to_none=True)``) with each input-grad backend in ``dgrads``, at random bf16
+    x (M, K), w (N, K) and dy (M, N) on ``device``; one that raises there -> None (with a warning)."""
+    x, w = _random_layer(M, K, N, device)
+    dy = torch.randn(M, N, device=device, dtype=torch.bfloat16)
+    cache = WeightCache()
+
+    def step(dgrad: str) -> None:
+        x.grad = w.grad = None
+        linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad,
+                            cache=cache)[0].backward(dy)
+    return _time_each(dgrads, step, timer, "mods input grad", (M, K, N))
+
+
+def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoice] = None,
+                               mods_input_grad: Optional[ModsChoice] = None) -> dict[str, str]:
     """A Dispatch plan's per-GEMM choice {forward, input_grad, weight_grad} -> FusedLinearMods kernels.
 
     The forward mode is the plan's measured one (``mods``: timed per layer when the plan was built on a GPU,
@@ -223,10 +252,12 @@ def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoi
     rowwise-FP8 inputs, a BF16 forward ``mods_modes.DEFAULT_FORWARD_MODE`` (cuBLAS GEMM + one Triton
     BlockNorm/HardSwish epilogue kernel; see there why). The two backward GEMMs keep the plan's backends; a
     ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise`` dgrad then runs fused (dz amax from the dz kernel, one cast
-    pass, ``mods_ops.FUSED_DGRAD``) with the backend's numerics.
+    pass, ``mods_ops.FUSED_DGRAD``) with the backend's numerics. ``mods_input_grad`` (timed over the whole layer
+    when the plan was built on a GPU) replaces the plan's input-grad backend.
     """
     if mods is not None:
         mode = mods.mode
     else:
         mode = DEFAULT_FORWARD_MODE if backends.get("forward", "bf16") == "bf16" else "fused_fp8"
-    return {"mode": mode, "dgrad": backends.get("input_grad", "bf16"), "wgrad": backends.get("weight_grad", "bf16")}
+    dgrad = mods_input_grad.mode if mods_input_grad is not None else backends.get("input_grad", "bf16")
+    return {"mode": mode, "dgrad": dgrad, "wgrad": backends.get("weight_grad", "bf16")}

@@ -12,7 +12,12 @@ A plan is a JSON file a user can read, edit by hand (change ``"backend"``), chec
 Only ``backend`` is required per GEMM; the rest is evidence (null when unknown). A layer that LoKA fuses with
 its BlockNorm and HardSwish (``fused_linear.FusedLinearMods``) may also carry
 ``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel measured
-fastest (``mods_modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not).
+fastest (``mods_modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not). And
+``"mods_input_grad": {"mode": "scaled_mm_rowwise", "times_us": {"bf16": 82.6, "scaled_mm_rowwise": 77.6}}``:
+the input-grad backend the fused layer runs, chosen by timing the whole layer (forward + backward, µs) with
+each accurate candidate, because inside the layer an FP8 dgrad's quantization of dz is fused into the dz kernel
+(``mods_ops.FUSED_DGRAD``) and so costs less than the GEMM timed alone says; it replaces ``input_grad``'s
+backend for that layer.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from loka_trainer.kernels.mods_modes import FORWARD_MODES
 
 PLAN_VERSION = 1
 GEMMS = ("forward", "input_grad", "weight_grad")
+MODS_CHOICES = ("mods_forward", "mods_input_grad")  # the optional per-layer ModsChoice fields
 
 
 @dataclasses.dataclass
@@ -46,8 +52,9 @@ class GemmChoice:
 
 @dataclasses.dataclass
 class ModsChoice:
-    """The forward kernel of a fused Linear -> BlockNorm -> HardSwish layer, the times (µs) behind it and its
-    speedup over the fastest BF16 mode."""
+    """What a fused Linear -> BlockNorm -> HardSwish layer runs, chosen by timing it: its forward kernel
+    (``mods_forward``: a ``FORWARD_MODES`` name) or its input-grad backend (``mods_input_grad``: a backend name),
+    the times (µs) behind the choice and its speedup over the fastest BF16 option."""
 
     mode: str
     times_us: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
@@ -65,6 +72,7 @@ class LayerPlan:
     input_grad: GemmChoice = dataclasses.field(default_factory=GemmChoice)
     weight_grad: GemmChoice = dataclasses.field(default_factory=GemmChoice)
     mods_forward: Optional[ModsChoice] = None
+    mods_input_grad: Optional[ModsChoice] = None
 
     def backends(self) -> dict[str, str]:
         """GEMM name -> backend name."""
@@ -72,10 +80,13 @@ class LayerPlan:
 
     def runs_fp8(self) -> dict[str, bool]:
         """GEMM name -> whether it runs in FP8: its backend is not BF16, except that a fused Mods layer's forward
-        runs in its recorded mode (``mods_forward``), which stays BF16 when a BF16 mode was timed faster."""
+        runs in its recorded mode (``mods_forward``), which stays BF16 when a BF16 mode was timed faster, and
+        its input grad on the recorded ``mods_input_grad`` backend."""
         fp8 = {g: b != "bf16" for g, b in self.backends().items()}
         if self.mods_forward is not None:
             fp8["forward"] = fp8["forward"] and FORWARD_MODES[self.mods_forward.mode].fp8
+        if self.mods_input_grad is not None:
+            fp8["input_grad"] = self.mods_input_grad.mode != "bf16"
         return fp8
 
 
@@ -92,8 +103,9 @@ class DispatchPlan:
         for fqn, lp in self.layers.items():
             entry: dict[str, Any] = {"shape": {"M": lp.M, "K": lp.K, "N": lp.N}}
             entry.update({g: dataclasses.asdict(getattr(lp, g)) for g in GEMMS})
-            if lp.mods_forward is not None:
-                entry["mods_forward"] = dataclasses.asdict(lp.mods_forward)
+            for key in MODS_CHOICES:
+                if getattr(lp, key) is not None:
+                    entry[key] = dataclasses.asdict(getattr(lp, key))
             layers[fqn] = entry
         return {"version": self.version, "device": self.device, "mere_threshold": self.mere_threshold,
                 "min_speedup": self.min_speedup, "layers": layers}
@@ -124,12 +136,14 @@ def _layer_from_dict(e: Any, *, where: str) -> LayerPlan:
             raise ValueError(f"{where}: '{g}' needs a string 'backend' (valid GEMMs: {list(GEMMS)})")
         fields = {f.name for f in dataclasses.fields(GemmChoice)}
         choices[g] = GemmChoice(**{k: v for k, v in c.items() if k in fields})
-    mods = e.get("mods_forward")
-    if mods is not None:
-        if not isinstance(mods, dict) or not isinstance(mods.get("mode"), str):
-            raise ValueError(f"{where}: 'mods_forward' needs a string 'mode'")
-        mods = ModsChoice(mode=mods["mode"], times_us=dict(mods.get("times_us") or {}), speedup=mods.get("speedup"))
-    return LayerPlan(M=M, K=K, N=N, mods_forward=mods, **choices)
+    mods = {}
+    for key in MODS_CHOICES:
+        m = e.get(key)
+        if m is not None:
+            if not isinstance(m, dict) or not isinstance(m.get("mode"), str):
+                raise ValueError(f"{where}: '{key}' needs a string 'mode'")
+            mods[key] = ModsChoice(mode=m["mode"], times_us=dict(m.get("times_us") or {}), speedup=m.get("speedup"))
+    return LayerPlan(M=M, K=K, N=N, **mods, **choices)
 
 
 def save_plan(plan: DispatchPlan, path: str | Path) -> Path:
@@ -161,8 +175,9 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
 
     Rejects (one-line ValueError): a layer the model does not have, a K/N that differs from the model's, a
     backend name not in ``valid_backends``, a Mods forward mode not in ``mods_modes`` or an FP8 one on a layer
-    whose forward GEMM is BF16 (no FP8 candidate passed the accuracy test there). Layers of the model missing
-    from the plan are allowed (they stay BF16) so a plan can be trimmed by hand.
+    whose forward GEMM is BF16 (no FP8 candidate passed the accuracy test there), a Mods input-grad backend not
+    in ``valid_backends`` or one whose measured input-grad MERE is not below the plan's threshold. Layers of the
+    model missing from the plan are allowed (they stay BF16) so a plan can be trimmed by hand.
     """
     for fqn, lp in plan.layers.items():
         if fqn not in layer_shapes:
@@ -182,6 +197,15 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
             if mods_modes[mode] and lp.forward.backend == "bf16":
                 raise ValueError(f"plan: layer {fqn!r} mods_forward: FP8 mode {mode!r} but the forward GEMM is bf16 "
                                  f"(no FP8 kernel was accurate enough there)")
+        if lp.mods_input_grad is not None:
+            name = lp.mods_input_grad.mode
+            if name not in valid_backends:
+                raise ValueError(f"plan: layer {fqn!r} mods_input_grad: backend {name!r} is unknown or unavailable "
+                                 f"on this device; valid: {sorted(valid_backends)}")
+            err = lp.input_grad.candidates.get(name, {}).get("mere")
+            if name != "bf16" and err is not None and err >= plan.mere_threshold:
+                raise ValueError(f"plan: layer {fqn!r} mods_input_grad: {name!r} has input-grad MERE {err:.4g} >= "
+                                 f"{plan.mere_threshold} (not accurate enough there)")
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
@@ -211,6 +235,8 @@ def bf16_reason_counts(plan: DispatchPlan) -> dict[str, int]:
     counts = dict.fromkeys(BF16_REASONS, 0)
     for lp in plan.layers.values():
         for g in GEMMS:
+            if g == "input_grad" and lp.runs_fp8()[g]:  # a fused Mods layer's timed FP8 input grad
+                continue
             why = bf16_reason(getattr(lp, g), mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup)
             if why is not None:
                 counts[why] += 1
@@ -236,13 +262,14 @@ def format_plan_table(plan: DispatchPlan) -> str:
             rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {c.backend:<26} "
                         f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8} {why:<10}".rstrip())
             fqn, shape = "", ""
-        if lp.mods_forward is not None:
-            rows.append(f"{'':<32} {'':>18} {'mods fwd':<11} {lp.mods_forward.mode:<26} {'-':>8} "
-                        f"{_fmt(lp.mods_forward.speedup, '.2f'):>8}")
+        for label, choice in (("mods fwd", lp.mods_forward), ("mods dgrad", lp.mods_input_grad)):
+            if choice is not None:
+                rows.append(f"{'':<32} {'':>18} {label:<11} {choice.mode:<26} {'-':>8} {_fmt(choice.speedup, '.2f'):>8}")
     reasons = bf16_reason_counts(plan)
-    mods_bf16 = sum(lp.forward.backend != "bf16" and not lp.runs_fp8()["forward"] for lp in plan.layers.values())
+    mods_bf16 = sum(getattr(lp, g).backend != "bf16" and not lp.runs_fp8()[g]
+                    for lp in plan.layers.values() for g in ("forward", "input_grad"))
     rows.append(f"{num_fp8_gemms(plan)} of {3 * len(plan.layers)} GEMMs in FP8; BF16 kept for {reasons['MERE']} (no "
                 f"FP8 candidate with MERE < {plan.mere_threshold}), {reasons['slow']} (no accurate one > "
                 f"{plan.min_speedup}× faster), {reasons['unmeasured']} (not measured), {mods_bf16} (fused Mods "
-                f"forward faster in BF16)")
+                f"layer timed faster in BF16)")
     return "\n".join(rows)

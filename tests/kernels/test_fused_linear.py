@@ -145,3 +145,60 @@ def test_fp8_handoff_links_only_a_split_emitter_to_an_fp8_reader(first, second, 
     stack = nn.Sequential(FusedLinearMods(64, 256, mode=first), nn.Identity(), FusedLinearMods(256, 256, mode=second))
     assert chain_fp8_handoffs(stack) == ([("0", "2")] if linked else [])
     assert stack[0].emit_fp8 == linked and not stack[2].emit_fp8
+
+
+def test_plan_mods_input_grad_overrides_the_planned_dgrad():
+    from loka_trainer.kernels.plan import ModsChoice
+    planned = {"forward": "bf16", "input_grad": "bf16", "weight_grad": "bf16"}
+    assert kernels_from_plan_backends(planned, None, ModsChoice(mode="scaled_mm_rowwise"))["dgrad"] == \
+        "scaled_mm_rowwise"
+    assert kernels_from_plan_backends({**planned, "input_grad": "scaled_mm_rowwise"}, None,
+                                      ModsChoice(mode="bf16"))["dgrad"] == "bf16"
+
+
+def test_time_input_grads_runs_a_full_step_per_backend(monkeypatch):
+    from loka_trainer.kernels import fused_linear
+    calls, leaves = [], []
+    original = fused_linear.linear_mods_fp8_out
+
+    def spy(x, w, **kw):
+        calls.append(kw["dgrad"])
+        leaves[:] = [x, w]
+        return original(x, w, **kw)
+    monkeypatch.setattr(fused_linear, "linear_mods_fp8_out", spy)
+
+    def timer(fn):  # one call, which must be a whole step: fresh, finite gradients for x and w
+        fn()
+        assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+        return 1.0
+    times = fused_linear.time_input_grads(32, 64, 256, ["bf16", "scaled_mm_rowwise"], mode="split_bf16",
+                                          wgrad="bf16", block=256, eps=1e-6, timer=timer, device="cpu")
+    assert times == {"bf16": 1.0, "scaled_mm_rowwise": 1.0} and calls == ["bf16", "scaled_mm_rowwise"]
+
+
+@pytest.mark.parametrize("step_us, mere, chosen", [
+    ({"bf16": 100.0, "scaled_mm_rowwise": 90.0}, 0.01, "scaled_mm_rowwise"),  # 1.11x: FP8
+    ({"bf16": 100.0, "scaled_mm_rowwise": 97.0}, 0.01, "bf16"),  # 1.03x < min_speedup 1.05
+    ({"bf16": 100.0, "scaled_mm_rowwise": 50.0}, 0.5, None),  # inaccurate: not offered, nothing timed
+])
+def test_fused_layers_input_grad_chosen_by_timing_the_layer(monkeypatch, step_us, mere, chosen):
+    from loka_trainer.kernels import convert
+    from loka_trainer.kernels.plan import GemmChoice, LayerPlan
+    model = _mlp()
+    layers = {fqn: LayerPlan(M=32, K=k, N=n, input_grad=GemmChoice(
+        "bf16", candidates={"scaled_mm_rowwise": {"mere": mere, "time_us": 9.0}}))
+        for fqn, (k, n) in {"0.0.0": (64, 512), "0.0.3": (512, 256)}.items()}
+    timed = []
+    monkeypatch.setattr(convert, "time_forward_modes",
+                        lambda M, K, N, modes, **kw: {m: (1.0 if m == "split_bf16" else 2.0) for m in modes})
+
+    def fake_steps(M, K, N, dgrads, **kw):
+        timed.append((K, N, tuple(dgrads), kw["mode"]))
+        return {d: step_us[d] for d in dgrads}
+    monkeypatch.setattr(convert, "time_input_grads", fake_steps)
+    convert._choose_mods_modes(model, layers, timer=None, device="cpu", min_speedup=1.05, mere_threshold=0.2)
+    for lp in layers.values():
+        assert lp.mods_forward.mode == "split_bf16"
+        assert (lp.mods_input_grad is None) if chosen is None else (lp.mods_input_grad.mode == chosen)
+    assert timed == ([] if chosen is None else [(64, 512, ("bf16", "scaled_mm_rowwise"), "split_bf16"),
+                                                (512, 256, ("bf16", "scaled_mm_rowwise"), "split_bf16")])

@@ -159,7 +159,7 @@ def test_lokalayers_compile_into_one_graph():
     assert torch.isfinite(x.grad).all() and torch.isfinite(model[0].weight.grad).all()
 
 
-def test_plan_times_the_forward_modes_of_fused_layers():
+def test_plan_times_the_forward_modes_and_input_grads_of_fused_layers():
     from torch import nn
 
     from loka_trainer.kernels.config import PrecisionConfig
@@ -177,6 +177,10 @@ def test_plan_times_the_forward_modes_of_fused_layers():
         choice = plan.layers[fqn].mods_forward
         assert choice is not None and choice.times_us["split_bf16"] > 0 and choice.times_us["fused_bf16"] > 0
         assert model[0][i].mode == choice.mode and isinstance(model[0][i], FusedLinearMods)
+        # the fused FP8 dgrad is accurate on this data, so the layer's whole step was timed with it and with BF16
+        dgrad = plan.layers[fqn].mods_input_grad
+        assert dgrad is not None and dgrad.times_us["bf16"] > 0 and dgrad.times_us["scaled_mm_rowwise"] > 0
+        assert model[0][i].dgrad == dgrad.mode
 
 
 def _assert_two_streams_equal_in_order(step, leaves):

@@ -115,4 +115,41 @@ def test_fp8_count_follows_the_mods_forward_mode(mode, forward_fp8):
     assert lp.runs_fp8()["forward"] is forward_fp8 and lp.runs_fp8()["weight_grad"] is False
     assert num_fp8_gemms(plan) == int(forward_fp8)
     assert f"{int(forward_fp8)} of 6 GEMMs in FP8" in format_plan_table(plan)
-    assert f"{int(not forward_fp8)} (fused Mods forward faster in BF16)" in format_plan_table(plan)
+    assert f"{int(not forward_fp8)} (fused Mods layer timed faster in BF16)" in format_plan_table(plan)
+
+
+def _with_mods_input_grad(backend: str, mere: float = 0.01) -> DispatchPlan:
+    from loka_trainer.kernels.plan import ModsChoice
+    plan = _plan()
+    lp = plan.layers["dense.mlp.0"]
+    lp.input_grad.candidates = {"scaled_mm_rowwise": {"mere": mere, "time_us": 10.5}}
+    lp.mods_input_grad = ModsChoice(backend, {"bf16": 82.6, "scaled_mm_rowwise": 77.6}, 1.06)
+    return plan
+
+
+def test_mods_input_grad_round_trips_and_counts_as_fp8(tmp_path):
+    plan = _with_mods_input_grad("scaled_mm_rowwise")
+    back = load_plan(save_plan(plan, tmp_path / "p.json"))
+    assert back.to_dict() == plan.to_dict()
+    lp = back.layers["dense.mlp.0"]
+    # the per-GEMM choice stays BF16 (the dgrad timed alone was not fast enough), the fused layer runs FP8
+    assert lp.input_grad.backend == "bf16" and lp.runs_fp8()["input_grad"] is True
+    table = format_plan_table(back)
+    assert "mods dgrad  scaled_mm_rowwise" in table and "1.06" in table
+    assert "2 of 6 GEMMs in FP8" in table and "1 (no accurate one" not in table  # not also counted as kept BF16
+    validate_plan(back, {"dense.mlp.0": (128, 64), "over.1": (64, 64)}, VALID)
+
+
+def test_mods_input_grad_bf16_over_an_fp8_plan_choice_is_counted_as_timed_bf16():
+    plan = _with_mods_input_grad("bf16")
+    plan.layers["dense.mlp.0"].input_grad.backend = "scaled_mm_rowwise"
+    assert plan.layers["dense.mlp.0"].runs_fp8()["input_grad"] is False
+    assert "1 of 6 GEMMs in FP8" in format_plan_table(plan)
+    assert "1 (fused Mods layer timed faster in BF16)" in format_plan_table(plan)
+
+
+@pytest.mark.parametrize("backend, mere, match", [("fp16_magic", 0.01, "mods_input_grad: backend 'fp16_magic'"),
+                                                  ("scaled_mm_rowwise", 0.5, "input-grad MERE 0.5 >= 0.2")])
+def test_bad_mods_input_grad_is_rejected(backend, mere, match):
+    with pytest.raises(ValueError, match=match):
+        validate_plan(_with_mods_input_grad(backend, mere), {"dense.mlp.0": (128, 64), "over.1": (64, 64)}, VALID)
