@@ -110,17 +110,36 @@ def _serial_grads(f):
     return call
 
 
-def with_serial_grads(step):
-    """``step`` with ``streams.ENABLED`` off for the whole call: the backward runs inside it too."""
-    from loka_trainer.kernels import streams
+def _no_split_k(f):
+    """``f`` marked so that ``bench_fig13`` times its step with ``with_one_cublas_gemm``."""
+    def call(x):
+        return f(x)
+    call.no_split_k = True
+    return call
 
+
+def _switched_off(module, flag: str, step):
+    """``step`` with the module-level switch ``module.flag`` False for the whole call (the backward runs inside
+    it too), restored after."""
     def call():
-        streams.ENABLED = False
+        setattr(module, flag, False)
         try:
             return step()
         finally:
-            streams.ENABLED = True
+            setattr(module, flag, True)
     return call
+
+
+def with_serial_grads(step):
+    """``step`` with ``streams.ENABLED`` off: the backward's two GEMMs in order on one stream."""
+    from loka_trainer.kernels import streams
+    return _switched_off(streams, "ENABLED", step)
+
+
+def with_one_cublas_gemm(step):
+    """``step`` with ``triton_mods.CUBLAS_SPLIT_K`` off: the split modes' BF16 forward GEMM never split over K."""
+    from loka_trainer.kernels import triton_mods
+    return _switched_off(triton_mods, "CUBLAS_SPLIT_K", step)
 
 
 def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, list[torch.Tensor]]:
@@ -149,6 +168,7 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
             v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
         for name in SERIAL_GRADS_VARIANTS:
             v[f"{name}_serial_grads"] = _serial_grads(v[name])
+        v["split_bf16_no_split_k"] = _no_split_k(v["split_bf16"])
     try:
         if not keep("torchao_rowwise_mods_compiled"):
             raise ImportError
@@ -185,12 +205,10 @@ def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool 
         for name, f in variants.items():
             progress.set_postfix_str(f"{suite} ({K},{N}) {name}")
             row = {"suite": suite, "M": BATCH, "K": K, "N": N, "variant": name}
-            if forward_only:
-                time_row(row, _inference(f, x))
-            else:
-                step = lambda f=f: f(x).backward(dy)  # noqa: E731
-                step = with_serial_grads(step) if getattr(f, "serial_grads", False) else step
-                time_row(row, step, [x, *params] if reset_grads else None)
+            step = _inference(f, x) if forward_only else (lambda f=f: f(x).backward(dy))
+            step = with_serial_grads(step) if getattr(f, "serial_grads", False) else step
+            step = with_one_cublas_gemm(step) if getattr(f, "no_split_k", False) else step
+            time_row(row, step, [x, *params] if reset_grads and not forward_only else None)
             rows.append(row)
         progress.update(1)
     return rows

@@ -242,6 +242,21 @@ def test_dispatch_bench_serial_grads_variant_covers_the_backward():
     assert seen == [False, True] and streams.ENABLED
 
 
+def test_dispatch_bench_one_cublas_gemm_switch_is_off_for_the_whole_step_then_restored():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_dispatch_gpu import with_one_cublas_gemm
+
+    from loka_trainer.kernels import triton_mods
+    seen = []
+
+    def step():
+        seen.append(triton_mods.CUBLAS_SPLIT_K)
+        raise RuntimeError("a failing step still restores the switch")
+    with pytest.raises(RuntimeError):
+        with_one_cublas_gemm(step)()
+    assert seen == [False] and triton_mods.CUBLAS_SPLIT_K is True
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels' autotune list needs triton")
 def test_fused_forward_bench_sweeps_the_autotune_list_and_finds_the_fastest_config(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))

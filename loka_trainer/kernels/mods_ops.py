@@ -7,7 +7,8 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 
 - ``loka::quant_rowwise`` (``triton_quant``): rowwise e4m3 quantization in one fused Triton kernel.
 - ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split, write_fp8) -> (h, u, r, q)``: GEMM -> BlockNorm ->
-  HardSwish (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs — + one Triton epilogue kernel
+  HardSwish (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs; a bf16 one split over K where few
+  output tiles meet a long K, ``triton_mods.cublas_split_k`` — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity) -> (dz_q, scale_inv, dz)``: the same dz
@@ -70,7 +71,11 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
     M, N = x.shape[0], w.shape[0]
     if use_triton(x) and triton_mods.supports(x.shape[1], N, block):
         if split:
-            z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw)  # (M, N) bf16
+            k_slices = triton_mods.cublas_split_k_for(x, N, block) if sx is None else 1
+            if k_slices > 1:  # (k_slices, M, N) fp32 partials; the epilogue kernel adds them
+                z = triton_mods.cublas_split_k(x, w, k_slices)
+            else:
+                z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw)  # (M, N) bf16
             h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8, save=save)
         else:
             h, u, r, q = triton_mods.fused_forward(x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps,

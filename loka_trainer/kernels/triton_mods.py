@@ -10,7 +10,9 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   Split-K where (M / 64) · NB programs leave most SMs idle and K is long (``split_k_for``): each K slice's
   programs write an fp32 partial z, and the ``norm_forward`` kernel sums the slices before its epilogue.
 - ``norm_forward``: the same epilogue on a z computed elsewhere (cuBLAS): for shapes where one fused
-  kernel has too few programs (small N, long K), cuBLAS + this kernel is faster.
+  kernel has too few programs (small N, long K), cuBLAS + this kernel is faster. z may also come as fp32
+  partial sums over K slices (``cublas_split_k``: at (K, N) = (7680, 256), M = 1024, cuBLAS's own kernel runs
+  8 CTAs on 132 SMs), which the kernel adds before normalizing.
 - ``backward_dz``: dz from dh in one pass: g = dh·HardSwish'(u), dz = r·(g − u·mean_B(g·u)) per block.
   dx = dz·W and dW = dzᵀ·x are then plain GEMMs (cuBLAS or an FP8 backend).
 - ``backward_dz_fp8``: the same dz, plus its FP8 quantization for an FP8 dgrad GEMM (``DZ_FP8``). Rowwise
@@ -88,6 +90,35 @@ def split_k_for(M: int, N: int, K: int, block: int, num_sms: int) -> int:
     return split
 
 
+# False: the split modes' BF16 GEMM is always one cuBLAS call (what the benchmarks' ``*_no_split_k`` variants time)
+CUBLAS_SPLIT_K = True
+
+
+def cublas_split_k_for(x: torch.Tensor, N: int, block: int) -> int:
+    """How many K slices the split modes' BF16 GEMM x (M, K) · Wᵀ runs as: ``split_k_for`` on CUDA (when
+    ``CUBLAS_SPLIT_K``), halved until it divides K; 1 elsewhere."""
+    if not (x.is_cuda and CUBLAS_SPLIT_K):
+        return 1
+    M, K = x.shape
+    split = split_k_for(M, N, K, block, sm_count(x.device.index or 0))
+    while K % split:
+        split //= 2
+    return split
+
+
+def cublas_split_k(x: torch.Tensor, w: torch.Tensor, split: int) -> torch.Tensor:
+    """x (M, K), w (N, K) bf16, K % split == 0 -> (split, M, N) fp32: the products of ``split`` equal K slices, as
+    one strided-batched cuBLAS GEMM on CUDA (``torch.bmm(out_dtype=float32)``: bf16 inputs, fp32 accumulate and
+    output; no copies of x or W). Elsewhere the same slices in fp32 (CPU has no bf16 -> fp32 bmm)."""
+    M, K = x.shape
+    N = w.shape[0]
+    xs = x.contiguous().view(M, split, K // split).transpose(0, 1)  # (split, M, K / split)
+    ws = w.contiguous().view(N, split, K // split).permute(1, 2, 0)  # (split, K / split, N)
+    if x.is_cuda:
+        return torch.bmm(xs, ws, out_dtype=torch.float32)
+    return torch.bmm(xs.float(), ws.float())
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int) -> int:
     """The number of SMs of CUDA device ``device_index`` (cached)."""
@@ -138,11 +169,16 @@ def _rows_per_program(block: int) -> int:
 
 def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
                  write_fp8: bool = False, save: bool = True):
-    """z (M, N) (row stride free, unit column stride) -> (h, u, r, q) as ``fused_forward``."""
+    """z (M, N) (row stride free, unit column stride), or contiguous (S, M, N) partial sums (z = their sum,
+    e.g. ``cublas_split_k``'s) -> (h, u, r, q) as ``fused_forward``."""
+    splits = 1
+    if z.dim() == 3:
+        assert z.is_contiguous(), z.stride()
+        splits, z = z.shape[0], z[0]
     M, N = z.shape
     assert z.stride(1) == 1 and N % block == 0, (z.stride(), N, block)
     y, u, r, q = _outputs(M, N, block, z.device, write_fp8, save)
-    _launch_norm(z, y, u, r, q, block, eps, write_fp8, save)
+    _launch_norm(z, y, u, r, q, block, eps, write_fp8, save, splits=splits)
     return _returned(y, u, r, q, write_fp8, save)
 
 

@@ -109,6 +109,16 @@ def test_norm_forward_and_backward_dz_match_reference(interpret):
 
 
 @needs_triton
+def test_norm_forward_adds_k_slice_partials(interpret):
+    x, w = _xw(torch.float32)
+    parts = triton_mods.cublas_split_k(x, w, 4)  # (4, M, N) fp32
+    h, u, r, _ = triton_mods.norm_forward(parts, block=B)
+    hr, ur, rr = mods_forward_ref(x @ w.t(), B, 1e-6)
+    assert _rel(h, hr) < 1e-2 and _rel(u, ur) < 1e-2
+    torch.testing.assert_close(r, rr, rtol=1e-4, atol=0)
+
+
+@needs_triton
 def test_linear_mods_split_autograd_matches_reference(interpret):
     x, w = _xw(torch.bfloat16)
     x.requires_grad_(), w.requires_grad_()

@@ -139,6 +139,28 @@ def test_split_k_forward_matches_one_slice(K, N, fp8):
         torch.testing.assert_close(r, r1, rtol=1e-3, atol=0)
 
 
+@pytest.mark.parametrize("K,N", [(7680, 256), (7680, 512)])
+def test_split_bf16_forward_split_over_k_on_cublas(K, N, monkeypatch):
+    from loka_trainer.kernels import triton_mods
+    from loka_trainer.kernels.mods_ops import linear_mods
+    x = torch.randn(1024, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(1024, N, device="cuda")
+    split = triton_mods.cublas_split_k_for(x, N, 256)
+    assert split > 1
+    parts = triton_mods.cublas_split_k(x.detach(), w.detach(), split)
+    ref = x.detach().float() @ w.detach().float().t()
+    assert parts.shape == (split, 1024, N) and _rel(parts.sum(0), ref) < 1e-5
+    y = linear_mods(x, w, mode="split_bf16")
+    y.backward(dy.to(torch.bfloat16))
+    xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    yr = linear_mods_ref(xr, wr)
+    yr.backward(dy)
+    assert _rel(y, yr) < 1e-2 and _rel(x.grad, xr.grad) < 0.03 and _rel(w.grad, wr.grad) < 0.03
+    monkeypatch.setattr(triton_mods, "CUBLAS_SPLIT_K", False)  # one cuBLAS GEMM: same layer up to rounding
+    assert _rel(linear_mods(x.detach(), w.detach(), mode="split_bf16"), y.detach()) < 1e-2
+
+
 @pytest.mark.parametrize("kw", [dict(mode="fused_bf16"), dict(mode="split_bf16"), dict(mode="fused_fp8"),
                                 dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise")])
 def test_linear_mods_autograd_matches_reference_grads(kw):

@@ -23,3 +23,29 @@ def test_supports(K, N, block, ok):
 def test_split_k_for(M, N, K, num_sms, split):
     from loka_trainer.kernels.triton_mods import split_k_for
     assert split_k_for(M, N, K, 256, num_sms) == split
+
+
+def test_cublas_split_k_slices_sum_to_the_product():
+    import torch
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(24, 96, generator=g).to(torch.bfloat16), torch.randn(40, 96, generator=g).to(torch.bfloat16)
+    parts = triton_mods.cublas_split_k(x, w, 4)
+    assert parts.shape == (4, 24, 40) and parts.dtype == torch.float32
+    torch.testing.assert_close(parts[1], x[:, 24:48].float() @ w[:, 24:48].float().t())  # slice 1 = K 24..47
+    torch.testing.assert_close(parts.sum(0), x.float() @ w.float().t(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("K, heuristic, enabled, split", [(7680, 8, True, 8), (7682, 8, True, 2),
+                                                          (7680, 8, False, 1), (4096, 1, True, 1)])
+def test_cublas_split_k_for_divides_k(monkeypatch, K, heuristic, enabled, split):
+    from types import SimpleNamespace
+    monkeypatch.setattr(triton_mods, "split_k_for", lambda *args: heuristic)
+    monkeypatch.setattr(triton_mods, "sm_count", lambda index: 132)
+    monkeypatch.setattr(triton_mods, "CUBLAS_SPLIT_K", enabled)
+    x = SimpleNamespace(is_cuda=True, shape=(1024, K), device=SimpleNamespace(index=0))
+    assert triton_mods.cublas_split_k_for(x, 256, 256) == split
+
+
+def test_cublas_split_k_for_is_one_off_cuda():
+    import torch
+    assert triton_mods.cublas_split_k_for(torch.zeros(1024, 7680), 256, 256) == 1
