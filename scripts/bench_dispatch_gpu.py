@@ -15,7 +15,8 @@ timed call unless ``--accumulate-grads``; see ``bench_timing``):
     split (``_scaled_mm`` + epilogue kernel), FP8 dgrad (rowwise or tensorwise) with dz's amax from the dz
     kernel, FP8 all three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
     ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring). ``*_serial_grads``:
-    the backward's two GEMMs in order instead of on two streams.
+    the backward's two GEMMs in order instead of on two streams; ``split_bf16_no_split_k``: the forward GEMM as
+    one cuBLAS call where ``split_bf16`` splits it over K (both: ``bench_switches``; not candidates for fused_best).
     ``--fig13-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
     ``fig13_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
@@ -47,6 +48,7 @@ from loka_trainer.kernels.backends import available_backends  # noqa: E402
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_switches import switched_variant, with_switch_off  # noqa: E402
 from bench_timing import both_ends, time_row  # noqa: E402
 
 GEMM_SHAPES = [(2048, 256, 768), (2048, 512, 512), (4096, 1024, 1024), (8192, 2048, 2048),
@@ -101,47 +103,6 @@ def bench_gemms(shapes, progress) -> list[dict]:
     return rows
 
 
-def _serial_grads(f):
-    """``f`` marked so that ``bench_fig13`` times its whole step (forward and backward) with the backward's two
-    GEMMs in order on one stream (``with_serial_grads``)."""
-    def call(x):
-        return f(x)
-    call.serial_grads = True
-    return call
-
-
-def _no_split_k(f):
-    """``f`` marked so that ``bench_fig13`` times its step with ``with_one_cublas_gemm``."""
-    def call(x):
-        return f(x)
-    call.no_split_k = True
-    return call
-
-
-def _switched_off(module, flag: str, step):
-    """``step`` with the module-level switch ``module.flag`` False for the whole call (the backward runs inside
-    it too), restored after."""
-    def call():
-        setattr(module, flag, False)
-        try:
-            return step()
-        finally:
-            setattr(module, flag, True)
-    return call
-
-
-def with_serial_grads(step):
-    """``step`` with ``streams.ENABLED`` off: the backward's two GEMMs in order on one stream."""
-    from loka_trainer.kernels import streams
-    return _switched_off(streams, "ENABLED", step)
-
-
-def with_one_cublas_gemm(step):
-    """``step`` with ``triton_mods.CUBLAS_SPLIT_K`` off: the split modes' BF16 forward GEMM never split over K."""
-    from loka_trainer.kernels import triton_mods
-    return _switched_off(triton_mods, "CUBLAS_SPLIT_K", step)
-
-
 def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, list[torch.Tensor]]:
     """(name -> forward fn(x) -> y for one figure-13 layer, the layer's parameters); compiled variants are
     built only if kept."""
@@ -167,8 +128,8 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
         for name, kw in FUSED_VARIANTS.items():
             v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
         for name in SERIAL_GRADS_VARIANTS:
-            v[f"{name}_serial_grads"] = _serial_grads(v[name])
-        v["split_bf16_no_split_k"] = _no_split_k(v["split_bf16"])
+            v[f"{name}_serial_grads"] = switched_variant(v[name], "serial_grads")
+        v["split_bf16_no_split_k"] = switched_variant(v["split_bf16"], "no_split_k")
     try:
         if not keep("torchao_rowwise_mods_compiled"):
             raise ImportError
@@ -206,8 +167,7 @@ def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool 
             progress.set_postfix_str(f"{suite} ({K},{N}) {name}")
             row = {"suite": suite, "M": BATCH, "K": K, "N": N, "variant": name}
             step = _inference(f, x) if forward_only else (lambda f=f: f(x).backward(dy))
-            step = with_serial_grads(step) if getattr(f, "serial_grads", False) else step
-            step = with_one_cublas_gemm(step) if getattr(f, "no_split_k", False) else step
+            step = with_switch_off(step, f.switch_off) if hasattr(f, "switch_off") else step
             time_row(row, step, [x, *params] if reset_grads and not forward_only else None)
             rows.append(row)
         progress.update(1)

@@ -218,7 +218,7 @@ def test_dispatch_bench_serial_grads_variant_covers_the_backward():
     # the flag must be off while backward runs, not only during the forward call (a first version reset it on
     # return from the forward, so its "serial" rows ran concurrent)
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_dispatch_gpu import _serial_grads, with_serial_grads
+    from bench_switches import switched_variant, with_switch_off
 
     from loka_trainer.kernels import streams
     seen = []
@@ -233,18 +233,18 @@ def test_dispatch_bench_serial_grads_variant_covers_the_backward():
             seen.append(streams.ENABLED)
             return g
 
-    f = _serial_grads(lambda x: Probe.apply(x))
+    f = switched_variant(lambda x: Probe.apply(x), "serial_grads")
     x = torch.ones(3, requires_grad=True)
     step = lambda: f(x).sum().backward()  # noqa: E731
-    assert f.serial_grads
-    with_serial_grads(step)()
+    assert f.switch_off == "serial_grads"
+    with_switch_off(step, f.switch_off)()
     step()
     assert seen == [False, True] and streams.ENABLED
 
 
 def test_dispatch_bench_one_cublas_gemm_switch_is_off_for_the_whole_step_then_restored():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_dispatch_gpu import with_one_cublas_gemm
+    from bench_switches import with_switch_off
 
     from loka_trainer.kernels import triton_mods
     seen = []
@@ -253,7 +253,7 @@ def test_dispatch_bench_one_cublas_gemm_switch_is_off_for_the_whole_step_then_re
         seen.append(triton_mods.CUBLAS_SPLIT_K)
         raise RuntimeError("a failing step still restores the switch")
     with pytest.raises(RuntimeError):
-        with_one_cublas_gemm(step)()
+        with_switch_off(step, "no_split_k")()
     assert seen == [False] and triton_mods.CUBLAS_SPLIT_K is True
 
 
