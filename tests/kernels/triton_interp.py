@@ -19,7 +19,7 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not importab
 
 
 def patch_interpreter() -> None:
-    """Idempotently fix the interpreter's tensor -> int conversion for numpy >= 2.4."""
+    """Idempotently fix the interpreter's tensor -> int conversion for numpy >= 2.4 and its bf16 tl.dot."""
     import numpy as np
     import triton.language as tl
     import triton.runtime.interpreter as interp
