@@ -11,8 +11,8 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   programs write an fp32 partial z, and the ``norm_forward`` kernel sums the slices before its epilogue.
 - ``norm_forward``: the same epilogue on a z computed elsewhere (cuBLAS): for shapes where one fused
   kernel has too few programs (small N, long K), cuBLAS + this kernel is faster. z may also come as fp32
-  partial sums over K slices (``cublas_split_k``: at (K, N) = (7680, 256), M = 1024, cuBLAS's own kernel runs
-  8 CTAs on 132 SMs), which the kernel adds before normalizing.
+  partial sums over K slices (``cublas_split_k``: for few output tiles over a long K, e.g. (K, N) = (7680, 256),
+  M = 1024), which the kernel adds before normalizing: no separate reduction kernel, no bf16 z in between.
 - ``backward_dz``: dz from dh in one pass: g = dh·HardSwish'(u), dz = r·(g − u·mean_B(g·u)) per block.
   dx = dz·W and dW = dzᵀ·x are then plain GEMMs (cuBLAS or an FP8 backend).
 - ``backward_dz_fp8``: the same dz, plus its FP8 quantization for an FP8 dgrad GEMM (``DZ_FP8``). Rowwise
