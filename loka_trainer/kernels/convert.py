@@ -166,8 +166,7 @@ def fused_input_grad_candidates(lp: LayerPlan, mere_threshold: float) -> list[st
     """The input-grad backends a fused Mods layer is timed with: BF16, the plan's own choice, and each fused FP8
     dgrad (``FUSED_DGRAD``) whose measured input-grad MERE is below ``mere_threshold``."""
     accurate = [b for b in FUSED_DGRAD
-                if (lp.input_grad.candidates.get(b) or {}).get("mere") is not None
-                and lp.input_grad.candidates[b]["mere"] < mere_threshold]
+                if (err := lp.input_grad.candidate_mere(b)) is not None and err < mere_threshold]
     return list(dict.fromkeys([BASELINE, lp.input_grad.backend, *accurate]))
 
 

@@ -43,6 +43,10 @@ class GemmChoice:
     bf16_time_us: Optional[float] = None
     candidates: dict[str, dict[str, Optional[float]]] = dataclasses.field(default_factory=dict)
 
+    def candidate_mere(self, name: str) -> Optional[float]:
+        """The measured MERE of candidate backend ``name`` (None when it was not measured)."""
+        return (self.candidates.get(name) or {}).get("mere")
+
     @property
     def speedup(self) -> Optional[float]:
         if self.time_us is None or self.bf16_time_us is None or self.time_us <= 0:
@@ -202,7 +206,7 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
             if name not in valid_backends:
                 raise ValueError(f"plan: layer {fqn!r} mods_input_grad: backend {name!r} is unknown or unavailable "
                                  f"on this device; valid: {sorted(valid_backends)}")
-            err = lp.input_grad.candidates.get(name, {}).get("mere")
+            err = lp.input_grad.candidate_mere(name)
             if name != "bf16" and err is not None and err >= plan.mere_threshold:
                 raise ValueError(f"plan: layer {fqn!r} mods_input_grad: {name!r} has input-grad MERE {err:.4g} >= "
                                  f"{plan.mere_threshold} (not accurate enough there)")
@@ -234,8 +238,9 @@ def bf16_reason_counts(plan: DispatchPlan) -> dict[str, int]:
     """``BF16_REASONS`` -> how many GEMMs of ``plan`` stayed BF16 for that reason."""
     counts = dict.fromkeys(BF16_REASONS, 0)
     for lp in plan.layers.values():
+        runs_fp8 = lp.runs_fp8()
         for g in GEMMS:
-            if g == "input_grad" and lp.runs_fp8()[g]:  # a fused Mods layer's timed FP8 input grad
+            if runs_fp8[g]:  # e.g. a fused Mods layer's timed FP8 input grad over a BF16 per-GEMM choice
                 continue
             why = bf16_reason(getattr(lp, g), mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup)
             if why is not None:
