@@ -49,6 +49,7 @@ from loka_trainer.kernels.mods_ref import block_norm, hard_swish  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_switches import switched_variant, with_switch_off  # noqa: E402
+from bench_targets import target_lines  # noqa: E402
 from bench_timing import both_ends, time_row  # noqa: E402
 
 GEMM_SHAPES = [(2048, 256, 768), (2048, 512, 512), (4096, 1024, 1024), (8192, 2048, 2048),
@@ -81,6 +82,29 @@ FUSED_VARIANTS = {
 # variants also timed with dx and dW computed one after the other (``<name>_serial_grads``; by default
 # ``streams.side_by_side`` runs them on two streams), to measure what the overlap gains
 SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd", "split_fp8_tw_dgrad")
+COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
+ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
+                      *(f"{n}_serial_grads" for n in SERIAL_GRADS_VARIANTS), "split_bf16_no_split_k")
+# what suite (b) times unless told otherwise: the issue's comparisons (base eager and compiled, the Mods and
+# torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
+# the H200 (r10-r15); ``--fig13-variants all`` adds the rest (modes never fastest, the switch-off variants)
+DEFAULT_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", "split_bf16",
+                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad")
+
+
+def fig13_variant_names(arg: Optional[str]) -> tuple[str, ...]:
+    """``--fig13-variants``: None or "default" -> DEFAULT_FIG13_VARIANTS, "all" -> every variant, else the
+    comma-separated names (an unknown name raises ValueError naming it and the valid ones)."""
+    if arg in (None, "default"):
+        return DEFAULT_FIG13_VARIANTS
+    if arg == "all":
+        return ALL_FIG13_VARIANTS
+    names = tuple(n for n in arg.split(",") if n)
+    unknown = [n for n in names if n not in ALL_FIG13_VARIANTS]
+    if unknown or not names:
+        raise ValueError(f"unknown figure-13 variant(s) {unknown}; valid: default, all, or names from "
+                         f"{', '.join(ALL_FIG13_VARIANTS)}")
+    return names
 
 
 def bench_gemms(shapes, progress) -> list[dict]:
@@ -118,8 +142,7 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
     mods = lambda x: hard_swish(block_norm(F.linear(x, w)))
     keep = lambda name: only is None or name in only
     v = {"base_eager": base}
-    for name, f in [("base_compiled", base), ("mods_compiled", mods), ("ablate_no_bias", no_bias),
-                    ("ablate_blocknorm", bnorm), ("ablate_hardswish", hswish)]:
+    for name, f in zip(COMPILED_FIG13, (base, mods, no_bias, bnorm, hswish)):
         if keep(name):  # dynamic=False: each shape gets its own specialized graph (no dynamic-shape kernels)
             v[name] = torch.compile(f, dynamic=False)
     from loka_trainer.kernels.linear import WeightCache
@@ -135,7 +158,8 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
             raise ImportError
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
         lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=bf)
-        seq = convert_to_float8_training(torch.nn.Sequential(lin), config=Float8LinearConfig.from_recipe_name("rowwise"))
+        recipe = Float8LinearConfig.from_recipe_name("rowwise")
+        seq = convert_to_float8_training(torch.nn.Sequential(lin), config=recipe)
         v["torchao_rowwise_mods_compiled"] = torch.compile(lambda x: hard_swish(block_norm(seq(x))), dynamic=False)
         params = [lin.weight]
     except ImportError:
@@ -308,7 +332,9 @@ def main() -> None:
     p.add_argument("out_dir", type=Path)
     p.add_argument("--quick", action="store_true", help="two shapes per suite")
     p.add_argument("--suites", default="a,b,c", help="comma-separated subset of a,b,c")
-    p.add_argument("--fig13-variants", default=None, help="comma-separated variant names to keep in (b)")
+    p.add_argument("--fig13-variants", default="default",
+                   help="(b): 'default' (the issue's comparisons and the fused modes that win somewhere), 'all', "
+                        "or comma-separated variant names")
     p.add_argument("--wukong-batch", type=int, default=4096)
     p.add_argument("--num-gemm-shapes", type=int, default=len(GEMM_SHAPES), help="first N shapes of suite (a)")
     p.add_argument("--accumulate-grads", action="store_true",
@@ -319,6 +345,10 @@ def main() -> None:
     p.add_argument("--fig13-forward-only", action="store_true",
                    help="(b): time the inference forward (torch.no_grad) instead of forward + backward")
     args = p.parse_args()
+    try:
+        only = set(fig13_variant_names(args.fig13_variants))
+    except ValueError as e:
+        raise SystemExit(f"bench_dispatch_gpu: {e}")
     # Every figure-13 shape recompiles the same lambdas: without this dynamo stops compiling after 8 and
     # silently runs them eagerly, which is what made "compiled" rows slow at the later shapes.
     torch._dynamo.config.cache_size_limit = 512
@@ -331,7 +361,6 @@ def main() -> None:
     fig_shapes = (FIG13_SHAPES[:2] if args.quick else FIG13_SHAPES) if "b" in suites else []
     if args.fig13_shapes and "b" in suites:
         fig_shapes = [tuple(int(v) for v in s.split("x")) for s in args.fig13_shapes]
-    only = set(args.fig13_variants.split(",")) if args.fig13_variants else None
     rows = []
     args.out_dir.mkdir(parents=True, exist_ok=True)
     partial = args.out_dir / "bench_dispatch.partial.json"  # survives a run cut short by a time limit
@@ -349,7 +378,8 @@ def main() -> None:
                       "wukong": "bf16_compiled"})
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": _triton_version(), "command": " ".join(sys.argv), "rows": rows, "geomean_speedup": geomeans(rows)}
+              "triton": _triton_version(), "command": " ".join(sys.argv), "rows": rows,
+              "geomean_speedup": geomeans(rows), "targets": target_lines(rows)}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "bench_dispatch.json").write_text(json.dumps(result, indent=2))
     plot(rows, args.out_dir / "bench_dispatch.png")
@@ -368,6 +398,10 @@ def main() -> None:
         print(both_ends(errs[0]["graph_error"], 900))
     for suite, gm in result["geomean_speedup"].items():
         print(f"geomean speedup ({suite}): " + ", ".join(f"{k} {v:.2f}x" for k, v in sorted(gm.items())))
+    wall = {suite: sum(r.get("wall_s", 0) for r in rows if r["suite"] == suite) for suite in result["geomean_speedup"]}
+    print("timing wall time per suite (s, compilation included): "
+          + ", ".join(f"{suite} {s:.0f}" for suite, s in wall.items()))
+    print("\n".join(result["targets"]))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -71,7 +72,16 @@ def time_row(row: dict, fn, grad_to_none=None) -> None:
 
     ``grad_to_none``: leaf tensors whose ``.grad`` is reset before each call (a training step after
     ``zero_grad(set_to_none=True)``: gradients are written, not added into the last call's); None keeps them
-    accumulating across calls, as the runs recorded before 2026-11-30 r5 did."""
+    accumulating across calls, as the runs recorded before 2026-11-30 r5 did. ``wall_s``: seconds the whole
+    measurement took, the first call's compilation and autotuning included (where a suite's time goes)."""
+    start = time.perf_counter()
+    try:
+        _time_row(row, fn, grad_to_none)
+    finally:
+        row["wall_s"] = round(time.perf_counter() - start, 2)
+
+
+def _time_row(row: dict, fn, grad_to_none) -> None:
     try:
         row["graph_us"] = cuda_graph_us(fn, rep_ms=50, grad_to_none=grad_to_none)
     except Exception as e:

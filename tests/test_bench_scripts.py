@@ -275,3 +275,43 @@ def test_fused_forward_bench_sweeps_the_autotune_list_and_finds_the_fastest_conf
     assert config_table(rows)[1].split()[-1] == "5.0"
     plot_configs(rows, tmp_path / "c.png", "cpu")
     assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_dispatch_bench_variant_names_default_all_and_unknown():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_dispatch_gpu import ALL_FIG13_VARIANTS, DEFAULT_FIG13_VARIANTS, fig13_variant_names
+
+    assert fig13_variant_names(None) == fig13_variant_names("default") == DEFAULT_FIG13_VARIANTS
+    assert set(DEFAULT_FIG13_VARIANTS) < set(ALL_FIG13_VARIANTS) == set(fig13_variant_names("all"))
+    assert fig13_variant_names("split_bf16,base_eager") == ("split_bf16", "base_eager")
+    with pytest.raises(ValueError, match=r"\['splitbf16'\]"):
+        fig13_variant_names("base_eager,splitbf16")
+    # the script refuses it before looking for a GPU
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_dispatch_gpu.py"), "unused",
+                           "--fig13-variants", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "unknown figure-13 variant(s) ['nope']" in proc.stderr
+    assert "needs a CUDA device" not in proc.stderr
+
+
+def test_bench_targets_take_the_fastest_reference_per_shape_and_the_geomean():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_targets import TARGETS, Target, target_lines, target_ratio
+
+    row = lambda suite, variant, us, K=256: {"suite": suite, "M": 1024, "K": K, "N": 256,  # noqa: E731
+                                             "variant": variant, "graph_us": us}
+    # shape 1: 40 / 10 = 4x, shape 2: 30 / 30 = 1x -> geomean 2x; a shape without the variant is left out
+    rows = [row("fig13", "base_eager", 40.0), row("fig13", "fused_best", 10.0),
+            row("fig13", "base_eager", 30.0, K=512), row("fig13", "fused_best", 30.0, K=512),
+            row("fig13", "base_eager", 30.0, K=1024)]
+    t = Target("fig13", "fused_best", ("base_eager",), 2.0, "x")
+    assert target_ratio(rows, t) == (pytest.approx(2.0), 2)
+    assert target_lines(rows, [t])[0].endswith(": MET")
+    strict = Target("fig13", "fused_best", ("base_eager",), 2.0, "x", strictly=True)
+    assert target_lines(rows, [strict])[0].endswith("NOT MET")
+    # the fastest of several references: 100 (tensorwise) beats 120 -> 100 / 90
+    wk = [row("wukong", "torchao_tensorwise_compiled", 100.0), row("wukong", "torchao_rowwise_compiled", 120.0),
+          row("wukong", "bf16_compiled", 99.0), row("wukong", "loka_compiled", 90.0)]
+    lines = target_lines(wk)  # only the two Wukong targets: no figure-13 rows
+    assert len(lines) == 2 and "1.11x over 1 shape(s) (needs >= 1.05x): MET" in lines[0]
+    assert "1.10x" in lines[1] and lines[1].endswith("NOT MET")
+    assert {t.suite for t in TARGETS} == {"fig13", "wukong"}
