@@ -31,6 +31,9 @@ class PrecisionConfig:
     backends: Optional[List[str]] = None  # restrict Dispatch candidates to these names (None: all available)
     timing_repeats: int = 5  # wall-clock repeats per GEMM when measuring on CPU
     gpu_timer: str = "cuda_events"  # how Dispatch times candidates on a GPU (``dispatch.GPU_TIMERS``)
+    # how Dispatch times a fused Mods layer's whole step (its forward modes, its fused input grads) on a GPU: such
+    # an eager step is host-bound (see ``dispatch.GPU_TIMERS``), so GPU time from graph replay by default
+    layer_timer: str = "cuda_graph"
 
     def validate(self) -> "PrecisionConfig":
         """Raise a one-line ValueError naming the field and the valid values; returns self."""
@@ -53,8 +56,9 @@ class PrecisionConfig:
             raise ValueError(f"precision.min_features must be >= 16 and timing_repeats >= 1, got "
                              f"{self.min_features}, {self.timing_repeats}")
         from loka_trainer.kernels.dispatch import GPU_TIMERS  # lazy: keep the schema import-light
-        if self.gpu_timer not in GPU_TIMERS:
-            raise ValueError(f"precision.gpu_timer: unknown {self.gpu_timer!r}; valid: {sorted(GPU_TIMERS)}")
+        for field in ("gpu_timer", "layer_timer"):
+            if getattr(self, field) not in GPU_TIMERS:
+                raise ValueError(f"precision.{field}: unknown {getattr(self, field)!r}; valid: {sorted(GPU_TIMERS)}")
         if self.backends is not None:
             from loka_trainer.kernels.backends import BACKENDS
             bad = [b for b in self.backends if b not in BACKENDS]

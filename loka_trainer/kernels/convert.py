@@ -26,7 +26,7 @@ from tqdm import tqdm
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.config import PrecisionConfig
 from loka_trainer.kernels.dispatch import (
-    TimingCache, build_layer_plan, default_timer, select_mods_mode, wall_clock_timer,
+    Timer, TimingCache, build_layer_plan, default_timer, select_mods_mode, wall_clock_timer,
 )
 from loka_trainer.kernels.fused_linear import (
     chain_fp8_handoffs, find_fusable, fuse_linear_mods, kernels_from_plan_backends, time_forward_modes,
@@ -130,6 +130,15 @@ def read_probe_mere(stats_dir: Optional[str]) -> dict[str, dict[str, float]]:
     return out
 
 
+def plan_timers(config: PrecisionConfig, device) -> tuple[Timer, Timer]:
+    """(the GEMM candidates' timer, the fused Mods layers' step timer): ``precision.gpu_timer`` and
+    ``precision.layer_timer`` on CUDA, wall clock (``timing_repeats`` repeats) elsewhere."""
+    if torch.device(device).type != "cuda":
+        wall = wall_clock_timer(repeats=config.timing_repeats)
+        return wall, wall
+    return default_timer(device, config.gpu_timer), default_timer(device, config.layer_timer)
+
+
 def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: PrecisionConfig, device,
                calibration_batch) -> DispatchPlan:
     """Measure every target Linear at its real calibration input on ``device`` and choose per GEMM."""
@@ -138,8 +147,7 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: Preci
     backends = available_backends(device)
     if config.backends is not None:
         backends = {k: v for k, v in backends.items() if k in config.backends or k == "bf16"}
-    timer = (default_timer(device, config.gpu_timer) if torch.device(device).type == "cuda"
-             else wall_clock_timer(repeats=config.timing_repeats))
+    timer, layer_timer = plan_timers(config, device)
     dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
     inputs = capture_linear_inputs(model, linears, calibration_batch)
     probe = read_probe_mere(config.probe_stats)
@@ -155,7 +163,7 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: Preci
                                        min_speedup=config.min_speedup, forward_mere=probe.get(fqn),
                                        timing_cache=times)
     if config.mods and torch.device(device).type == "cuda" and triton_importable():
-        _choose_mods_modes(model, layers, timer=timer, device=device, min_speedup=config.min_speedup,
+        _choose_mods_modes(model, layers, timer=layer_timer, device=device, min_speedup=config.min_speedup,
                            mere_threshold=config.mere_threshold)
     name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
     return DispatchPlan(device=name, layers=layers, mere_threshold=config.mere_threshold,

@@ -30,6 +30,7 @@ def test_yaml_matches_schema_and_validates(name):
     (dict(backends=["bf16", "warp_drive"]), "precision.backends"),
     (dict(mere_threshold=0.0), "precision.mere_threshold"),
     (dict(gpu_timer="stopwatch"), "precision.gpu_timer: unknown 'stopwatch'; valid: \\['cuda_events', 'cuda_graph'\\]"),
+    (dict(layer_timer="sundial"), "precision.layer_timer: unknown 'sundial'; valid: \\['cuda_events', 'cuda_graph'\\]"),
 ])
 def test_validate_errors_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -172,3 +172,17 @@ def test_converted_model_saved_loads_into_bf16_model(tmp_path):
     b = _batch()
     b["dense"] = b["dense"].to(torch.bfloat16)
     assert torch.isfinite(plain(b)).all()
+
+
+def test_plan_timers_follow_the_two_config_fields_on_cuda_and_wall_clock_elsewhere(monkeypatch):
+    from loka_trainer.kernels import dispatch
+    made = []
+    fake = {name: (lambda name=name: made.append(name) or name) for name in ("cuda_events", "cuda_graph")}
+    monkeypatch.setattr(dispatch, "GPU_TIMERS", fake)
+    cfg = PrecisionConfig(name="loka", mods=True, dispatch=True)
+    assert convert_mod.plan_timers(cfg, "cuda") == ("cuda_events", "cuda_graph")  # the defaults
+    cfg.gpu_timer, cfg.layer_timer = "cuda_graph", "cuda_events"
+    assert convert_mod.plan_timers(cfg, torch.device("cuda", 0)) == ("cuda_graph", "cuda_events")
+    gemm, layer = convert_mod.plan_timers(cfg, "cpu")
+    assert made == ["cuda_events", "cuda_graph", "cuda_graph", "cuda_events"]  # no GPU timer built for the CPU
+    assert gemm(lambda: sum(range(100))) > 0 and layer(lambda: None) >= 0
