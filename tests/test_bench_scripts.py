@@ -315,3 +315,17 @@ def test_bench_targets_take_the_fastest_reference_per_shape_and_the_geomean():
     assert len(lines) == 2 and "1.11x over 1 shape(s) (needs >= 1.05x): MET" in lines[0]
     assert "1.10x" in lines[1] and lines[1].endswith("NOT MET")
     assert {t.suite for t in TARGETS} == {"fig13", "wukong"}
+
+
+def test_layer_timer_bench_parses_shapes_summarizes_spread_and_plots(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_layer_timer_gpu import DEFAULT_SHAPES, parse_shape, plot, spread
+
+    assert parse_shape("4096x720x512:fused_bf16") == (4096, 720, 512, "fused_bf16")
+    assert parse_shape("8x16x256") == (8, 16, 256, "split_bf16")
+    assert [parse_shape(s)[3] for s in DEFAULT_SHAPES] == ["fused_bf16", "fused_bf16", "split_bf16"]
+    assert spread([3.0, 1.0, 2.0, 1.5]) == {"min": 1.0, "median": 2.0, "max": 3.0, "spread": 2.0}
+    runs = [{"M": 8, "K": 16, "N": 256, "timer": t, "us": {"bf16": 1.0 + i, "scaled_mm_rowwise": 2.0}}
+            for t in ("cuda_events", "cuda_graph") for i in range(3)]
+    plot(runs, [(8, 16, 256, "split_bf16")], tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 0
