@@ -16,7 +16,8 @@ timed call unless ``--accumulate-grads``; see ``bench_timing``):
     kernel, FP8 all three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
     ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring). ``*_serial_grads``:
     the backward's two GEMMs in order instead of on two streams; ``split_bf16_no_split_k``: the forward GEMM as
-    one cuBLAS call where ``split_bf16`` splits it over K (both: ``bench_switches``; not candidates for fused_best).
+    one cuBLAS call where ``split_bf16`` splits it over K; ``*_no_pdl``: our kernels launched without
+    programmatic dependent launch (all: ``bench_switches``, ``SWITCHED_VARIANTS``; not candidates for fused_best).
     ``--fig13-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
     ``fig13_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
@@ -82,9 +83,12 @@ FUSED_VARIANTS = {
 # variants also timed with dx and dW computed one after the other (``<name>_serial_grads``; by default
 # ``streams.side_by_side`` runs them on two streams), to measure what the overlap gains
 SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd", "split_fp8_tw_dgrad")
+# bench_switches switch -> the fused variants also timed with it off (``<name>_<switch>``)
+SWITCHED_VARIANTS = {"serial_grads": SERIAL_GRADS_VARIANTS, "no_split_k": ("split_bf16",),
+                     "no_pdl": ("split_bf16", "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad")}
 COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
 ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
-                      *(f"{n}_serial_grads" for n in SERIAL_GRADS_VARIANTS), "split_bf16_no_split_k")
+                      *(f"{n}_{switch}" for switch, names in SWITCHED_VARIANTS.items() for n in names))
 # what suite (b) times unless told otherwise: the issue's comparisons (base eager and compiled, the Mods and
 # torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
 # the H200 (r10-r15); ``--fig13-variants all`` adds the rest (modes never fastest, the switch-off variants)
@@ -150,9 +154,9 @@ def _fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, l
     if K % 16 == 0 and N % 256 == 0:
         for name, kw in FUSED_VARIANTS.items():
             v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
-        for name in SERIAL_GRADS_VARIANTS:
-            v[f"{name}_serial_grads"] = switched_variant(v[name], "serial_grads")
-        v["split_bf16_no_split_k"] = switched_variant(v["split_bf16"], "no_split_k")
+        for switch, names in SWITCHED_VARIANTS.items():
+            for name in names:
+                v[f"{name}_{switch}"] = switched_variant(v[name], switch)
     try:
         if not keep("torchao_rowwise_mods_compiled"):
             raise ImportError

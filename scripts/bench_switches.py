@@ -8,6 +8,7 @@ import importlib
 SWITCHES = {
     "serial_grads": ("loka_trainer.kernels.streams", "ENABLED"),  # the backward's dx and dW GEMMs in order
     "no_split_k": ("loka_trainer.kernels.triton_mods", "CUBLAS_SPLIT_K"),  # the split modes' BF16 GEMM unsplit
+    "no_pdl": ("loka_trainer.kernels.triton_mods", "PDL"),  # our kernels launched without programmatic dependence
 }
 
 

@@ -329,3 +329,16 @@ def test_layer_timer_bench_parses_shapes_summarizes_spread_and_plots(tmp_path):
             for t in ("cuda_events", "cuda_graph") for i in range(3)]
     plot(runs, [(8, 16, 256, "split_bf16")], tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_dispatch_bench_switched_variants_name_real_switches_of_fused_variants():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_dispatch_gpu import ALL_FIG13_VARIANTS, FUSED_VARIANTS, SWITCHED_VARIANTS
+    from bench_switches import SWITCHES
+
+    for switch, names in SWITCHED_VARIANTS.items():
+        module, flag = SWITCHES[switch]
+        assert getattr(importlib.import_module(module), flag) is True, switch  # on unless a variant turns it off
+        assert set(names) <= set(FUSED_VARIANTS)
+        assert {f"{n}_{switch}" for n in names} <= set(ALL_FIG13_VARIANTS)
+    assert "split_bf16_no_pdl" in ALL_FIG13_VARIANTS and "split_bf16_no_split_k" in ALL_FIG13_VARIANTS

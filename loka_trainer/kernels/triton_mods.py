@@ -94,6 +94,24 @@ def split_k_for(M: int, N: int, K: int, block: int, num_sms: int) -> int:
 CUBLAS_SPLIT_K = True
 
 
+# Programmatic dependent launch (Hopper and later): our kernels are launched so that the GPU may start them while
+# the kernel before them in the stream drains, and wait for it on chip (``gdc_wait``) before touching memory;
+# in a replayed CUDA graph this hides part of each launch gap. False: plain launches (the ``*_no_pdl`` benchmark
+# variants time that side by side).
+PDL = True
+
+
+@functools.lru_cache(maxsize=None)
+def _has_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def pdl(t: torch.Tensor) -> bool:
+    """True if kernels on ``t``'s device launch with programmatic dependent launch (``PDL``, CUDA sm90+, not
+    the interpreter)."""
+    return PDL and t.is_cuda and not interpreting() and _has_pdl(t.device.index or 0)
+
+
 def cublas_split_k_for(x: torch.Tensor, N: int, block: int) -> int:
     """How many K slices the split modes' BF16 GEMM x (M, K) · Wᵀ runs as: ``split_k_for`` on CUDA (when
     ``CUBLAS_SPLIT_K``), halved until it divides K; 1 elsewhere."""
@@ -154,10 +172,11 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
         config = {"BLOCK_M": 16, "BLOCK_K": 32}
     if config is not None:
         kernel, meta = kernel.fn, dict(config)
+    use_pdl = pdl(x)
     kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                  y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                  HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,
-                 BLOCK_N=block, **meta)
+                 USE_PDL=use_pdl, BLOCK_N=block, launch_pdl=use_pdl, **meta)
     if split_k > 1:
         _launch_norm(ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
     return _returned(y, u, r, q, write_fp8, save)
@@ -187,10 +206,11 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
     triton, _, kernel, _ = _kernels()
     M, N = z.shape
     rows = _rows_per_program(block)
+    use_pdl = pdl(z)
     kernel[(triton.cdiv(M, rows), N // block)](z, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0),
                                                eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                                                WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLITS=splits,
-                                               BLOCK_N=block, BLOCK_M=rows)
+                                               USE_PDL=use_pdl, BLOCK_N=block, BLOCK_M=rows, launch_pdl=use_pdl)
 
 
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:
@@ -200,8 +220,10 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
     rows = _rows_per_program(block)
+    use_pdl = pdl(dy)
     kernel[(triton.cdiv(M, rows), N // block)](dy, u, r, dz, dz, M, dy.stride(0), u.stride(0), r.stride(0),
-                                               dz.stride(0), 0, AMAX=0, BLOCK_N=block, BLOCK_M=rows)
+                                               dz.stride(0), 0, AMAX=0, USE_PDL=use_pdl, BLOCK_N=block,
+                                               BLOCK_M=rows, launch_pdl=use_pdl)
     return dz
 
 
@@ -213,10 +235,12 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int):
     amax = torch.empty((M, nb), dtype=torch.float32, device=dy.device)
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=dy.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=dy.device)
+    use_pdl = pdl(dy)
     dz_kernel[grid](dy, u, r, dz, amax, M, dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0),
-                    AMAX=1, BLOCK_N=block, BLOCK_M=rows)
+                    AMAX=1, USE_PDL=use_pdl, BLOCK_N=block, BLOCK_M=rows, launch_pdl=use_pdl)
     _quant_kernel()[grid](dz, amax, q, s, M, nb, dz.stride(0), amax.stride(0), q.stride(0), FP8_MAX_=FP8_MAX,
-                          EPS_=EPS, NB_P2=triton.next_power_of_2(nb), BLOCK_N=block, BLOCK_M=rows)
+                          EPS_=EPS, NB_P2=triton.next_power_of_2(nb), USE_PDL=use_pdl, BLOCK_N=block,
+                          BLOCK_M=rows, launch_pdl=use_pdl)
     return q, s
 
 
@@ -224,8 +248,9 @@ def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int
     """dz kernel with one atomic max over all its tiles, then the tensorwise cast pass (reads dz once)."""
     from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
     amax = torch.zeros((), dtype=torch.float32, device=dy.device)
+    use_pdl = pdl(dy)
     dz_kernel[grid](dy, u, r, dz, amax, dy.shape[0], dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), 0,
-                    AMAX=2, BLOCK_N=block, BLOCK_M=rows)
+                    AMAX=2, USE_PDL=use_pdl, BLOCK_N=block, BLOCK_M=rows, launch_pdl=use_pdl)
     return cast_with_amax(dz, amax, torch.float8_e5m2)
 
 

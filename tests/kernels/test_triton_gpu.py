@@ -199,3 +199,46 @@ def test_fused_module_under_compile_matches_eager():
     assert _rel(y_eager, y_ref) < 2e-2 and _rel(y_comp, y_ref) < 2e-2 and _rel(y_comp, y_eager) < 1e-2
     torch.compile(seq)(x).float().sum().backward()
     assert torch.isfinite(seq[0].weight.grad).all()
+
+
+@pytest.mark.parametrize("kw", [dict(mode="split_bf16"), dict(mode="fused_bf16"),
+                                dict(mode="fused_fp8", dgrad="scaled_mm_rowwise"),
+                                dict(mode="split_fp8", dgrad="scaled_mm_tensorwise")])
+def test_programmatic_dependent_launch_gives_the_same_step_eager_and_in_a_graph(kw, monkeypatch):
+    # PDL lets a kernel start before the previous one ends; its gdc_wait must keep every read after that end
+    from loka_trainer.kernels import triton_mods
+    from loka_trainer.kernels.linear import WeightCache
+    from loka_trainer.kernels.mods_ops import linear_mods
+    torch.manual_seed(0)
+    x = torch.randn(1024, 7680, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # split-K forward too
+    w = (torch.randn(512, 7680, device="cuda") / 88).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    cache = WeightCache()
+
+    def step():
+        x.grad = w.grad = None
+        y = linear_mods(x, w, cache=cache, **kw)
+        y.backward(dy)
+        return y.detach(), x.grad, w.grad
+
+    assert triton_mods.pdl(x)
+    with_pdl = [t.clone() for t in step()]
+    monkeypatch.setattr(triton_mods, "PDL", False)
+    without = step()
+    for a, b in zip(with_pdl, without):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(triton_mods, "PDL", True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = w.grad = None
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(out, without):
+        assert torch.equal(a, b)
