@@ -22,6 +22,9 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   quantization kernel this saves the quantizer's amax pass over dz. (A single kernel whose programs own whole
   rows was measured first on the H200: latency-bound at M = 1024, 1.5x slower than unfused at N = 7680.)
 
+On Hopper and later every kernel here launches with programmatic dependent launch (``PDL``): it may be
+scheduled while the kernel before it drains and waits for it (``gdc_wait``) before touching memory.
+
 Requirements (else ``supports`` is False and callers use the reference): N % B == 0, B a power of two in
 [16, 256], K % 16 == 0.
 """
@@ -112,6 +115,12 @@ def pdl(t: torch.Tensor) -> bool:
     return PDL and t.is_cuda and not interpreting() and _has_pdl(t.device.index or 0)
 
 
+def _pdl_args(t: torch.Tensor) -> dict:
+    """A launch's PDL keywords: the kernel's ``USE_PDL`` (its ``gdc_wait``) and Triton's ``launch_pdl``."""
+    on = pdl(t)
+    return {"USE_PDL": on, "launch_pdl": on}
+
+
 def cublas_split_k_for(x: torch.Tensor, N: int, block: int) -> int:
     """How many K slices the split modes' BF16 GEMM x (M, K) · Wᵀ runs as: ``split_k_for`` on CUDA (when
     ``CUBLAS_SPLIT_K``), halved until it divides K; 1 elsewhere."""
@@ -172,11 +181,10 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
         config = {"BLOCK_M": 16, "BLOCK_K": 32}
     if config is not None:
         kernel, meta = kernel.fn, dict(config)
-    use_pdl = pdl(x)
     kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                  y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                  HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,
-                 USE_PDL=use_pdl, BLOCK_N=block, launch_pdl=use_pdl, **meta)
+                 BLOCK_N=block, **_pdl_args(x), **meta)
     if split_k > 1:
         _launch_norm(ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
     return _returned(y, u, r, q, write_fp8, save)
@@ -206,11 +214,10 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
     triton, _, kernel, _ = _kernels()
     M, N = z.shape
     rows = _rows_per_program(block)
-    use_pdl = pdl(z)
     kernel[(triton.cdiv(M, rows), N // block)](z, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0),
                                                eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                                                WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLITS=splits,
-                                               USE_PDL=use_pdl, BLOCK_N=block, BLOCK_M=rows, launch_pdl=use_pdl)
+                                               BLOCK_N=block, BLOCK_M=rows, **_pdl_args(z))
 
 
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:
@@ -220,10 +227,9 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
     rows = _rows_per_program(block)
-    use_pdl = pdl(dy)
     kernel[(triton.cdiv(M, rows), N // block)](dy, u, r, dz, dz, M, dy.stride(0), u.stride(0), r.stride(0),
-                                               dz.stride(0), 0, AMAX=0, USE_PDL=use_pdl, BLOCK_N=block,
-                                               BLOCK_M=rows, launch_pdl=use_pdl)
+                                               dz.stride(0), 0, AMAX=0, BLOCK_N=block, BLOCK_M=rows,
+                                               **_pdl_args(dy))
     return dz
 
 
@@ -235,12 +241,12 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int):
     amax = torch.empty((M, nb), dtype=torch.float32, device=dy.device)
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=dy.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=dy.device)
-    use_pdl = pdl(dy)
+    pdl_args = _pdl_args(dy)
     dz_kernel[grid](dy, u, r, dz, amax, M, dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0),
-                    AMAX=1, USE_PDL=use_pdl, BLOCK_N=block, BLOCK_M=rows, launch_pdl=use_pdl)
+                    AMAX=1, BLOCK_N=block, BLOCK_M=rows, **pdl_args)
     _quant_kernel()[grid](dz, amax, q, s, M, nb, dz.stride(0), amax.stride(0), q.stride(0), FP8_MAX_=FP8_MAX,
-                          EPS_=EPS, NB_P2=triton.next_power_of_2(nb), USE_PDL=use_pdl, BLOCK_N=block,
-                          BLOCK_M=rows, launch_pdl=use_pdl)
+                          EPS_=EPS, NB_P2=triton.next_power_of_2(nb), BLOCK_N=block, BLOCK_M=rows,
+                          **pdl_args)
     return q, s
 
 
@@ -248,9 +254,8 @@ def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int
     """dz kernel with one atomic max over all its tiles, then the tensorwise cast pass (reads dz once)."""
     from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
     amax = torch.zeros((), dtype=torch.float32, device=dy.device)
-    use_pdl = pdl(dy)
     dz_kernel[grid](dy, u, r, dz, amax, dy.shape[0], dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), 0,
-                    AMAX=2, USE_PDL=use_pdl, BLOCK_N=block, BLOCK_M=rows, launch_pdl=use_pdl)
+                    AMAX=2, BLOCK_N=block, BLOCK_M=rows, **_pdl_args(dy))
     return cast_with_amax(dz, amax, torch.float8_e5m2)
 
 
