@@ -32,7 +32,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_dispatch_gpu import BATCH, FIG13_SHAPES  # noqa: E402
+from fig13_variants import BATCH, FIG13_SHAPES  # noqa: E402
 from bench_timing import time_row  # noqa: E402
 
 from loka_trainer.kernels import triton_mods  # noqa: E402

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_dispatch_gpu import BATCH, _fig13_variants  # noqa: E402
+from fig13_variants import BATCH, build_fig13_variants  # noqa: E402
 from bench_e2e_gpu import is_gpu_annotation, kernel_category  # noqa: E402
 from bench_timing import with_grads_reset  # noqa: E402
 
@@ -62,7 +62,7 @@ def main() -> None:
         torch._dynamo.reset()
         x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
-        variants, params = _fig13_variants(K, N, set(args.variants))
+        variants, params = build_fig13_variants(K, N, set(args.variants))
         for name, f in variants.items():
             try:
                 kernels = kernel_times(lambda f=f: f(x).backward(dy), [x, *params], args.steps)

@@ -158,7 +158,7 @@ def test_e2e_bench_rejects_bad_names_before_touching_a_device():
 def test_dispatch_bench_fused_variants_run_forward_and_backward_on_cpu():
     # every figure-13 fused variant names a real forward mode and backends (torch's FP8 GEMM runs on CPU)
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_dispatch_gpu import FUSED_VARIANTS, SERIAL_GRADS_VARIANTS
+    from fig13_variants import FUSED_VARIANTS, SERIAL_GRADS_VARIANTS
 
     from loka_trainer.kernels.mods_ops import linear_mods
     torch.manual_seed(0)
@@ -279,7 +279,7 @@ def test_fused_forward_bench_sweeps_the_autotune_list_and_finds_the_fastest_conf
 
 def test_dispatch_bench_variant_names_default_all_and_unknown():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_dispatch_gpu import ALL_FIG13_VARIANTS, DEFAULT_FIG13_VARIANTS, fig13_variant_names
+    from fig13_variants import ALL_FIG13_VARIANTS, DEFAULT_FIG13_VARIANTS, fig13_variant_names
 
     assert fig13_variant_names(None) == fig13_variant_names("default") == DEFAULT_FIG13_VARIANTS
     assert set(DEFAULT_FIG13_VARIANTS) < set(ALL_FIG13_VARIANTS) == set(fig13_variant_names("all"))
@@ -333,7 +333,7 @@ def test_layer_timer_bench_parses_shapes_summarizes_spread_and_plots(tmp_path):
 
 def test_dispatch_bench_switched_variants_name_real_switches_of_fused_variants():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_dispatch_gpu import ALL_FIG13_VARIANTS, FUSED_VARIANTS, SWITCHED_VARIANTS
+    from fig13_variants import ALL_FIG13_VARIANTS, FUSED_VARIANTS, SWITCHED_VARIANTS
     from bench_switches import SWITCHES
 
     for switch, names in SWITCHED_VARIANTS.items():

@@ -1,0 +1,114 @@
+"""The figure-13 layer variants the GPU benchmarks time (suite (b) of ``bench_dispatch_gpu``, ``profile_fig13_gpu``):
+their names, the default set, and ``build_fig13_variants`` building them at one shape. Forward callables x -> y; the
+base is Linear(bias) -> LayerNorm -> SiLU, the Mods are no bias -> BlockNorm -> HardSwish (``mods_ref``).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loka_trainer.kernels.mods_ref import block_norm, hard_swish  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_switches import switched_variant  # noqa: E402
+
+FIG13_SHAPES = [(256, 256), (7680, 256), (512, 512), (7680, 512), (4096, 2048), (4096, 2560), (2048, 4096),
+                (2560, 4096), (256, 7680)]
+BATCH = 1024
+FUSED_VARIANTS = {
+    "fused_bf16": dict(mode="fused_bf16"),
+    "split_bf16": dict(mode="split_bf16"),
+    "fused_fp8_fwd": dict(mode="fused_fp8"),
+    "fused_fp8_all": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
+    # split_fp8: quant_rowwise(x) + torch._scaled_mm (cached e4m3 W) + the Triton epilogue kernel.
+    # dgrad scaled_mm_rowwise runs fused in linear_mods: dz kernel writes the amax, one cast kernel, _scaled_mm.
+    "split_fp8_fwd": dict(mode="split_fp8"),
+    "split_bf16_fp8_dgrad": dict(mode="split_bf16", dgrad="scaled_mm_rowwise"),
+    "split_fp8_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise"),
+    # the dgrad on tensorwise FP8 (e5m2 dz; the dz kernel folds its amax into one scalar, then one cast pass):
+    # cuBLAS's tensorwise FP8 GEMM is faster than its rowwise one at every figure-13 shape (bench_fig13_gemms)
+    "split_bf16_tw_dgrad": dict(mode="split_bf16", dgrad="scaled_mm_tensorwise"),
+    "split_fp8_tw_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise"),
+    "fused_fp8_dgrad": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise"),  # the fused FP8 forward + FP8 dgrad
+    "split_fp8_all": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
+    # the weight grad on tensorwise FP8 (e5m2 dz; two-kernel Triton quantizers of dzᵀ and xᵀ); on the H200 no
+    # faster than split_fp8_all (docs/kernels/README.md, "FP8 weight grad at three shapes")
+    "split_fp8_dgrad_tw_wgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
+}
+
+# variants also timed with dx and dW computed one after the other (``<name>_serial_grads``; by default
+# ``streams.side_by_side`` runs them on two streams), to measure what the overlap gains
+SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd", "split_fp8_tw_dgrad")
+# bench_switches switch -> the fused variants also timed with it off (``<name>_<switch>``)
+SWITCHED_VARIANTS = {"serial_grads": SERIAL_GRADS_VARIANTS, "no_split_k": ("split_bf16",),
+                     "no_pdl": ("split_bf16", "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad")}
+COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
+ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
+                      *(f"{n}_{switch}" for switch, names in SWITCHED_VARIANTS.items() for n in names))
+# what suite (b) times unless told otherwise: the issue's comparisons (base eager and compiled, the Mods and
+# torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
+# the H200 (r10-r15); ``--fig13-variants all`` adds the rest (modes never fastest, the switch-off variants)
+DEFAULT_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", "split_bf16",
+                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad")
+
+
+def fig13_variant_names(arg: Optional[str]) -> tuple[str, ...]:
+    """``--fig13-variants``: None or "default" -> DEFAULT_FIG13_VARIANTS, "all" -> every variant, else the
+    comma-separated names (an unknown name raises ValueError naming it and the valid ones)."""
+    if arg in (None, "default"):
+        return DEFAULT_FIG13_VARIANTS
+    if arg == "all":
+        return ALL_FIG13_VARIANTS
+    names = tuple(n for n in arg.split(",") if n)
+    unknown = [n for n in names if n not in ALL_FIG13_VARIANTS]
+    if unknown or not names:
+        raise ValueError(f"unknown figure-13 variant(s) {unknown}; valid: default, all, or names from "
+                         f"{', '.join(ALL_FIG13_VARIANTS)}")
+    return names
+
+
+def build_fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, list[torch.Tensor]]:
+    """(name -> forward fn(x) -> y for one figure-13 layer, the layer's parameters); compiled variants are
+    built only if kept."""
+    dev, bf = "cuda", torch.bfloat16
+    w = (torch.randn(N, K, device=dev, dtype=bf) / math.sqrt(K)).requires_grad_()
+    b = torch.zeros(N, device=dev, dtype=bf, requires_grad=True)
+    ln_w = torch.ones(N, device=dev, dtype=bf, requires_grad=True)
+    ln_b = torch.zeros(N, device=dev, dtype=bf, requires_grad=True)
+    base = lambda x: F.silu(F.layer_norm(F.linear(x, w, b), (N,), ln_w, ln_b))
+    no_bias = lambda x: F.silu(F.layer_norm(F.linear(x, w), (N,), ln_w, ln_b))
+    bnorm = lambda x: F.silu(block_norm(F.linear(x, w, b)))
+    hswish = lambda x: hard_swish(F.layer_norm(F.linear(x, w, b), (N,), ln_w, ln_b))
+    mods = lambda x: hard_swish(block_norm(F.linear(x, w)))
+    keep = lambda name: only is None or name in only
+    v = {"base_eager": base}
+    for name, f in zip(COMPILED_FIG13, (base, mods, no_bias, bnorm, hswish)):
+        if keep(name):  # dynamic=False: each shape gets its own specialized graph (no dynamic-shape kernels)
+            v[name] = torch.compile(f, dynamic=False)
+    from loka_trainer.kernels.linear import WeightCache
+    from loka_trainer.kernels.mods_ops import linear_mods
+    if K % 16 == 0 and N % 256 == 0:
+        for name, kw in FUSED_VARIANTS.items():
+            v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
+        for switch, names in SWITCHED_VARIANTS.items():
+            for name in names:
+                v[f"{name}_{switch}"] = switched_variant(v[name], switch)
+    try:
+        if not keep("torchao_rowwise_mods_compiled"):
+            raise ImportError
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        lin = torch.nn.Linear(K, N, bias=False, device=dev, dtype=bf)
+        recipe = Float8LinearConfig.from_recipe_name("rowwise")
+        seq = convert_to_float8_training(torch.nn.Sequential(lin), config=recipe)
+        v["torchao_rowwise_mods_compiled"] = torch.compile(lambda x: hard_swish(block_norm(seq(x))), dynamic=False)
+        params = [lin.weight]
+    except ImportError:
+        params = []
+    return {k: f for k, f in v.items() if keep(k)}, [w, b, ln_w, ln_b, *params]
