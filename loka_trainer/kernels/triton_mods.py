@@ -22,7 +22,7 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   quantization kernel this saves the quantizer's amax pass over dz. (A single kernel whose programs own whole
   rows was measured first on the H200: latency-bound at M = 1024, 1.5x slower than unfused at N = 7680.)
 
-On Hopper and later every kernel here launches with programmatic dependent launch (``PDL``): it may be
+On Hopper and later every kernel here launches with programmatic dependent launch (``pdl``): it may be
 scheduled while the kernel before it drains and waits for it (``gdc_wait``) before touching memory.
 
 Requirements (else ``supports`` is False and callers use the reference): N % B == 0, B a power of two in
@@ -35,6 +35,7 @@ from typing import Optional
 
 import torch
 
+from loka_trainer.kernels import pdl
 from loka_trainer.kernels.mods_ref import DEFAULT_BLOCK, DEFAULT_EPS, static_fp8_scale
 from loka_trainer.kernels.quant import EPS
 from loka_trainer.kernels.triton_quant import interpreting
@@ -95,30 +96,6 @@ def split_k_for(M: int, N: int, K: int, block: int, num_sms: int) -> int:
 
 # False: the split modes' BF16 GEMM is always one cuBLAS call (what the benchmarks' ``*_no_split_k`` variants time)
 CUBLAS_SPLIT_K = True
-
-
-# Programmatic dependent launch (Hopper and later): our kernels are launched so that the GPU may start them while
-# the kernel before them in the stream drains, and wait for it on chip (``gdc_wait``) before touching memory;
-# in a replayed CUDA graph this hides part of each launch gap. False: plain launches (the ``*_no_pdl`` benchmark
-# variants time that side by side).
-PDL = True
-
-
-@functools.lru_cache(maxsize=None)
-def _has_pdl(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
-
-
-def pdl(t: torch.Tensor) -> bool:
-    """True if kernels on ``t``'s device launch with programmatic dependent launch (``PDL``, CUDA sm90+, not
-    the interpreter)."""
-    return PDL and t.is_cuda and not interpreting() and _has_pdl(t.device.index or 0)
-
-
-def _pdl_args(t: torch.Tensor) -> dict:
-    """A launch's PDL keywords: the kernel's ``USE_PDL`` (its ``gdc_wait``) and Triton's ``launch_pdl``."""
-    on = pdl(t)
-    return {"USE_PDL": on, "launch_pdl": on}
 
 
 def cublas_split_k_for(x: torch.Tensor, N: int, block: int) -> int:
@@ -184,7 +161,7 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                  y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                  HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,
-                 BLOCK_N=block, **_pdl_args(x), **meta)
+                 BLOCK_N=block, **pdl.launch_args(x), **meta)
     if split_k > 1:
         _launch_norm(ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
     return _returned(y, u, r, q, write_fp8, save)
@@ -217,7 +194,7 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
     kernel[(triton.cdiv(M, rows), N // block)](z, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0),
                                                eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                                                WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLITS=splits,
-                                               BLOCK_N=block, BLOCK_M=rows, **_pdl_args(z))
+                                               BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(z))
 
 
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:
@@ -229,7 +206,7 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     rows = _rows_per_program(block)
     kernel[(triton.cdiv(M, rows), N // block)](dy, u, r, dz, dz, M, dy.stride(0), u.stride(0), r.stride(0),
                                                dz.stride(0), 0, AMAX=0, BLOCK_N=block, BLOCK_M=rows,
-                                               **_pdl_args(dy))
+                                               **pdl.launch_args(dy))
     return dz
 
 
@@ -241,7 +218,7 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int):
     amax = torch.empty((M, nb), dtype=torch.float32, device=dy.device)
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=dy.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=dy.device)
-    pdl_args = _pdl_args(dy)
+    pdl_args = pdl.launch_args(dy)
     dz_kernel[grid](dy, u, r, dz, amax, M, dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0),
                     AMAX=1, BLOCK_N=block, BLOCK_M=rows, **pdl_args)
     _quant_kernel()[grid](dz, amax, q, s, M, nb, dz.stride(0), amax.stride(0), q.stride(0), FP8_MAX_=FP8_MAX,
@@ -255,7 +232,7 @@ def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int
     from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
     amax = torch.zeros((), dtype=torch.float32, device=dy.device)
     dz_kernel[grid](dy, u, r, dz, amax, dy.shape[0], dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), 0,
-                    AMAX=2, BLOCK_N=block, BLOCK_M=rows, **_pdl_args(dy))
+                    AMAX=2, BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(dy))
     return cast_with_amax(dz, amax, torch.float8_e5m2)
 
 

@@ -4,7 +4,8 @@ See ``triton_mods`` for the math and the notation; launchers live there.
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+
+from loka_trainer.kernels.pdl_kernels import pdl_start
 
 
 @triton.jit
@@ -36,12 +37,11 @@ configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages
 def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, ws_ptr, M, N, K,
                      stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_rm, stride_ws, eps, out_scale,
                      FP8_MAX_: tl.constexpr, HAS_SCALES: tl.constexpr, WRITE_FP8: tl.constexpr,
-                     SAVE_FOR_BACKWARD: tl.constexpr, SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
+                     SAVE_FOR_BACKWARD: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     # SPLIT_K > 1: program (m, n, s) sums the s-th of SPLIT_K slices of K's tiles and stores its (scaled) fp32
     # partial z into ws (SPLIT_K, M, N); norm_fwd_kernel then adds the slices and runs the epilogue.
-    if USE_PDL:  # launched before the previous kernel ended (triton_mods.pdl): wait for it before any access
-        gdc_wait()
+    pdl_start(PDL)  # may be launched before the previous kernel ended (pdl.py): waits for it before any access
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k_tiles = tl.cdiv(K, BLOCK_K)
     tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
@@ -75,10 +75,9 @@ def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, w
 @triton.jit
 def norm_fwd_kernel(z_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_zs, stride_ym, stride_rm, eps,
                     out_scale, FP8_MAX_: tl.constexpr, WRITE_FP8: tl.constexpr, SAVE_FOR_BACKWARD: tl.constexpr,
-                    SPLITS: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                    SPLITS: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     # z = the sum of SPLITS slices z_ptr + s * stride_zs (1: a plain z; > 1: fused_fwd_kernel's split-K partials)
-    if USE_PDL:
-        gdc_wait()
+    pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -105,11 +104,10 @@ def _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride
 
 @triton.jit
 def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, M, stride_dym, stride_um, stride_rm, stride_dzm,
-                  stride_am, AMAX: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                  stride_am, AMAX: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_M: tl.constexpr):
     # AMAX: 0 none, 1 each (row, block) amax into amax_ptr (M, NB), 2 one atomic max into the scalar amax_ptr
-    if USE_PDL:
-        gdc_wait()
+    pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -125,12 +123,11 @@ def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, M, stride_dym, stride_
 
 @triton.jit
 def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, M, NB, stride_dzm, stride_am, stride_qm,
-                      FP8_MAX_: tl.constexpr, EPS_: tl.constexpr, NB_P2: tl.constexpr, USE_PDL: tl.constexpr,
+                      FP8_MAX_: tl.constexpr, EPS_: tl.constexpr, NB_P2: tl.constexpr, PDL: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     # Row amax from the (M, NB) per-block amaxes bwd_dz_kernel wrote: no pass over dz to find it, so this
     # kernel reads dz once and is as parallel (rows x blocks) as the dz kernel.
-    if USE_PDL:
-        gdc_wait()
+    pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -49,42 +49,10 @@ def use_triton(t: torch.Tensor) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _kernel():
-    """Define the kernel once (importing triton here, never at module import)."""
+    """Import the kernel once (importing triton there, never at this module's import)."""
     import triton
-    import triton.language as tl
 
-    @triton.jit
-    def quant_rowwise_kernel(t_ptr, q_ptr, s_ptr, R, C, stride_tr, stride_tc, stride_qr,
-                             FP8_MAX: tl.constexpr, EPS_: tl.constexpr, ROWS: tl.constexpr,
-                             COLS: tl.constexpr, SINGLE_PASS: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        row_ok = rows < R
-        if SINGLE_PASS:  # the tile holds whole rows (COLS >= C): read once, amax and cast from registers
-            cols = tl.arange(0, COLS)
-            mask = row_ok[:, None] & (cols[None, :] < C)
-            t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask,
-                        other=0.0).to(tl.float32)
-            # NOTE: same guard as quant.amax_to_scale: an all-zero row gets a finite scale and exact zeros.
-            scale = FP8_MAX / tl.minimum(tl.maximum(tl.max(tl.abs(t), axis=1), EPS_), 3.4028234663852886e38)
-            q = tl.minimum(tl.maximum(t * scale[:, None], -FP8_MAX), FP8_MAX)
-            tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
-        else:
-            amax = tl.zeros((ROWS,), dtype=tl.float32)
-            for i in range(0, tl.cdiv(C, COLS)):
-                cols = i * COLS + tl.arange(0, COLS)
-                mask = row_ok[:, None] & (cols[None, :] < C)
-                t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask, other=0.0)
-                amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
-            scale = FP8_MAX / tl.minimum(tl.maximum(amax, EPS_), 3.4028234663852886e38)
-            for i in range(0, tl.cdiv(C, COLS)):
-                cols = i * COLS + tl.arange(0, COLS)
-                mask = row_ok[:, None] & (cols[None, :] < C)
-                t = tl.load(t_ptr + rows[:, None] * stride_tr + cols[None, :] * stride_tc, mask=mask, other=0.0)
-                q = tl.minimum(tl.maximum(t.to(tl.float32) * scale[:, None], -FP8_MAX), FP8_MAX)
-                tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty),
-                         mask=mask)
-        tl.store(s_ptr + rows, 1.0 / scale, mask=row_ok)
-
+    from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel
     return triton, quant_rowwise_kernel
 
 
@@ -120,6 +88,7 @@ def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4
     if not use_triton(t):
         q, s = quantize_rowwise(t, dtype)
         return q.contiguous(), s
+    from loka_trainer.kernels import pdl  # imports this module: not at the top
     triton, kernel = _kernel()
     R, C = t.shape
     q = torch.empty((R, C), dtype=dtype, device=t.device)
@@ -127,7 +96,8 @@ def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4
     rows, cols, single_pass = _tile(R, C, row_major=t.stride(1) == 1)
     kernel[(triton.cdiv(R, rows),)](t, q, s, R, C, t.stride(0), t.stride(1), q.stride(0),
                                    FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, COLS=cols,
-                                   SINGLE_PASS=single_pass, num_warps=8 if rows * cols >= 4096 else 4)
+                                   SINGLE_PASS=single_pass, num_warps=8 if rows * cols >= 4096 else 4,
+                                   **pdl.launch_args(t))
     return q, s
 
 

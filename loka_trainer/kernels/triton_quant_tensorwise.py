@@ -15,6 +15,7 @@ import functools
 
 import torch
 
+from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS, quantize_tensorwise
 from loka_trainer.kernels.triton_quant import use_triton
 
@@ -46,7 +47,8 @@ def quantize_tensorwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8
     amax = torch.zeros((), dtype=torch.float32, device=t.device)
     block_r, block_c = _tiles(t)
     amax_kernel[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](t, amax, R, C, t.stride(0), t.stride(1),
-                                                                     BLOCK_R=block_r, BLOCK_C=block_c)
+                                                                     BLOCK_R=block_r, BLOCK_C=block_c,
+                                                                     **pdl.launch_args(t))
     return cast_with_amax(t, amax, dtype)
 
 
@@ -60,7 +62,7 @@ def cast_with_amax(t: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype) -> t
     block_r, block_c = _tiles(t)
     cast_kernel[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](
         t, amax, q, s, R, C, t.stride(0), t.stride(1), FP8_MAX=torch.finfo(dtype).max, EPS_=EPS,
-        BLOCK_R=block_r, BLOCK_C=block_c)
+        BLOCK_R=block_r, BLOCK_C=block_c, **pdl.launch_args(t))
     return q, s
 
 

@@ -5,6 +5,8 @@ t (R, C) any strides, tiled (BLOCK_R, BLOCK_C), one program per tile; see ``trit
 import triton
 import triton.language as tl
 
+from loka_trainer.kernels.pdl_kernels import pdl_start
+
 
 @triton.jit
 def _load_tile(t_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -19,14 +21,17 @@ def _load_tile(t_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: 
 
 
 @triton.jit
-def amax_kernel(t_ptr, amax_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def amax_kernel(t_ptr, amax_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                PDL: tl.constexpr):
+    pdl_start(PDL)
     t, _, _, _ = _load_tile(t_ptr, R, C, stride_r, stride_c, BLOCK_R, BLOCK_C)
     tl.atomic_max(amax_ptr, tl.max(tl.abs(t)))  # a max: exact in any order
 
 
 @triton.jit
 def cast_kernel(t_ptr, amax_ptr, q_ptr, s_ptr, R, C, stride_r, stride_c, FP8_MAX: tl.constexpr,
-                EPS_: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                EPS_: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     t, rows, cols, mask = _load_tile(t_ptr, R, C, stride_r, stride_c, BLOCK_R, BLOCK_C)
     # NOTE: same guard as quant.amax_to_scale: an all-zero tensor gets a finite scale and exact zeros.
     scale = FP8_MAX / tl.minimum(tl.maximum(tl.load(amax_ptr), EPS_), 3.4028234663852886e38)

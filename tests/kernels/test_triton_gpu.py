@@ -205,8 +205,9 @@ def test_fused_module_under_compile_matches_eager():
                                 dict(mode="fused_fp8", dgrad="scaled_mm_rowwise"),
                                 dict(mode="split_fp8", dgrad="scaled_mm_tensorwise")])
 def test_programmatic_dependent_launch_gives_the_same_step_eager_and_in_a_graph(kw, monkeypatch):
-    # PDL lets a kernel start before the previous one ends; its gdc_wait must keep every read after that end
-    from loka_trainer.kernels import triton_mods
+    # PDL lets a kernel start before the previous one ends (and, with the early trigger, the next one be scheduled
+    # while this one runs); each kernel's gdc_wait must keep every read after the previous kernel's end
+    from loka_trainer.kernels import pdl
     from loka_trainer.kernels.linear import WeightCache
     from loka_trainer.kernels.mods_ops import linear_mods
     torch.manual_seed(0)
@@ -221,13 +222,16 @@ def test_programmatic_dependent_launch_gives_the_same_step_eager_and_in_a_graph(
         y.backward(dy)
         return y.detach(), x.grad, w.grad
 
-    assert triton_mods.pdl(x)
+    assert pdl.level(x) == 2
     with_pdl = [t.clone() for t in step()]
-    monkeypatch.setattr(triton_mods, "PDL", False)
+    monkeypatch.setattr(pdl, "EARLY_TRIGGER", False)
+    late_trigger = [t.clone() for t in step()]
+    monkeypatch.setattr(pdl, "ENABLED", False)
     without = step()
-    for a, b in zip(with_pdl, without):
-        assert torch.equal(a, b)
-    monkeypatch.setattr(triton_mods, "PDL", True)
+    for a, b, c in zip(with_pdl, late_trigger, without):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    monkeypatch.setattr(pdl, "ENABLED", True)
+    monkeypatch.setattr(pdl, "EARLY_TRIGGER", True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
