@@ -9,8 +9,6 @@ SWITCHES = {
     "serial_grads": ("loka_trainer.kernels.streams", "ENABLED"),  # the backward's dx and dW GEMMs in order
     "no_split_k": ("loka_trainer.kernels.triton_mods", "CUBLAS_SPLIT_K"),  # the split modes' BF16 GEMM unsplit
     "no_pdl": ("loka_trainer.kernels.pdl", "ENABLED"),  # our kernels launched without programmatic dependence
-    # with PDL, the next kernel scheduled when our kernel's programs exit, not once they have all started
-    "late_trigger": ("loka_trainer.kernels.pdl", "EARLY_TRIGGER"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch: the launch keywords per switch, and what each level compiles to on sm90
+"""Programmatic dependent launch: the launch keywords per switch and device, and what they compile to on sm90
 (offline: Triton compiles for an H100/H200 target without a GPU)."""
 import pytest
 import torch
@@ -6,46 +6,43 @@ import torch
 from loka_trainer.kernels import pdl
 
 
-def test_no_pdl_off_cuda_whatever_the_switches(monkeypatch):
+def test_no_pdl_off_cuda_whatever_the_switch(monkeypatch):
     t = torch.zeros(4, 4)
     for enabled in (True, False):
         monkeypatch.setattr(pdl, "ENABLED", enabled)
-        assert pdl.level(t) == 0 and pdl.launch_args(t) == {"PDL": 0, "launch_pdl": False}
+        assert pdl.launch_args(t) == {"PDL": False, "launch_pdl": False}
 
 
-def test_levels_follow_the_switches_on_an_sm90_device(monkeypatch):
+def test_on_for_sm90_devices_unless_switched_off(monkeypatch):
     class FakeCuda:
         is_cuda = True
         device = torch.device("cuda", 0)
     monkeypatch.setattr(pdl, "_supported", lambda index: True)
-    t = FakeCuda()
-    assert pdl.launch_args(t) == {"PDL": 2, "launch_pdl": True}
-    monkeypatch.setattr(pdl, "EARLY_TRIGGER", False)
-    assert pdl.launch_args(t) == {"PDL": 1, "launch_pdl": True}
+    assert pdl.launch_args(FakeCuda()) == {"PDL": True, "launch_pdl": True}
     monkeypatch.setattr(pdl, "ENABLED", False)
-    assert pdl.launch_args(t) == {"PDL": 0, "launch_pdl": False}
-    monkeypatch.setattr(pdl, "_supported", lambda index: False)  # pre-Hopper: never
+    assert pdl.launch_args(FakeCuda()) == {"PDL": False, "launch_pdl": False}
     monkeypatch.setattr(pdl, "ENABLED", True)
-    assert pdl.level(t) == 0
+    monkeypatch.setattr(pdl, "_supported", lambda index: False)  # before Hopper: never
+    assert not pdl.active(FakeCuda())
 
 
-@pytest.mark.parametrize("level, wait, trigger", [(0, False, False), (1, True, False), (2, True, True)])
-def test_each_level_compiles_to_its_grid_dependency_instructions_for_sm90(level, wait, trigger):
+@pytest.mark.parametrize("on", [False, True])
+def test_the_kernels_wait_for_the_previous_grid_only_when_launched_with_pdl(on):
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel as kernel
-    consts = {"FP8_MAX": 448.0, "EPS_": 1e-12, "ROWS": 4, "COLS": 256, "SINGLE_PASS": True, "PDL": level}
+    consts = {"FP8_MAX": 448.0, "EPS_": 1e-12, "ROWS": 4, "COLS": 256, "SINGLE_PASS": True, "PDL": on}
     types = {"t_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
     names = kernel.arg_names
     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in consts.items()})
     try:
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4, "launch_pdl": level > 0})
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": on})
     except Exception as e:  # noqa: BLE001 - e.g. no ptxas in this triton install
         pytest.skip(f"cannot compile for sm90 here: {type(e).__name__}: {str(e)[:120]}")
     ptx = compiled.asm["ptx"]
-    assert ("griddepcontrol.wait" in ptx) == wait
-    assert ("griddepcontrol.launch_dependents" in ptx) == trigger
+    assert ("griddepcontrol.wait" in ptx) == on
+    if on:  # before the kernel's first global load (predicated or not)
+        assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")

@@ -124,6 +124,7 @@ def test_fused_forward_fp8_inputs_match_reference(M, K, N):
 @pytest.mark.parametrize("fp8", [False, True])
 def test_split_k_forward_matches_one_slice(K, N, fp8):
     from loka_trainer.kernels.triton_mods import fused_forward, sm_count, split_k_for
+    torch.manual_seed(0)
     x = torch.randn(1024, K, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
     kw = {}
@@ -136,7 +137,10 @@ def test_split_k_forward_matches_one_slice(K, N, fp8):
     for split in (auto, 3):  # the default, and an uneven one
         y, u, r, _ = fused_forward(x, w, split_k=split, **kw)
         assert _rel(y, y1) < 1e-2 and _rel(u, u1) < 1e-2
-        torch.testing.assert_close(r, r1, rtol=1e-3, atol=0)
+        # Hopper's FP8 MMA accumulates with reduced precision, so K slices (shorter sums) and one pass differ by
+        # more than fp32 reordering, and which autotune config wins changes the one-pass sums (on an H200 this
+        # failed once at rtol 1e-3 for FP8 (7680, 256) and passed on the re-run; r's norm-relative gap: 2.8e-4)
+        torch.testing.assert_close(r, r1, rtol=1e-2 if fp8 else 1e-3, atol=0)
 
 
 @pytest.mark.parametrize("K,N", [(7680, 256), (7680, 512)])
@@ -205,8 +209,7 @@ def test_fused_module_under_compile_matches_eager():
                                 dict(mode="fused_fp8", dgrad="scaled_mm_rowwise"),
                                 dict(mode="split_fp8", dgrad="scaled_mm_tensorwise")])
 def test_programmatic_dependent_launch_gives_the_same_step_eager_and_in_a_graph(kw, monkeypatch):
-    # PDL lets a kernel start before the previous one ends (and, with the early trigger, the next one be scheduled
-    # while this one runs); each kernel's gdc_wait must keep every read after the previous kernel's end
+    # PDL lets a kernel start before the previous one ends; its gdc_wait must keep every read after that end
     from loka_trainer.kernels import pdl
     from loka_trainer.kernels.linear import WeightCache
     from loka_trainer.kernels.mods_ops import linear_mods
@@ -222,16 +225,13 @@ def test_programmatic_dependent_launch_gives_the_same_step_eager_and_in_a_graph(
         y.backward(dy)
         return y.detach(), x.grad, w.grad
 
-    assert pdl.level(x) == 2
+    assert pdl.active(x)
     with_pdl = [t.clone() for t in step()]
-    monkeypatch.setattr(pdl, "EARLY_TRIGGER", False)
-    late_trigger = [t.clone() for t in step()]
     monkeypatch.setattr(pdl, "ENABLED", False)
     without = step()
-    for a, b, c in zip(with_pdl, late_trigger, without):
-        assert torch.equal(a, c) and torch.equal(b, c)
+    for a, b in zip(with_pdl, without):
+        assert torch.equal(a, b)
     monkeypatch.setattr(pdl, "ENABLED", True)
-    monkeypatch.setattr(pdl, "EARLY_TRIGGER", True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
