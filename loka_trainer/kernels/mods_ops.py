@@ -68,7 +68,7 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
     inference skips writing them). What is not written comes back as an empty (0, ...) tensor (custom ops
     cannot return None).
     """
-    M, N = x.shape[0], w.shape[0]
+    N = w.shape[0]
     if use_triton(x) and triton_mods.supports(x.shape[1], N, block):
         if split:
             k_slices = triton_mods.cublas_split_k_for(x, N, block) if sx is None else 1
