@@ -27,7 +27,8 @@ timed call unless ``--accumulate-grads``; see ``bench_timing``):
     on this device from candidates bf16 / scaled_mm_rowwise / scaled_mm_tensorwise) + FusedLinearMods,
     compiled. Parameters and inputs in BF16. FP8 weights are cast once per weight version (no optimizer step
     happens inside the timed region, so the cast is not in it for LoKA eager; under torch.compile it is).
-Writes OUT_DIR/bench_dispatch.json and OUT_DIR/bench_dispatch.png; prints a ratio table last.
+Writes OUT_DIR/bench_dispatch.json (rows, geomeans, the targets, and with (b) the configs the fused forward kernel's
+autotuner picked per key) and OUT_DIR/bench_dispatch.png; prints a ratio table last.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loka_trainer.kernels.backends import available_backends  # noqa: E402
+from loka_trainer.kernels.triton_mods import autotune_picks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_switches import with_switch_off  # noqa: E402
@@ -290,6 +292,8 @@ def main() -> None:
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": _triton_version(), "command": " ".join(sys.argv), "rows": rows,
               "geomean_speedup": geomeans(rows), "targets": target_lines(rows)}
+    if fig_shapes:  # which of the fused forward kernel's configs won where (to prune the list with data)
+        result["fused_forward_autotune"] = autotune_picks()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "bench_dispatch.json").write_text(json.dumps(result, indent=2))
     plot(rows, args.out_dir / "bench_dispatch.png")

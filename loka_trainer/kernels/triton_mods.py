@@ -129,6 +129,20 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def autotune_picks(kernel=None) -> list[dict]:
+    """The configs the autotuner picked for ``fused_fwd_kernel`` (or ``kernel``) in this process, one per key it
+    has tuned: [{"key": {M, N, K, HAS_SCALES, ...: value, "dtypes": [tensor dtypes]}, "config": {BLOCK_M, BLOCK_K,
+    num_warps, num_stages, ...}}]. What a benchmark records so that configs never picked can be pruned later."""
+    if kernel is None:
+        kernel = _kernels()[1]
+    picks = []
+    for key, config in kernel.cache.items():
+        names = list(kernel.keys)  # the key's leading values, then the dtypes of the tensor arguments
+        picks.append({"key": {**dict(zip(names, key)), "dtypes": [str(v) for v in key[len(names):]]},
+                      "config": dict(config.all_kwargs())})
+    return picks
+
+
 def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[torch.Tensor] = None,
                   w_scale_inv: Optional[torch.Tensor] = None, block: int = DEFAULT_BLOCK,
                   eps: float = DEFAULT_EPS, write_fp8: bool = False, save: bool = True,
