@@ -200,7 +200,7 @@ def test_dispatch_bench_forward_only_suite_gets_its_own_best_and_ratios():
     from bench_dispatch_gpu import _inference, add_fused_best, add_ratios
 
     row = lambda suite, variant, us: {"suite": suite, "M": 1024, "K": 256, "N": 256, "variant": variant,  # noqa: E731
-                                      "graph_us": us}
+                                      "graph_us": us, "wall_s": 2.0}
     rows = [row("fig13", "base_eager", 30.0), row("fig13", "split_bf16", 15.0), row("fig13", "fused_bf16", 20.0),
             row("fig13_fwd", "base_eager", 12.0), row("fig13_fwd", "split_bf16", 8.0),
             row("fig13_fwd", "fused_bf16", 4.0)]
@@ -209,6 +209,7 @@ def test_dispatch_bench_forward_only_suite_gets_its_own_best_and_ratios():
     best = {r["suite"]: r for r in rows if r["variant"] == "fused_best"}
     assert best["fig13"]["picked"] == "split_bf16" and best["fig13"]["speedup"] == 2.0
     assert best["fig13_fwd"]["picked"] == "fused_bf16" and best["fig13_fwd"]["speedup"] == 3.0
+    assert sum(r.get("wall_s", 0) for r in rows) == 12.0  # the picked rows' wall seconds are not counted twice
     w = torch.ones(4, 4, requires_grad=True)
     y = _inference(lambda x: x @ w, torch.ones(2, 4))()
     assert y.grad_fn is None and torch.equal(y, torch.full((2, 4), 4.0))
