@@ -135,12 +135,9 @@ def autotune_picks(kernel=None) -> list[dict]:
     num_warps, num_stages, ...}}]. What a benchmark records so that configs never picked can be pruned later."""
     if kernel is None:
         kernel = _kernels()[1]
-    picks = []
-    for key, config in kernel.cache.items():
-        names = list(kernel.keys)  # the key's leading values, then the dtypes of the tensor arguments
-        picks.append({"key": {**dict(zip(names, key)), "dtypes": [str(v) for v in key[len(names):]]},
-                      "config": dict(config.all_kwargs())})
-    return picks
+    names = list(kernel.keys)  # a key holds these arguments' values, then the dtypes of the tensor arguments
+    return [{"key": {**dict(zip(names, key)), "dtypes": [str(v) for v in key[len(names):]]},
+             "config": dict(config.all_kwargs())} for key, config in kernel.cache.items()]
 
 
 def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[torch.Tensor] = None,
