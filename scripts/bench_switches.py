@@ -9,8 +9,6 @@ SWITCHES = {
     "serial_grads": ("loka_trainer.kernels.streams", "ENABLED"),  # the backward's dx and dW GEMMs in order
     "no_split_k": ("loka_trainer.kernels.triton_mods", "CUBLAS_SPLIT_K"),  # the split modes' BF16 GEMM unsplit
     "no_pdl": ("loka_trainer.kernels.pdl", "ENABLED"),  # our kernels launched without programmatic dependence
-    # an all-BF16 backward of a small layer as the dz kernel + two cuBLAS GEMMs instead of one kernel
-    "no_one_kernel_bwd": ("loka_trainer.kernels.triton_mods_bwd", "ENABLED"),
 }
 
 

@@ -11,8 +11,6 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   output tiles meet a long K, ``triton_mods.cublas_split_k`` — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
-- ``loka::mods_bwd_one(dh, u, r, x, w, block) -> (dx, dW)``: dz, dx = dz·W and dW = dzᵀ·x in one kernel (BF16,
-  small N·K: ``triton_mods_bwd``).
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity) -> (dz_q, scale_inv, dz)``: the same dz
   quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz kernel also writes the amaxes, one
   cast kernel follows.
@@ -20,8 +18,7 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x, w, u (bf16) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
-directly), the two GEMMs on two CUDA streams (``streams.side_by_side``); an all-BF16 backward of a small layer
-runs as one kernel instead (``loka::mods_bwd_one``, ``triton_mods_bwd``). Forward modes: ``mods_modes.FORWARD_MODES``.
+directly), the two GEMMs on two CUDA streams (``streams.side_by_side``). Forward modes: ``mods_modes.FORWARD_MODES``.
 
 Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise``
 the layer does not call the backend (dz kernel, then a quantizer reading dz twice: amax, cast) but has the dz
@@ -38,7 +35,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from loka_trainer.kernels import triton_mods, triton_mods_bwd
+from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
@@ -126,21 +123,6 @@ def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int) -> Tensor:
 @mods_bwd_dz.register_fake
 def _(dh, u, r, block):
     return dh.new_empty(dh.shape, dtype=torch.bfloat16)
-
-
-@torch.library.custom_op("loka::mods_bwd_one", mutates_args=())
-def mods_bwd_one(dh: Tensor, u: Tensor, r: Tensor, x: Tensor, w: Tensor, block: int) -> tuple[Tensor, Tensor]:
-    """dh (M, N), u (M, N) bf16, r (M, NB) fp32, x (M, K), w (N, K) bf16 -> (dx (M, K), dW (N, K)) bf16: the
-    whole BF16 backward, in one Triton kernel (``triton_mods_bwd``) or as dz then two GEMMs."""
-    if use_triton(dh):
-        return triton_mods_bwd.backward_one_kernel(dh, u, r, x, w, block=block)
-    dz = mods_backward_ref(dh, u, r, block)
-    return dz @ w, dz.t() @ x
-
-
-@mods_bwd_one.register_fake
-def _(dh, u, r, x, w, block):
-    return x.new_empty(x.shape, dtype=torch.bfloat16), w.new_empty(w.shape, dtype=torch.bfloat16)
 
 
 @torch.no_grad()
@@ -267,27 +249,16 @@ class LinearModsFn(torch.autograd.Function):
         xb, wb, u, r = ctx.saved_tensors
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        (M, K), N = xb.shape, wb.shape[0]
-        if (need_dx and need_dw and dgrad == wgrad == BASELINE and use_triton(dh)
-                and triton_mods_bwd.applies(M, K, N, ctx.block)):
-            dx, dw = mods_bwd_one(dh, u, r, xb, wb, ctx.block)  # small layers: one kernel
+        if need_dx and dgrad in FUSED_DGRAD:
+            dx_fn, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
         else:
-            dx, dw = _backward_gemms(dh, u, r, xb, wb, ctx, need_dx, need_dw)
+            dz = mods_bwd_dz(dh, u, r, ctx.block)
+            dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
+        dw_fn = (lambda: _weight_grad(wgrad, dz, xb)) if need_dw else None
+        dx, dw = side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
         dw = dw.to(ctx.dtypes[1]) if dw is not None else None
         return dx, dw, None, None, None, None, None, None, None, None, None
-
-
-def _backward_gemms(dh, u, r, xb, wb, ctx, need_dx: bool, need_dw: bool):
-    """dz, then dx = dz·W and dW = dzᵀ·x on the plan's backends (two streams): (dx or None, dW or None)."""
-    dgrad, wgrad = ctx.names
-    if need_dx and dgrad in FUSED_DGRAD:
-        dx_fn, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
-    else:
-        dz = mods_bwd_dz(dh, u, r, ctx.block)
-        dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
-    dw_fn = (lambda: _weight_grad(wgrad, dz, xb)) if need_dw else None
-    return side_by_side(dx_fn, dw_fn, dh.device)
 
 
 def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6,
