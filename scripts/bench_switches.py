@@ -9,6 +9,7 @@ SWITCHES = {
     "serial_grads": ("loka_trainer.kernels.streams", "ENABLED"),  # the backward's dx and dW GEMMs in order
     "no_split_k": ("loka_trainer.kernels.triton_mods", "CUBLAS_SPLIT_K"),  # the split modes' BF16 GEMM unsplit
     "no_pdl": ("loka_trainer.kernels.pdl", "ENABLED"),  # our kernels launched without programmatic dependence
+    "no_grouped_grads": ("loka_trainer.kernels.triton_grads", "ENABLED"),  # a small layer's dx, dW on cuBLAS
 }
 
 

@@ -11,6 +11,7 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   output tiles meet a long K, ``triton_mods.cublas_split_k`` — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
+- ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K).
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity) -> (dz_q, scale_inv, dz)``: the same dz
   quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz kernel also writes the amaxes, one
   cast kernel follows.
@@ -18,7 +19,8 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x, w, u (bf16) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
-directly), the two GEMMs on two CUDA streams (``streams.side_by_side``). Forward modes: ``mods_modes.FORWARD_MODES``.
+directly), the two GEMMs on two CUDA streams (``streams.side_by_side``), or, for a small all-BF16 layer, in one
+launch (``loka::grads_bf16``, ``triton_grads``). Forward modes: ``mods_modes.FORWARD_MODES``.
 
 Fused dgrad (``FUSED_DGRAD``): when the plan's dgrad backend is ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise``
 the layer does not call the backend (dz kernel, then a quantizer reading dz twice: amax, cast) but has the dz
@@ -35,7 +37,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from loka_trainer.kernels import triton_mods
+from loka_trainer.kernels import triton_grads, triton_mods
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
@@ -123,6 +125,20 @@ def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int) -> Tensor:
 @mods_bwd_dz.register_fake
 def _(dh, u, r, block):
     return dh.new_empty(dh.shape, dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("loka::grads_bf16", mutates_args=())
+def grads_bf16(dz: Tensor, x: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """dz (M, N), x (M, K), w (N, K) bf16 -> (dx = dz·W (M, K), dW = dzᵀ·x (N, K)) bf16, one Triton launch
+    (``triton_grads``) or two GEMMs."""
+    if use_triton(dz):
+        return triton_grads.grads(dz, x, w)
+    return dz @ w, dz.t() @ x
+
+
+@grads_bf16.register_fake
+def _(dz, x, w):
+    return x.new_empty(x.shape, dtype=torch.bfloat16), w.new_empty(w.shape, dtype=torch.bfloat16)
 
 
 @torch.no_grad()
@@ -249,13 +265,18 @@ class LinearModsFn(torch.autograd.Function):
         xb, wb, u, r = ctx.saved_tensors
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
+        (M, K), N = xb.shape, wb.shape[0]
         if need_dx and dgrad in FUSED_DGRAD:
             dx_fn, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
         else:
             dz = mods_bwd_dz(dh, u, r, ctx.block)
             dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
-        dw_fn = (lambda: _weight_grad(wgrad, dz, xb)) if need_dw else None
-        dx, dw = side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)
+        if (need_dx and need_dw and dgrad == wgrad == BASELINE and use_triton(dz)
+                and triton_grads.applies(M, K, N)):
+            dx, dw = grads_bf16(dz, xb, wb)  # a small layer: both GEMMs in one launch
+        else:
+            dw_fn = (lambda: _weight_grad(wgrad, dz, xb)) if need_dw else None
+            dx, dw = side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
         dw = dw.to(ctx.dtypes[1]) if dw is not None else None
         return dx, dw, None, None, None, None, None, None, None, None, None
