@@ -1,5 +1,5 @@
 """The grouped backward GEMMs (``triton_grads``) off-GPU: where they apply, what the kernel compiles to for sm90
-(offline: Triton compiles for an H100/H200 target without a GPU), and the layer's backward routing. Numerics:
+(offline: Triton compiles for an H100/H200 target without a GPU). Numerics and the layer's backward routing:
 interp_cases.py (CPU interpreter) and test_triton_grads_gpu.py."""
 from __future__ import annotations
 
