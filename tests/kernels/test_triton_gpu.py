@@ -8,6 +8,7 @@ import torch
 
 from loka_trainer.kernels.mods_ref import fp8_linear_mods_ref, linear_mods_ref, static_fp8_scale
 from loka_trainer.kernels.quant import dequantize, quantize
+from tests.kernels.cuda_graphs import replayed
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("triton") is None
@@ -232,17 +233,5 @@ def test_programmatic_dependent_launch_gives_the_same_step_eager_and_in_a_graph(
     for a, b in zip(with_pdl, without):
         assert torch.equal(a, b)
     monkeypatch.setattr(pdl, "ENABLED", True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    x.grad = w.grad = None
-    with torch.cuda.graph(graph):
-        out = step()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    for a, b in zip(out, without):
+    for a, b in zip(replayed(step), without):
         assert torch.equal(a, b)

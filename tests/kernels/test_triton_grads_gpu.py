@@ -6,6 +6,8 @@ import importlib.util
 import pytest
 import torch
 
+from tests.kernels.cuda_graphs import replayed
+
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("triton") is None
     or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm89+ and triton")
@@ -54,16 +56,5 @@ def test_layer_backward_uses_them_and_matches_cublas_eager_and_in_a_graph(monkey
     for a, b in zip(grouped, cublas):
         assert _rel(a, b) < 1e-2
     monkeypatch.setattr(triton_grads, "ENABLED", True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    for a, b in zip(out, grouped):
+    for a, b in zip(replayed(step), grouped):
         assert torch.equal(a, b)  # same kernels, no atomics: bit-identical
