@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from loka_trainer.kernels import pdl
-from loka_trainer.kernels.triton_quant import interpreting
+from loka_trainer.kernels.triton_quant import fixed_or_autotuned
 
 # False: the two GEMMs always run on cuBLAS (the ``*_no_grouped_grads`` benchmark variants time that side by side)
 ENABLED = True
@@ -53,11 +53,7 @@ def grads(dz: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, config: Optiona
         return (triton.cdiv(M, meta["BM_X"]) * triton.cdiv(K, meta["BK_X"])
                 + triton.cdiv(N, meta["BN_W"]) * triton.cdiv(K, meta["BK_W"]),)
 
-    kernel = _kernel()
-    if config is None and interpreting():  # the interpreter cannot time autotune configs: one small config
-        config = INTERPRETER_CONFIG
-    if config is not None:
-        kernel = kernel.fn
+    kernel, meta = fixed_or_autotuned(_kernel(), config, INTERPRETER_CONFIG)
     kernel[grid](dz, x, w, dx, dw, M, N, K, dz.stride(0), x.stride(0), w.stride(0), dx.stride(0), dw.stride(0),
-                 **pdl.launch_args(dz), **(config or {}))
+                 **pdl.launch_args(dz), **meta)
     return dx, dw

@@ -38,7 +38,7 @@ import torch
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.mods_ref import DEFAULT_BLOCK, DEFAULT_EPS, static_fp8_scale
 from loka_trainer.kernels.quant import EPS
-from loka_trainer.kernels.triton_quant import interpreting
+from loka_trainer.kernels.triton_quant import fixed_or_autotuned
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
@@ -164,11 +164,7 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     sw = w_scale_inv.reshape(-1).float().contiguous() if has_scales else y
     ws = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else y
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block, split_k)
-    meta = {}
-    if config is None and interpreting():  # the interpreter cannot time autotune configs: one small config
-        config = {"BLOCK_M": 16, "BLOCK_K": 32}
-    if config is not None:
-        kernel, meta = kernel.fn, dict(config)
+    kernel, meta = fixed_or_autotuned(kernel, config, {"BLOCK_M": 16, "BLOCK_K": 32})
     kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                  y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                  HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,

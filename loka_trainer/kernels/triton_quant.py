@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from typing import Any, Optional
 
 import torch
 
@@ -37,6 +38,14 @@ def triton_importable() -> bool:
 def interpreting() -> bool:
     """True when Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``): kernels accept CPU tensors."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def fixed_or_autotuned(kernel, config: Optional[dict], interpreter_config: dict) -> tuple[Any, dict]:
+    """(launchable, launch keywords) of a ``triton.autotune``d kernel: ``kernel.fn`` with ``config`` when one is
+    given, or with ``interpreter_config`` under the interpreter (which cannot time configs); else the autotuner."""
+    if config is None and interpreting():
+        config = interpreter_config
+    return (kernel, {}) if config is None else (kernel.fn, dict(config))
 
 
 def use_triton(t: torch.Tensor) -> bool:
