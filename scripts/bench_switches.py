@@ -10,6 +10,8 @@ SWITCHES = {
     "no_split_k": ("loka_trainer.kernels.triton_mods", "CUBLAS_SPLIT_K"),  # the split modes' BF16 GEMM unsplit
     "no_pdl": ("loka_trainer.kernels.pdl", "ENABLED"),  # our kernels launched without programmatic dependence
     "no_grouped_grads": ("loka_trainer.kernels.triton_grads", "ENABLED"),  # a small layer's dx, dW on cuBLAS
+    # the split FP8 forward on cuBLASLt's rowwise-scaled GEMM instead of unit-scale tensorwise + epilogue scales
+    "rowwise_gemm": ("loka_trainer.kernels.mods_ops", "UNIT_SCALE_FP8_GEMM"),
 }
 
 

@@ -38,9 +38,11 @@ FUSED_VARIANTS = {
     "split_fp8_tw_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise"),
     "fused_fp8_dgrad": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise"),  # the fused FP8 forward + FP8 dgrad
     "split_fp8_all": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
-    # the weight grad on tensorwise FP8 (e5m2 dz; two-kernel Triton quantizers of dzᵀ and xᵀ); on the H200 no
-    # faster than split_fp8_all (docs/kernels/README.md, "FP8 weight grad at three shapes")
+    # the weight grad on tensorwise FP8 from the forward's FP8 x, its row scales folded into dz (``wgrad_fold``;
+    # r5's version quantized dzᵀ and xᵀ in separate passes and was no faster than split_fp8_all)
     "split_fp8_dgrad_tw_wgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
+    "split_fp8_tw_grads": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise", wgrad="scaled_mm_tensorwise"),
+    "fused_fp8_dgrad_tw_wgrad": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
 }
 
 # variants also timed with dx and dW computed one after the other (``<name>_serial_grads``; by default
@@ -49,7 +51,8 @@ SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd", "spli
 # bench_switches switch -> the fused variants also timed with it off (``<name>_<switch>``)
 SWITCHED_VARIANTS = {"serial_grads": SERIAL_GRADS_VARIANTS, "no_split_k": ("split_bf16",),
                      "no_pdl": ("split_bf16", "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad"),
-                     "no_grouped_grads": ("split_bf16", "fused_bf16", "fused_fp8_fwd")}
+                     "no_grouped_grads": ("split_bf16", "fused_bf16", "fused_fp8_fwd"),
+                     "rowwise_gemm": ("split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad")}
 COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
 ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
                       *(f"{n}_{switch}" for switch, names in SWITCHED_VARIANTS.items() for n in names))
@@ -57,7 +60,8 @@ ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compi
 # torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
 # the H200 (r10-r15); ``--fig13-variants all`` adds the rest (modes never fastest, the switch-off variants)
 DEFAULT_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", "split_bf16",
-                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad")
+                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad",
+                          "split_fp8_dgrad_tw_wgrad", "split_fp8_tw_grads", "fused_fp8_dgrad_tw_wgrad")
 
 
 def fig13_variant_names(arg: Optional[str]) -> tuple[str, ...]:

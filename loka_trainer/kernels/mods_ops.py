@@ -7,7 +7,8 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 
 - ``loka::quant_rowwise`` (``triton_quant``): rowwise e4m3 quantization in one fused Triton kernel.
 - ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split, write_fp8) -> (h, u, r, q)``: GEMM -> BlockNorm ->
-  HardSwish (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs; a bf16 one split over K where few
+  HardSwish (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs, tensorwise with unit scales and the
+  rowwise scales applied by the epilogue (``UNIT_SCALE_FP8_GEMM``); a bf16 one split over K where few
   output tiles meet a long K, ``triton_mods.cublas_split_k`` — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
@@ -15,9 +16,10 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity) -> (dz_q, scale_inv, dz)``: the same dz
   quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz kernel also writes the amaxes, one
   cast kernel follows.
+- ``loka::wgrad_fold(dz, xq, sx) -> dW`` (``wgrad_fold``): a tensorwise FP8 weight grad reading the forward's FP8 x.
 
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
-mods_fwd, saving x, w, u (bf16) and r (fp32);
+mods_fwd, saving x (or, for a folded weight grad, the FP8 x), w, u (bf16) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
 directly), the two GEMMs on two CUDA streams (``streams.side_by_side``), or, for a small all-BF16 layer, in one
 launch (``loka::grads_bf16``, ``triton_grads``). Forward modes: ``mods_modes.FORWARD_MODES``.
@@ -28,6 +30,10 @@ kernel write the amaxes, so one cast pass reads dz once, and runs ``torch._scale
 cached (K, N) e4m3 weight. The numerics are the backend's exactly (rowwise e4m3, or tensorwise e5m2, of the
 bf16 dz; the backend's e4m3 Wᵀ), so the Dispatch plan's name and its MERE stay valid; only the kernels differ.
 Any other dgrad backend runs unfused.
+
+Folded weight grad (``FUSED_WGRAD``): when the forward is FP8 and the plan's wgrad backend is
+``scaled_mm_tensorwise``, dW comes from the forward's rowwise FP8 x with its row scales folded into dz
+(``wgrad_fold``): no quantization of x in the backward. Its x operand is finer (rowwise) than the backend's.
 """
 from __future__ import annotations
 
@@ -46,8 +52,14 @@ from loka_trainer.kernels.mods_ref import block_norm, hard_swish, quantize_stati
 from loka_trainer.kernels.quant import quantize
 from loka_trainer.kernels.streams import side_by_side
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
+from loka_trainer.kernels.wgrad_fold import unit_scale, wgrad_fold
 
 FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
+# The split FP8 forward's GEMM: True runs cuBLASLt's tensorwise FP8 GEMM with unit scales and has the epilogue
+# kernel apply x's and W's rowwise scales (z = sx·(xq·wqᵀ)·sw, one bf16 rounding either way); on the H200 the
+# tensorwise GEMM was up to 2.2x faster than the rowwise one at the figure-13 shapes (bench_fig13_gemms_gpu).
+# False: torch._scaled_mm with the rowwise scales (the ``*_rowwise_gemm`` benchmark variants).
+UNIT_SCALE_FP8_GEMM = True
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 
 
@@ -76,9 +88,14 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
             k_slices = triton_mods.cublas_split_k_for(x, N, block) if sx is None else 1
             if k_slices > 1:  # (k_slices, M, N) fp32 partials; the epilogue kernel adds them
                 z = triton_mods.cublas_split_k(x, w, k_slices)
+            elif sx is not None and UNIT_SCALE_FP8_GEMM:  # the rowwise scales applied by the epilogue kernel
+                one = unit_scale(x.device)
+                z = scaled_mm_nt(x, one, w, one)  # (M, N) bf16 of the e4m3 products
             else:
                 z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw)  # (M, N) bf16
-            h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8, save=save)
+                sx = sw = None
+            h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8, save=save,
+                                                  row_scale=sx, col_scale=sw)
         else:
             h, u, r, q = triton_mods.fused_forward(x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps,
                                                    write_fp8=write_fp8, save=save)
@@ -191,6 +208,12 @@ FUSED_DGRAD: dict[str, Callable[..., tuple[Callable[[], Tensor], Optional[Tensor
 }
 
 
+# wgrad backend name -> a weight grad of that FP8 format reading the forward's FP8 x (xq, sx) instead of x, for a
+# layer whose forward is FP8: dz (M, N), xq (M, K) e4m3, sx (M, 1) -> dW (N, K) bf16. Its x operand is rowwise
+# (the forward's) where the backend's is tensorwise: ``wgrad_fold``'s docstring gives the numerics.
+FUSED_WGRAD: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {"scaled_mm_tensorwise": wgrad_fold}
+
+
 def _weight_grad(name: str, dz: Tensor, x: Tensor) -> Tensor:
     """dz (M, N), x (M, K) -> dW (N, K) on backend ``name`` (bf16: one cuBLAS GEMM, no casts)."""
     if name == BASELINE:
@@ -210,25 +233,31 @@ def _runnable(name: str, M: int, K: int, N: int) -> str:
     return name if name == BASELINE or get_backend(name).supports(M, K, N) else BASELINE
 
 
-def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cache, x_q: Optional[Tensor],
-                  x_q_scale_inv: float, emit_fp8: bool, *, save: bool,
-                  w_for_cache: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The forward of one Mods layer in ``mode``: xb (M, K), wb (N, K) -> (h, u, r, q) as ``mods_fwd``.
+def _fp8_input(xb: Tensor, x_q: Optional[Tensor], x_q_scale_inv: float) -> tuple[Tensor, Tensor]:
+    """xb (M, K) -> (xq (M, K) e4m3, sx (M, 1) fp32): ``x_q`` handed over by the previous layer at the static
+    scale ``x_q_scale_inv`` (no quantization pass here), else one ``quant_rowwise`` pass."""
+    if x_q is not None:
+        return x_q, torch.full((xb.shape[0], 1), x_q_scale_inv, dtype=torch.float32, device=xb.device)
+    return quant_rowwise(xb.to(torch.bfloat16))
 
-    FP8 forward: x from ``x_q`` (handed over by the previous layer, static scale ``x_q_scale_inv``) or one
-    ``quant_rowwise`` pass; W from ``cache`` (keyed by ``w_for_cache``, the parameter itself, default wb)."""
+
+def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cache, x_q: Optional[Tensor],
+                  x_q_scale_inv: float, emit_fp8: bool, *, save: bool, w_for_cache: Optional[Tensor] = None
+                  ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Optional[tuple[Tensor, Tensor]]]:
+    """The forward of one Mods layer in ``mode``: xb (M, K), wb (N, K) -> ((h, u, r, q) as ``mods_fwd``, the FP8
+    x (xq, sx) of an FP8 forward or None).
+
+    FP8 forward: x from ``_fp8_input``; W from ``cache`` (keyed by ``w_for_cache``, the parameter itself,
+    default wb)."""
     fwd = FORWARD_MODES[mode]
     M = xb.shape[0]
     if not fwd.fp8:
         return mods_fwd(xb.to(torch.bfloat16), wb.to(torch.bfloat16), None, None, block, eps, fwd.split,
-                        emit_fp8, save)
-    if x_q is not None:  # handed over by the previous layer: no quantization pass here
-        xq, sx = x_q, torch.full((M, 1), x_q_scale_inv, dtype=torch.float32, device=xb.device)
-    else:
-        xq, sx = quant_rowwise(xb.to(torch.bfloat16))
+                        emit_fp8, save), None
+    xq, sx = _fp8_input(xb, x_q, x_q_scale_inv)
     wq, sw = cache.get(wb if w_for_cache is None else w_for_cache, FP8_WEIGHT_BACKEND, "forward")
     # torch._scaled_mm needs M % 16 == 0; the fused kernel has no such limit
-    return mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0, emit_fp8, save)
+    return mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0, emit_fp8, save), (xq, sx)
 
 
 class LinearModsFn(torch.autograd.Function):
@@ -246,11 +275,13 @@ class LinearModsFn(torch.autograd.Function):
                 x_q: Optional[Tensor], x_q_scale_inv: float, emit_fp8: bool):
         (M, K), N = x.shape, w.shape[0]
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
-        h, u, r, q = _mods_forward(xb, wb, block, eps, mode, cache, x_q, x_q_scale_inv, emit_fp8, save=True,
-                                   w_for_cache=w)
-        ctx.save_for_backward(xb, wb, u, r)
-        ctx.block, ctx.cache = block, cache
+        (h, u, r, q), x_fp8 = _mods_forward(xb, wb, block, eps, mode, cache, x_q, x_q_scale_inv, emit_fp8,
+                                            save=True, w_for_cache=w)
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
+        # the folded FP8 weight grad reads the forward's FP8 x instead of x (not kept then)
+        fold = x_fp8 is not None and ctx.names[1] in FUSED_WGRAD
+        ctx.save_for_backward(*((None, *x_fp8) if fold else (xb, None, None)), wb, u, r)
+        ctx.block, ctx.cache = block, cache
         ctx.dtypes = (x.dtype, w.dtype)
         ctx.mark_non_differentiable(q)
         # q never gets a gradient: without this autograd passes backward a zero-filled (M, N) e4m3 tensor for
@@ -262,10 +293,10 @@ class LinearModsFn(torch.autograd.Function):
     def backward(ctx, dh, _dq):
         if dh is None:  # h was not used in the loss
             return (None,) * 11
-        xb, wb, u, r = ctx.saved_tensors
+        xb, xq, sx, wb, u, r = ctx.saved_tensors
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        (M, K), N = xb.shape, wb.shape[0]
+        M, (N, K) = u.shape[0], wb.shape
         if need_dx and dgrad in FUSED_DGRAD:
             dx_fn, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
         else:
@@ -275,7 +306,12 @@ class LinearModsFn(torch.autograd.Function):
                 and triton_grads.applies(M, K, N)):
             dx, dw = grads_bf16(dz, xb, wb)  # a small layer: both GEMMs in one launch
         else:
-            dw_fn = (lambda: _weight_grad(wgrad, dz, xb)) if need_dw else None
+            if not need_dw:
+                dw_fn = None
+            elif xq is not None:
+                dw_fn = lambda: FUSED_WGRAD[wgrad](dz, xq, sx)  # noqa: E731
+            else:
+                dw_fn = lambda: _weight_grad(wgrad, dz, xb)  # noqa: E731
             dx, dw = side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
         dw = dw.to(ctx.dtypes[1]) if dw is not None else None
@@ -300,7 +336,8 @@ def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 
     if cache is None:
         cache = WeightCache()
     if not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):  # inference: nothing to save
-        h, _, _, q = _mods_forward(x, w, block, eps, mode, cache, x_fp8, x_fp8_scale_inv, emit_fp8, save=False)
+        (h, _, _, q), _ = _mods_forward(x, w, block, eps, mode, cache, x_fp8, x_fp8_scale_inv, emit_fp8,
+                                        save=False)
     else:
         h, q = LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache, x_fp8, x_fp8_scale_inv, emit_fp8)
     return h, (q if emit_fp8 else None)

@@ -179,9 +179,12 @@ def _rows_per_program(block: int) -> int:
 
 
 def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
-                 write_fp8: bool = False, save: bool = True):
+                 write_fp8: bool = False, save: bool = True, row_scale: Optional[torch.Tensor] = None,
+                 col_scale: Optional[torch.Tensor] = None):
     """z (M, N) (row stride free, unit column stride), or contiguous (S, M, N) partial sums (z = their sum,
-    e.g. ``cublas_split_k``'s) -> (h, u, r, q) as ``fused_forward``."""
+    e.g. ``cublas_split_k``'s) -> (h, u, r, q) as ``fused_forward``. ``row_scale`` (M,)/(M, 1) with
+    ``col_scale`` (N,)/(N, 1) fp32: the epilogue normalizes z·row_scale·col_scale (an FP8 GEMM run with unit
+    scales, its operands' rowwise scales applied here)."""
     splits = 1
     if z.dim() == 3:
         assert z.is_contiguous(), z.stride()
@@ -189,19 +192,24 @@ def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DE
     M, N = z.shape
     assert z.stride(1) == 1 and N % block == 0, (z.stride(), N, block)
     y, u, r, q = _outputs(M, N, block, z.device, write_fp8, save)
-    _launch_norm(z, y, u, r, q, block, eps, write_fp8, save, splits=splits)
+    scales = None if row_scale is None else (row_scale, col_scale)
+    _launch_norm(z, y, u, r, q, block, eps, write_fp8, save, splits=splits, scales=scales)
     return _returned(y, u, r, q, write_fp8, save)
 
 
-def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: bool, splits: int = 1):
-    """The epilogue kernel on z (M, N), or on the sum of ``splits`` contiguous (M, N) slices starting at z."""
+def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: bool, splits: int = 1,
+                 scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+    """The epilogue kernel on z (M, N), or on the sum of ``splits`` contiguous (M, N) slices starting at z;
+    ``scales`` (row (M,), column (N,)) multiply z first."""
     triton, _, kernel, _ = _kernels()
     M, N = z.shape
     rows = _rows_per_program(block)
-    kernel[(triton.cdiv(M, rows), N // block)](z, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0),
-                                               eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
+    sx, sw = (s.reshape(-1).float().contiguous() for s in scales) if scales is not None else (z, z)
+    kernel[(triton.cdiv(M, rows), N // block)](z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0),
+                                               r.stride(0), eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                                                WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLITS=splits,
-                                               BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(z))
+                                               HAS_SCALES=scales is not None, BLOCK_N=block, BLOCK_M=rows,
+                                               **pdl.launch_args(z))
 
 
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:

@@ -73,10 +73,12 @@ def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, w
         tl.store(ws_ptr + pid_k * stride_ws + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask_m[:, None])
 
 @triton.jit
-def norm_fwd_kernel(z_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_zs, stride_ym, stride_rm, eps,
-                    out_scale, FP8_MAX_: tl.constexpr, WRITE_FP8: tl.constexpr, SAVE_FOR_BACKWARD: tl.constexpr,
-                    SPLITS: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    # z = the sum of SPLITS slices z_ptr + s * stride_zs (1: a plain z; > 1: fused_fwd_kernel's split-K partials)
+def norm_fwd_kernel(z_ptr, sx_ptr, sw_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_zs, stride_ym,
+                    stride_rm, eps, out_scale, FP8_MAX_: tl.constexpr, WRITE_FP8: tl.constexpr,
+                    SAVE_FOR_BACKWARD: tl.constexpr, SPLITS: tl.constexpr, HAS_SCALES: tl.constexpr,
+                    PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    # z = the sum of SPLITS slices z_ptr + s * stride_zs (1: a plain z; > 1: fused_fwd_kernel's split-K partials),
+    # times sx (M,) per row and sw (N,) per column if HAS_SCALES (an FP8 GEMM's rowwise scales, applied here)
     pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -86,6 +88,8 @@ def norm_fwd_kernel(z_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_zs, 
     z = tl.load(z_ptrs, mask=mask_m[:, None], other=0.0).to(tl.float32)
     for s in tl.static_range(1, SPLITS):
         z += tl.load(z_ptrs + s * stride_zs, mask=mask_m[:, None], other=0.0)
+    if HAS_SCALES:
+        z = z * tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)[:, None] * tl.load(sw_ptr + offs_n)[None, :]
     _epilogue(z, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm,
               pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD)
 

@@ -54,7 +54,9 @@ def test_backward_dz_fp8_matches_reference(M, N, block, write_bf16, granularity)
 @pytest.mark.parametrize("mode,dgrad,wgrad", [("split_fp8", "bf16", "bf16"),
                                               ("split_fp8", "scaled_mm_rowwise", "bf16"),
                                               ("split_bf16", "scaled_mm_tensorwise", "bf16"),
-                                              ("fused_fp8", "scaled_mm_rowwise", "scaled_mm_rowwise")])
+                                              ("fused_fp8", "scaled_mm_rowwise", "scaled_mm_rowwise"),
+                                              ("split_fp8", "scaled_mm_rowwise", "scaled_mm_tensorwise"),
+                                              ("fused_fp8", "bf16", "scaled_mm_tensorwise")])
 def test_linear_mods_fp8_modes_match_fp32(M, K, N, mode, dgrad, wgrad):
     from loka_trainer.kernels.mods_ops import linear_mods
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -218,7 +220,8 @@ def _assert_two_streams_equal_in_order(step, leaves):
 
 @pytest.mark.parametrize("kw", [dict(mode="split_bf16"), dict(mode="split_fp8", dgrad="scaled_mm_rowwise"),
                                 dict(mode="split_bf16", dgrad="scaled_mm_tensorwise"),
-                                dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise")])
+                                dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
+                                dict(mode="split_fp8", dgrad="scaled_mm_tensorwise", wgrad="scaled_mm_tensorwise")])
 def test_grads_on_two_streams_equal_grads_in_order_also_under_graph_replay(kw):
     from loka_trainer.kernels.linear import WeightCache
     from loka_trainer.kernels.mods_ops import linear_mods
@@ -227,3 +230,18 @@ def test_grads_on_two_streams_equal_grads_in_order_also_under_graph_replay(kw):
     dy = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
     cache = WeightCache()
     _assert_two_streams_equal_in_order(lambda: linear_mods(x, w, cache=cache, **kw).backward(dy), [x, w])
+
+
+@pytest.mark.parametrize("M,N,K", [(1024, 2048, 4096), (1000, 256, 7680), (64, 320, 96)])
+def test_fold_operands_match_reference(M, N, K):
+    from loka_trainer.kernels.quant import quantize_rowwise
+    from loka_trainer.kernels.wgrad_fold import fold_operands, fold_operands_ref
+    dz = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    dz[5] *= 1000.0
+    xq, sx = quantize_rowwise(torch.randn(M, K, device="cuda") * torch.logspace(-2, 2, M, device="cuda")[:, None],
+                              torch.float8_e4m3fn)
+    dzt, s, xqt = fold_operands(dz, xq, sx)
+    dzt_r, s_r, xqt_r = fold_operands_ref(dz, xq, sx)
+    torch.testing.assert_close(s, s_r, rtol=1e-6, atol=0)
+    assert torch.equal(xqt.view(torch.uint8), xqt_r.view(torch.uint8))
+    assert (dzt.view(torch.uint8) != dzt_r.view(torch.uint8)).float().mean() < 1e-3

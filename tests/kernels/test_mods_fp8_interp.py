@@ -78,20 +78,24 @@ def _spy(monkeypatch, module, name: str) -> list:
 @pytest.mark.parametrize("mode,dgrad,wgrad", [("split_fp8", "bf16", "bf16"),
                                               ("split_fp8", "scaled_mm_rowwise", "bf16"),
                                               ("split_bf16", "scaled_mm_tensorwise", "bf16"),
-                                              ("split_bf16", "scaled_mm_rowwise", "scaled_mm_rowwise")])
+                                              ("split_bf16", "scaled_mm_rowwise", "scaled_mm_rowwise"),
+                                              ("split_fp8", "scaled_mm_rowwise", "scaled_mm_tensorwise"),
+                                              ("fused_fp8", "bf16", "scaled_mm_tensorwise")])
 def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, wgrad):
-    from loka_trainer.kernels import triton_mods
-    from loka_trainer.kernels.mods_ops import FUSED_DGRAD, linear_mods
+    from loka_trainer.kernels import triton_mods, wgrad_fold
+    from loka_trainer.kernels.mods_ops import FUSED_DGRAD, FUSED_WGRAD, linear_mods
     from loka_trainer.kernels.mods_ref import linear_mods_ref
     norm_calls = _spy(monkeypatch, triton_mods, "norm_forward")
     fused_dz_calls = _spy(monkeypatch, triton_mods, "backward_dz_fp8")
+    fold_calls = _spy(monkeypatch, wgrad_fold, "fold_operands")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16).requires_grad_()
     w = (torch.randn(N, K, generator=g) / K ** 0.5).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(M, N, generator=g)
     y = linear_mods(x, w, block=B, mode=mode, dgrad=dgrad, wgrad=wgrad)
     y.backward(dy.to(torch.bfloat16))
-    assert len(norm_calls) == 1 and len(fused_dz_calls) == (dgrad in FUSED_DGRAD)
+    assert len(norm_calls) == mode.startswith("split") and len(fused_dz_calls) == (dgrad in FUSED_DGRAD)
+    assert len(fold_calls) == (mode.endswith("fp8") and wgrad in FUSED_WGRAD)
     xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     yr = linear_mods_ref(xr, wr, B)
     yr.backward(dy)
@@ -129,6 +133,42 @@ def test_zero_input_row_gives_zero_output_and_finite_grads(interpret):
     y.float().square().sum().backward()
     assert (y[5].float() == 0).all() and torch.isfinite(y.float()).all()
     assert torch.isfinite(x.grad.float()).all() and torch.isfinite(w.grad.float()).all()
+
+
+@only_interpreted
+@pytest.mark.parametrize("rows, cols, k", [(48, 64, 32), (40, 72, 100)])  # the second: ragged 64x64 tiles
+def test_fold_operands_match_reference(interpret, rows, cols, k):
+    from loka_trainer.kernels.quant import quantize_rowwise
+    from loka_trainer.kernels.wgrad_fold import fold_operands, fold_operands_ref
+    g = torch.Generator().manual_seed(6)
+    dz = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
+    dz[7] *= 300.0  # a large row sets the scale; every tile must see it
+    xq, sx = quantize_rowwise(torch.randn(rows, k, generator=g) * torch.logspace(-2, 2, rows)[:, None],
+                              torch.float8_e4m3fn)
+    dzt, s, xqt = fold_operands(dz, xq, sx)
+    dzt_r, s_r, xqt_r = fold_operands_ref(dz, xq, sx)
+    assert dzt.shape == (cols, rows) and dzt.dtype == dzt_r.dtype and xqt.shape == (k, rows)
+    torch.testing.assert_close(s, s_r, rtol=1e-6, atol=0)
+    assert torch.equal(xqt.view(torch.uint8), xqt_r.view(torch.uint8))  # a copy: bit-exact
+    assert (dzt.float() == dzt_r.float()).float().mean() > 0.9  # the interpreter's fp8 cast (see above)
+    zq, zs, _ = fold_operands(torch.zeros_like(dz), xq, sx)  # all zeros: finite scale, exact zeros
+    assert torch.isfinite(zs) and not zq.float().any()
+
+
+@only_interpreted
+def test_split_fp8_unit_scale_gemm_matches_rowwise_gemm(interpret, monkeypatch):
+    from loka_trainer.kernels import mods_ops
+    from loka_trainer.kernels.quant import quantize_rowwise
+    g = torch.Generator().manual_seed(7)
+    xq, sx = quantize_rowwise(torch.randn(M, K, generator=g) * torch.logspace(-1, 1, M)[:, None],
+                              torch.float8_e4m3fn)
+    wq, sw = quantize_rowwise(torch.randn(N, K, generator=g), torch.float8_e4m3fn)
+    outs = {}
+    for unit in (True, False):
+        monkeypatch.setattr(mods_ops, "UNIT_SCALE_FP8_GEMM", unit)
+        outs[unit] = mods_ops.mods_fwd(xq, wq, sx, sw, B, 1e-6, True)
+    for a, b in zip(outs[True][:3], outs[False][:3]):  # h, u, r: one bf16 rounding of z, before or after scaling
+        assert _rel(a, b) < 1e-2
 
 
 def _mods_stack(mode_first: str, mode_second: str):

@@ -1,0 +1,83 @@
+"""A weight grad on tensorwise FP8 that reuses the forward's rowwise FP8 x: the row scales fold into dz.
+
+Notation: M rows (the weight grad's contraction dim), K in-features, N out-features; dz (M, N) bf16, the forward's
+x ≈ xq · sx with xq (M, K) e4m3 and sx (M, 1) fp32 (``quant_rowwise``, or the previous layer's FP8 output).
+
+    dW[n, k] = Σ_m dz[m, n] · x[m, k] ≈ Σ_m (dz[m, n] · sx[m]) · xq[m, k]
+
+so dW = (dz·sx)ᵀ · xq exactly, with sx moved from x (where it varies along the contraction, which no FP8 GEMM
+can scale) onto dz. dz·sx is then quantized tensorwise e5m2 (one scalar scale) and the GEMM is cuBLASLt's
+tensorwise FP8 one. FP8 GEMMs on Hopper read both operands contiguous along the contraction, so both go in
+transposed: (dz·sx)ᵀ (N, M) and xqᵀ (K, M). The separate transposed quantizers of x and dz cost 15.6 µs at
+(K, N) = (4096, 2048), M = 1024, on the H200 (docs/kernels/README.md, r5), more than the FP8 GEMM saved; here
+x is not re-quantized at all, and one launch writes both transposed operands (after one amax pass over dz·sx).
+
+Numerics against the ``scaled_mm_tensorwise`` backend's weight grad (xᵀ tensorwise e4m3, dzᵀ tensorwise
+e5m2): x keeps the forward's finer rowwise scales, and dz's tensorwise scale covers dz·sx instead of dz
+(``tests/kernels/test_wgrad_fold.py`` compares the two errors).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from loka_trainer.kernels import pdl
+from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
+from loka_trainer.kernels.quant import EPS, quantize_tensorwise
+from loka_trainer.kernels.triton_quant import use_triton
+
+DZ_DTYPE = torch.float8_e5m2  # a gradient operand, as the tensorwise backend's
+BLOCK_R, BLOCK_C = 64, 64  # a transposed store writes 64 contiguous bytes of each output row
+
+
+@functools.lru_cache(maxsize=None)
+def unit_scale(device: torch.device) -> torch.Tensor:
+    """A () fp32 one on ``device`` (xq's scale: its own scales are in dz's operand), made once."""
+    return torch.ones((), dtype=torch.float32, device=device)
+
+
+@torch.no_grad()
+def fold_operands_ref(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dz (M, N), xq (M, K), sx (M, 1) -> (dzt (N, M) e5m2, its scale_inv () fp32, xqt (K, M) e4m3)."""
+    q, s = quantize_tensorwise(dz.float() * sx.reshape(-1, 1), DZ_DTYPE)
+    return q.t().contiguous(), s, xq.t().contiguous()
+
+
+def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``fold_operands_ref`` in two Triton launches (amax of dz·sx, then both transposed writes); the reference
+    off-Triton."""
+    if not use_triton(dz):
+        return fold_operands_ref(dz, xq, sx)
+    import triton
+
+    from loka_trainer.kernels import triton_wgrad_fold_kernels as k
+    (M, N), K = dz.shape, xq.shape[1]
+    dz = dz if dz.stride(1) == 1 else dz.contiguous()
+    sx = sx.reshape(-1).float().contiguous()
+    amax = torch.zeros((), dtype=torch.float32, device=dz.device)
+    dzt = torch.empty((N, M), dtype=DZ_DTYPE, device=dz.device)
+    s = torch.empty((), dtype=torch.float32, device=dz.device)
+    xqt = torch.empty((K, M), dtype=xq.dtype, device=dz.device)
+    dz_tiles = triton.cdiv(M, BLOCK_R) * triton.cdiv(N, BLOCK_C)
+    launch = dict(BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, **pdl.launch_args(dz))
+    k.fold_amax_kernel[(dz_tiles,)](dz, sx, amax, M, N, dz.stride(0), **launch)
+    k.fold_transpose_kernel[(dz_tiles + triton.cdiv(M, BLOCK_R) * triton.cdiv(K, BLOCK_C),)](
+        dz, sx, amax, dzt, s, xq, xqt, M, N, K, dz.stride(0), xq.stride(0),
+        FP8_MAX=torch.finfo(DZ_DTYPE).max, EPS_=EPS, **launch)
+    return dzt, s, xqt
+
+
+@torch.library.custom_op("loka::wgrad_fold", mutates_args=())
+def wgrad_fold(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
+    """dz (M, N) bf16, xq (M, K) e4m3, sx (M, 1) fp32 -> dW = dzᵀ·(xq·sx) (N, K) bf16 on tensorwise FP8 (module
+    docstring); M, K, N % 16 == 0 (``torch._scaled_mm``)."""
+    dzt, s, xqt = fold_operands(dz, xq, sx)
+    return scaled_mm_nt(dzt, s, xqt, unit_scale(dz.device))
+
+
+@wgrad_fold.register_fake
+def _(dz, xq, sx):
+    return dz.new_empty((dz.shape[1], xq.shape[1]), dtype=torch.bfloat16)
