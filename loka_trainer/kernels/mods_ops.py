@@ -13,10 +13,11 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
 - ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K).
-- ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity) -> (dz_q, scale_inv, dz)``: the same dz
-  quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz kernel also writes the amaxes, one
-  cast kernel follows.
-- ``loka::wgrad_fold(dz, xq, sx) -> dW`` (``wgrad_fold``): a tensorwise FP8 weight grad reading the forward's FP8 x.
+- ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity, fold_sx?) -> (dz_q, scale_inv, dz, dzt,
+  s_dzt)``: the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz kernel also writes
+  the amaxes, one cast kernel follows; with ``fold_sx`` also the folded weight grad's dz operand.
+- ``loka::wgrad_fold(dz, xq, sx) -> dW`` (``wgrad_fold``): a tensorwise FP8 weight grad reading the forward's FP8 x;
+  ``loka::wgrad_folded_dz(dzt, s, xq) -> dW`` the same with its dz operand written by ``mods_bwd_dz_fp8``.
 
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x (or, for a folded weight grad, the FP8 x), w, u (bf16) and r (fp32);
@@ -31,9 +32,11 @@ cached (K, N) e4m3 weight. The numerics are the backend's exactly (rowwise e4m3,
 bf16 dz; the backend's e4m3 Wᵀ), so the Dispatch plan's name and its MERE stay valid; only the kernels differ.
 Any other dgrad backend runs unfused.
 
-Folded weight grad (``FUSED_WGRAD``): when the forward is FP8 and the plan's wgrad backend is
+Folded weight grad (``FOLDED_WGRAD``): when the forward is FP8 and the plan's wgrad backend is
 ``scaled_mm_tensorwise``, dW comes from the forward's rowwise FP8 x with its row scales folded into dz
 (``wgrad_fold``): no quantization of x in the backward. Its x operand is finer (rowwise) than the backend's.
+With a fused FP8 dgrad, the dz kernel finds the folded amax and the dgrad's cast kernel (rowwise) or one more
+pass (tensorwise) writes (dz·sx)ᵀ; otherwise ``wgrad_fold`` makes it from the bf16 dz.
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ from loka_trainer.kernels.mods_ref import block_norm, hard_swish, quantize_stati
 from loka_trainer.kernels.quant import quantize
 from loka_trainer.kernels.streams import side_by_side
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
-from loka_trainer.kernels.wgrad_fold import unit_scale, wgrad_fold
+from loka_trainer.kernels.wgrad_fold import DZ_DTYPE, fold_dz_ref, unit_scale, wgrad_fold, wgrad_folded_dz
 
 FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
 # The split FP8 forward's GEMM: True runs cuBLASLt's tensorwise FP8 GEMM with unit scales and has the epilogue
@@ -159,59 +162,69 @@ def _(dz, x, w):
 
 
 @torch.no_grad()
-def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int, granularity: str = "rowwise"
-                          ) -> tuple[Tensor, Tensor, Tensor]:
+def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int, granularity: str = "rowwise",
+                          fold_sx: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Optional[tuple]]:
     """dh (M, N), u (M, N), r (M, NB) -> (dz_q (M, N) fp8, scale_inv fp32 ((M, 1) rowwise, () tensorwise),
-    dz (M, N) bf16)."""
+    dz (M, N) bf16, folded): ``folded`` = (dzt (N, M) e5m2, scale_inv ()) of (dz·fold_sx)ᵀ when ``fold_sx``
+    (M, 1) is given (``wgrad_fold``), else None."""
     dz = mods_backward_ref(dh, u, r, block)
     dz_q, scale_inv = quantize(dz, granularity, triton_mods.DZ_FP8[granularity][0])
-    return dz_q, scale_inv, dz
+    folded = fold_dz_ref(dz, fold_sx) if fold_sx is not None else None
+    return dz_q, scale_inv, dz, folded
 
 
 @torch.library.custom_op("loka::mods_bwd_dz_fp8", mutates_args=())
-def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bool, granularity: str = "rowwise"
-                    ) -> tuple[Tensor, Tensor, Tensor]:
-    """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16) as
-    ``mods_backward_fp8_ref``; dz is an empty (0, N) tensor unless ``write_bf16`` (custom ops cannot return None)."""
+def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bool, granularity: str = "rowwise",
+                    fold_sx: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16, dzt (N, M)
+    e5m2, dzt's scale_inv ()) as ``mods_backward_fp8_ref``; dz is an empty (0, N) tensor unless ``write_bf16``,
+    dzt an empty (0, M) one and its scale 1 unless ``fold_sx`` (custom ops cannot return None)."""
     if granularity not in triton_mods.DZ_FP8:
         raise ValueError(f"mods_bwd_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(triton_mods.DZ_FP8)}")
     if use_triton(dh):
-        dz_q, scale_inv, dz = triton_mods.backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16,
-                                                          granularity=granularity)
+        dz_q, scale_inv, dz, folded = triton_mods.backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16,
+                                                                  granularity=granularity, fold_sx=fold_sx)
     else:
-        dz_q, scale_inv, dz = mods_backward_fp8_ref(dh, u, r, block, granularity)
-    return dz_q, scale_inv, dz if write_bf16 else dh.new_empty((0, dh.shape[1]), dtype=torch.bfloat16)
+        dz_q, scale_inv, dz, folded = mods_backward_fp8_ref(dh, u, r, block, granularity, fold_sx)
+    if folded is None:
+        folded = (dh.new_empty((0, dh.shape[0]), dtype=DZ_DTYPE), dh.new_ones((), dtype=torch.float32))
+    return (dz_q, scale_inv, dz if write_bf16 else dh.new_empty((0, dh.shape[1]), dtype=torch.bfloat16),
+            *folded)
 
 
 @mods_bwd_dz_fp8.register_fake
-def _(dh, u, r, block, write_bf16, granularity="rowwise"):
+def _(dh, u, r, block, write_bf16, granularity="rowwise", fold_sx=None):
     M, N = dh.shape
     dz = dh.new_empty((M if write_bf16 else 0, N), dtype=torch.bfloat16)
     scale_inv = dh.new_empty((M, 1) if granularity == "rowwise" else (), dtype=torch.float32)
-    return dh.new_empty((M, N), dtype=triton_mods.DZ_FP8[granularity][0]), scale_inv, dz
+    dzt = dh.new_empty((N if fold_sx is not None else 0, M), dtype=DZ_DTYPE)
+    return (dh.new_empty((M, N), dtype=triton_mods.DZ_FP8[granularity][0]), scale_inv, dz, dzt,
+            dh.new_empty((), dtype=torch.float32))
 
 
 def _dgrad_fp8(granularity: str, backend: str, dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor,
-               cache: WeightCache, need_dz: bool) -> tuple[Callable[[], Tensor], Optional[Tensor]]:
-    """dh (M, N) -> (dx thunk () -> (M, K) bf16, dz (M, N) bf16 or None): the dz+quantization kernels run now,
-    the GEMM (``torch._scaled_mm`` against Wᵀ (K, N) e4m3, cast once per weight version by ``backend``) when
-    the thunk is called, so the weight grad can run beside it."""
-    dz_q, s_dz, dz = mods_bwd_dz_fp8(dh, u, r, block, need_dz, granularity)
+               cache: WeightCache, need_dz: bool, fold_sx: Optional[Tensor] = None
+               ) -> tuple[Callable[[], Tensor], Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
+    """dh (M, N) -> (dx thunk () -> (M, K) bf16, dz (M, N) bf16 or None, folded or None): the dz+quantization
+    kernels run now, the GEMM (``torch._scaled_mm`` against Wᵀ (K, N) e4m3, cast once per weight version by
+    ``backend``) when the thunk is called, so the weight grad can run beside it. ``fold_sx`` (M, 1): the same
+    kernels also write the folded weight grad's dz operand, ``folded`` = (dzt (N, M) e5m2, scale_inv ())."""
+    dz_q, s_dz, dz, dzt, s_dzt = mods_bwd_dz_fp8(dh, u, r, block, need_dz, granularity, fold_sx)
     wt_q, s_wt = cache.get(w, backend, "input_grad")
-    return (lambda: scaled_mm_nt(dz_q, s_dz, wt_q, s_wt)), (dz if need_dz else None)
+    return ((lambda: scaled_mm_nt(dz_q, s_dz, wt_q, s_wt)), (dz if need_dz else None),
+            ((dzt, s_dzt) if fold_sx is not None else None))
 
 
 # dgrad backend name -> the fused implementation of the same numerics (see the module docstring)
-FUSED_DGRAD: dict[str, Callable[..., tuple[Callable[[], Tensor], Optional[Tensor]]]] = {
+FUSED_DGRAD: dict[str, Callable[..., tuple[Callable[[], Tensor], Optional[Tensor], Optional[tuple]]]] = {
     "scaled_mm_rowwise": functools.partial(_dgrad_fp8, "rowwise", "scaled_mm_rowwise"),
     "scaled_mm_tensorwise": functools.partial(_dgrad_fp8, "tensorwise", "scaled_mm_tensorwise"),
 }
 
-
-# wgrad backend name -> a weight grad of that FP8 format reading the forward's FP8 x (xq, sx) instead of x, for a
-# layer whose forward is FP8: dz (M, N), xq (M, K) e4m3, sx (M, 1) -> dW (N, K) bf16. Its x operand is rowwise
-# (the forward's) where the backend's is tensorwise: ``wgrad_fold``'s docstring gives the numerics.
-FUSED_WGRAD: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {"scaled_mm_tensorwise": wgrad_fold}
+# wgrad backends that a layer with an FP8 forward runs folded (``wgrad_fold``): from the forward's FP8 x (xq, sx)
+# instead of x, x's row scales folded into dz. Its x operand is rowwise (the forward's) where the backend's is
+# tensorwise: ``wgrad_fold``'s docstring gives the numerics.
+FOLDED_WGRAD = frozenset({"scaled_mm_tensorwise"})
 
 
 def _weight_grad(name: str, dz: Tensor, x: Tensor) -> Tensor:
@@ -279,7 +292,7 @@ class LinearModsFn(torch.autograd.Function):
                                             save=True, w_for_cache=w)
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
         # the folded FP8 weight grad reads the forward's FP8 x instead of x (not kept then)
-        fold = x_fp8 is not None and ctx.names[1] in FUSED_WGRAD
+        fold = x_fp8 is not None and ctx.names[1] in FOLDED_WGRAD
         ctx.save_for_backward(*((None, *x_fp8) if fold else (xb, None, None)), wb, u, r)
         ctx.block, ctx.cache = block, cache
         ctx.dtypes = (x.dtype, w.dtype)
@@ -297,8 +310,11 @@ class LinearModsFn(torch.autograd.Function):
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
         M, (N, K) = u.shape[0], wb.shape
+        folded = None  # the folded weight grad's dz operand, when the dz kernels wrote it
         if need_dx and dgrad in FUSED_DGRAD:
-            dx_fn, dz = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw)
+            fold_sx = sx if need_dw and xq is not None else None
+            dx_fn, dz, folded = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw and fold_sx is None,
+                                                   fold_sx)
         else:
             dz = mods_bwd_dz(dh, u, r, ctx.block)
             dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
@@ -308,8 +324,10 @@ class LinearModsFn(torch.autograd.Function):
         else:
             if not need_dw:
                 dw_fn = None
+            elif folded is not None:
+                dw_fn = lambda: wgrad_folded_dz(*folded, xq)  # noqa: E731
             elif xq is not None:
-                dw_fn = lambda: FUSED_WGRAD[wgrad](dz, xq, sx)  # noqa: E731
+                dw_fn = lambda: wgrad_fold(dz, xq, sx)  # noqa: E731
             else:
                 dw_fn = lambda: _weight_grad(wgrad, dz, xb)  # noqa: E731
             dx, dw = side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)

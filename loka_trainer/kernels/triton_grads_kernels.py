@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from loka_trainer.kernels.pdl_kernels import pdl_start
+from loka_trainer.kernels.triton_autotune import graph_replay_bench
 
 
 @triton.jit
@@ -40,7 +41,7 @@ configs = [triton.Config(dict(BM_X=a, BK_X=b, BR_X=c, BN_W=d, BK_W=e, BR_W=f), n
                                           (32, 128, 64, 32, 64, 64, 4, 4)]]
 
 
-@triton.autotune(configs=configs, key=["M", "N", "K"])
+@triton.autotune(configs=configs, key=["M", "N", "K"], do_bench=graph_replay_bench)
 @triton.jit
 def grads_kernel(dz_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, M, N, K, stride_dzm, stride_xm, stride_wn, stride_dxm,
                  stride_dwn, PDL: tl.constexpr, BM_X: tl.constexpr, BK_X: tl.constexpr, BR_X: tl.constexpr,

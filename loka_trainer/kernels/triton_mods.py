@@ -212,6 +212,23 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
                                                **pdl.launch_args(z))
 
 
+def _launch_dz(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, amax=None, amax_mode: int = 0,
+               fold: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+    """The dz kernel: dz (M, N) from dy, u, r; ``amax_mode`` as bwd_dz_kernel's AMAX into ``amax``; ``fold``
+    (sx (M,) fp32, fold_amax () fp32): also max |dz·sx| into fold_amax."""
+    sx, fold_amax = fold if fold is not None else (dz, dz)
+    dz_kernel[grid](dy, u, r, dz, amax if amax is not None else dz, sx, fold_amax, dy.shape[0], dy.stride(0),
+                    u.stride(0), r.stride(0), dz.stride(0), amax.stride(0) if amax_mode == 1 else 0,
+                    AMAX=amax_mode, FOLD=fold is not None, BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(dy))
+
+
+def _fold_inputs(fold_sx: Optional[torch.Tensor], device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(sx (M,) fp32 contiguous, a zeroed () fp32 amax) for a folded weight grad, or None."""
+    if fold_sx is None:
+        return None
+    return fold_sx.reshape(-1).float().contiguous(), torch.zeros((), dtype=torch.float32, device=device)
+
+
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:
     """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16 (the gradient w.r.t. z = x·Wᵀ)."""
     triton, _, _, kernel = _kernels()
@@ -219,36 +236,49 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
     rows = _rows_per_program(block)
-    kernel[(triton.cdiv(M, rows), N // block)](dy, u, r, dz, dz, M, dy.stride(0), u.stride(0), r.stride(0),
-                                               dz.stride(0), 0, AMAX=0, BLOCK_N=block, BLOCK_M=rows,
-                                               **pdl.launch_args(dy))
+    _launch_dz(kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows)
     return dz
 
 
-def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int):
-    """dz kernel writing each (row, block) amax, then one cast kernel (row amax from that small buffer)."""
+FOLD_ROWS = 64  # the rowwise cast kernel's rows per program when it also writes (dz·sx)ᵀ: 64-byte runs of it
+
+
+def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, fold_sx=None):
+    """dz kernel writing each (row, block) amax, then one cast kernel (row amax from that small buffer); with
+    ``fold_sx`` the cast kernel also writes the folded weight grad's (dz·sx)ᵀ e5m2 (wgrad_fold)."""
+    from loka_trainer.kernels.wgrad_fold import DZ_DTYPE
     triton = _kernels()[0]
     M, N = dy.shape
     nb = N // block
     amax = torch.empty((M, nb), dtype=torch.float32, device=dy.device)
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=dy.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=dy.device)
-    pdl_args = pdl.launch_args(dy)
-    dz_kernel[grid](dy, u, r, dz, amax, M, dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0),
-                    AMAX=1, BLOCK_N=block, BLOCK_M=rows, **pdl_args)
-    _quant_kernel()[grid](dz, amax, q, s, M, nb, dz.stride(0), amax.stride(0), q.stride(0), FP8_MAX_=FP8_MAX,
-                          EPS_=EPS, NB_P2=triton.next_power_of_2(nb), BLOCK_N=block, BLOCK_M=rows,
-                          **pdl_args)
-    return q, s
+    fold = _fold_inputs(fold_sx, dy.device)
+    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, amax, 1, fold)
+    if fold is None:
+        sx, fold_amax, qt, st, q_rows = dz, dz, q, s, rows
+    else:
+        (sx, fold_amax), q_rows = fold, FOLD_ROWS
+        qt = torch.empty((N, M), dtype=DZ_DTYPE, device=dy.device)
+        st = torch.empty((), dtype=torch.float32, device=dy.device)
+    _quant_kernel()[(triton.cdiv(M, q_rows), nb)](
+        dz, amax, q, s, sx, fold_amax, qt, st, M, nb, dz.stride(0), amax.stride(0), q.stride(0), FP8_MAX_=FP8_MAX,
+        EPS_=EPS, NB_P2=triton.next_power_of_2(nb), FOLD=fold is not None,
+        FOLD_FP8_MAX=float(torch.finfo(DZ_DTYPE).max), BLOCK_N=block, BLOCK_M=q_rows,
+        num_warps=8 if fold is not None else 4, **pdl.launch_args(dy))
+    return q, s, (qt, st) if fold is not None else None
 
 
-def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int):
-    """dz kernel with one atomic max over all its tiles, then the tensorwise cast pass (reads dz once)."""
+def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, fold_sx=None):
+    """dz kernel with one atomic max over all its tiles, then the tensorwise cast pass (reads dz once); with
+    ``fold_sx`` the dz kernel also finds max |dz·sx| and one more pass writes (dz·sx)ᵀ (wgrad_fold)."""
     from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
+    from loka_trainer.kernels.wgrad_fold import fold_dz_with_amax
     amax = torch.zeros((), dtype=torch.float32, device=dy.device)
-    dz_kernel[grid](dy, u, r, dz, amax, dy.shape[0], dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), 0,
-                    AMAX=2, BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(dy))
-    return cast_with_amax(dz, amax, torch.float8_e5m2)
+    fold = _fold_inputs(fold_sx, dy.device)
+    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, amax, 2, fold)
+    q, s = cast_with_amax(dz, amax, torch.float8_e5m2)
+    return q, s, (fold_dz_with_amax(dz, *fold) if fold is not None else None)
 
 
 # granularity -> (fp8 dtype, launcher): the numerics of the torch._scaled_mm backend of that granularity for a
@@ -260,15 +290,18 @@ DZ_FP8 = {
 
 
 def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK,
-                    write_bf16: bool = True, granularity: str = "rowwise"):
-    """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16 or None):
-    dz as ``backward_dz``, quantized exactly as ``quant.quantize(dz_bf16, granularity, DZ_FP8[granularity][0])``:
-    rowwise e4m3 with scale_inv (M, 1), or tensorwise e5m2 with scale_inv () (``mods_ops.mods_bwd_dz_fp8``
-    validates ``granularity``)."""
+                    write_bf16: bool = True, granularity: str = "rowwise", fold_sx: Optional[torch.Tensor] = None):
+    """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16 or None,
+    folded or None): dz as ``backward_dz``, quantized exactly as ``quant.quantize(dz_bf16, granularity,
+    DZ_FP8[granularity][0])``: rowwise e4m3 with scale_inv (M, 1), or tensorwise e5m2 with scale_inv ()
+    (``mods_ops.mods_bwd_dz_fp8`` validates ``granularity``). ``fold_sx`` (M, 1) fp32, the forward's row scales of
+    x: also ``folded`` = (dzt (N, M) e5m2, scale_inv ()), the folded weight grad's dz operand
+    (``wgrad_fold.fold_operands_ref``'s first two)."""
     triton, _, _, dz_kernel = _kernels()
     M, N = dy.shape
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)  # written either way: the cast reads it
     rows = _rows_per_program(block)
-    q, s = DZ_FP8[granularity][1](dz_kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows)
-    return q, s, (dz if write_bf16 else None)
+    q, s, folded = DZ_FP8[granularity][1](dz_kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
+                                          fold_sx)
+    return q, s, (dz if write_bf16 else None), folded

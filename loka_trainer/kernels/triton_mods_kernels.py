@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from loka_trainer.kernels.pdl_kernels import pdl_start
+from loka_trainer.kernels.triton_autotune import graph_replay_bench
 
 
 @triton.jit
@@ -32,7 +33,8 @@ configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages
            for bm, bk, w, s in [(64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 4),
                                 (32, 64, 4, 4), (32, 128, 4, 3), (16, 128, 4, 4), (16, 256, 4, 3)]]
 
-@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"])
+@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"],
+                 do_bench=graph_replay_bench)
 @triton.jit
 def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, ws_ptr, M, N, K,
                      stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_rm, stride_ws, eps, out_scale,
@@ -107,10 +109,11 @@ def _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride
     return r[:, None] * (g - u * mean_gu[:, None])
 
 @triton.jit
-def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, M, stride_dym, stride_um, stride_rm, stride_dzm,
-                  stride_am, AMAX: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_M: tl.constexpr):
-    # AMAX: 0 none, 1 each (row, block) amax into amax_ptr (M, NB), 2 one atomic max into the scalar amax_ptr
+def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, sx_ptr, fold_amax_ptr, M, stride_dym, stride_um,
+                  stride_rm, stride_dzm, stride_am, AMAX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    # AMAX: 0 none, 1 each (row, block) amax into amax_ptr (M, NB), 2 one atomic max into the scalar amax_ptr;
+    # FOLD: also max |dz·sx| (sx (M,) fp32) into the scalar fold_amax_ptr (the folded weight grad's, wgrad_fold)
     pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -124,13 +127,19 @@ def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, M, stride_dym, stride_
         tl.store(amax_ptr + offs_m * stride_am + pid_n, tl.max(tl.abs(dz.to(tl.float32)), axis=1), mask=mask_m)
     if AMAX == 2:
         tl.atomic_max(amax_ptr, tl.max(tl.abs(dz.to(tl.float32))))  # a max: exact in any order
+    if FOLD:
+        sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
+        tl.atomic_max(fold_amax_ptr, tl.max(tl.abs(dz.to(tl.float32) * sx[:, None])))
 
 @triton.jit
-def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, M, NB, stride_dzm, stride_am, stride_qm,
-                      FP8_MAX_: tl.constexpr, EPS_: tl.constexpr, NB_P2: tl.constexpr, PDL: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, sx_ptr, fold_amax_ptr, qt_ptr, st_ptr, M, NB, stride_dzm,
+                      stride_am, stride_qm, FP8_MAX_: tl.constexpr, EPS_: tl.constexpr, NB_P2: tl.constexpr,
+                      FOLD: tl.constexpr, FOLD_FP8_MAX: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
     # Row amax from the (M, NB) per-block amaxes bwd_dz_kernel wrote: no pass over dz to find it, so this
     # kernel reads dz once and is as parallel (rows x blocks) as the dz kernel.
+    # FOLD: also qt (N, M) = (dz·sx)ᵀ cast at the tensorwise scale of fold_amax (the folded weight grad's dz
+    # operand, wgrad_fold), its scale_inv into st_ptr, from the same read of dz.
     pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -147,3 +156,10 @@ def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, M, NB, stride_dzm, stride_
     tl.store(q_ptr + offs_m[:, None] * stride_qm + offs_n[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     if pid_n == 0:
         tl.store(s_ptr + offs_m, 1.0 / scale, mask=mask_m)
+    if FOLD:
+        scale_t = FOLD_FP8_MAX / tl.minimum(tl.maximum(tl.load(fold_amax_ptr), EPS_), 3.4028234663852886e38)
+        v = dz * tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
+        qt = tl.minimum(tl.maximum(v * scale_t, -FOLD_FP8_MAX), FOLD_FP8_MAX)
+        tl.store(qt_ptr + offs_n[None, :] * M + offs_m[:, None], qt.to(qt_ptr.dtype.element_ty), mask=mask)
+        if (pid_m == 0) & (pid_n == 0):
+            tl.store(st_ptr, 1.0 / scale_t)

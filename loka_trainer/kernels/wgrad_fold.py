@@ -19,6 +19,7 @@ e5m2): x keeps the forward's finer rowwise scales, and dz's tensorwise scale cov
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
@@ -38,11 +39,56 @@ def unit_scale(device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
+def fold_dz_ref(dz: torch.Tensor, sx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dz (M, N), sx (M, 1) -> (dzt (N, M) e5m2 = (dz·sx)ᵀ quantized tensorwise, its scale_inv () fp32)."""
+    q, s = quantize_tensorwise(dz.float() * sx.reshape(-1, 1), DZ_DTYPE)
+    return q.t().contiguous(), s
+
+
 def fold_operands_ref(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dz (M, N), xq (M, K), sx (M, 1) -> (dzt (N, M) e5m2, its scale_inv () fp32, xqt (K, M) e4m3)."""
-    q, s = quantize_tensorwise(dz.float() * sx.reshape(-1, 1), DZ_DTYPE)
-    return q.t().contiguous(), s, xq.t().contiguous()
+    return (*fold_dz_ref(dz, sx), xq.t().contiguous())
+
+
+def _launch_fold_transpose(dz: Optional[torch.Tensor], sx: Optional[torch.Tensor], amax: Optional[torch.Tensor],
+                           xq: Optional[torch.Tensor]) -> tuple:
+    """One ``fold_transpose_kernel`` launch writing (dzt, s) from dz (M, N), sx, amax (when dz is given) and
+    xqt from xq (M, K) (when xq is given): ((dzt, s) or None, xqt or None)."""
+    import triton
+
+    from loka_trainer.kernels import triton_wgrad_fold_kernels as k
+    ref = dz if dz is not None else xq
+    M, dev = ref.shape[0], ref.device
+    N, K = (dz.shape[1] if dz is not None else 0), (xq.shape[1] if xq is not None else 0)
+    s = torch.empty((), dtype=torch.float32, device=dev)  # also stands in for the pointers not used
+    dzt = torch.empty((N, M), dtype=DZ_DTYPE, device=dev) if dz is not None else None
+    xqt = torch.empty((K, M), dtype=xq.dtype, device=dev) if xq is not None else None
+    tiles = triton.cdiv(M, BLOCK_R) * (triton.cdiv(N, BLOCK_C) + triton.cdiv(K, BLOCK_C))
+    given = lambda t: t if t is not None else s  # noqa: E731
+    k.fold_transpose_kernel[(tiles,)](
+        given(dz), given(sx), given(amax), given(dzt), s, given(xq), given(xqt), M, N, K,
+        dz.stride(0) if dz is not None else 0,
+        xq.stride(0) if xq is not None else 0, FP8_MAX=torch.finfo(DZ_DTYPE).max, EPS_=EPS, BLOCK_R=BLOCK_R,
+        BLOCK_C=BLOCK_C, **pdl.launch_args(ref))
+    return ((dzt, s) if dz is not None else None), xqt
+
+
+def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def fold_dz_with_amax(dz: torch.Tensor, sx: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dz (M, N) bf16, sx (M,)/(M, 1) fp32, amax () fp32 = max |dz·sx| (found by the kernel that wrote dz) ->
+    (dzt (N, M) e5m2, scale_inv ()): ``fold_operands_ref``'s first two (Triton)."""
+    return _launch_fold_transpose(_rows_contiguous(dz), sx.reshape(-1).float().contiguous(), amax, None)[0]
+
+
+def transpose_fp8(xq: torch.Tensor) -> torch.Tensor:
+    """xq (M, K) fp8 -> xqᵀ (K, M) contiguous (Triton; ``.t().contiguous()`` off-Triton)."""
+    if not use_triton(xq):
+        return xq.t().contiguous()
+    return _launch_fold_transpose(None, None, None, _rows_contiguous(xq))[1]
 
 
 def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
@@ -54,19 +100,12 @@ def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
     import triton
 
     from loka_trainer.kernels import triton_wgrad_fold_kernels as k
-    (M, N), K = dz.shape, xq.shape[1]
-    dz = dz if dz.stride(1) == 1 else dz.contiguous()
-    sx = sx.reshape(-1).float().contiguous()
+    M, N = dz.shape
+    dz, sx = _rows_contiguous(dz), sx.reshape(-1).float().contiguous()
     amax = torch.zeros((), dtype=torch.float32, device=dz.device)
-    dzt = torch.empty((N, M), dtype=DZ_DTYPE, device=dz.device)
-    s = torch.empty((), dtype=torch.float32, device=dz.device)
-    xqt = torch.empty((K, M), dtype=xq.dtype, device=dz.device)
-    dz_tiles = triton.cdiv(M, BLOCK_R) * triton.cdiv(N, BLOCK_C)
-    launch = dict(BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, **pdl.launch_args(dz))
-    k.fold_amax_kernel[(dz_tiles,)](dz, sx, amax, M, N, dz.stride(0), **launch)
-    k.fold_transpose_kernel[(dz_tiles + triton.cdiv(M, BLOCK_R) * triton.cdiv(K, BLOCK_C),)](
-        dz, sx, amax, dzt, s, xq, xqt, M, N, K, dz.stride(0), xq.stride(0),
-        FP8_MAX=torch.finfo(DZ_DTYPE).max, EPS_=EPS, **launch)
+    k.fold_amax_kernel[(triton.cdiv(M, BLOCK_R) * triton.cdiv(N, BLOCK_C),)](
+        dz, sx, amax, M, N, dz.stride(0), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, **pdl.launch_args(dz))
+    (dzt, s), xqt = _launch_fold_transpose(dz, sx, amax, _rows_contiguous(xq))
     return dzt, s, xqt
 
 
@@ -81,3 +120,15 @@ def wgrad_fold(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor) -> torch.Te
 @wgrad_fold.register_fake
 def _(dz, xq, sx):
     return dz.new_empty((dz.shape[1], xq.shape[1]), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("loka::wgrad_folded_dz", mutates_args=())
+def wgrad_folded_dz(dzt: torch.Tensor, s: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+    """dzt (N, M) e5m2 = (dz·sx)ᵀ at scale_inv s () (written by the dz kernels, ``triton_mods.backward_dz_fp8``),
+    xq (M, K) e4m3 -> dW (N, K) bf16: ``wgrad_fold`` with its dz operand already made."""
+    return scaled_mm_nt(dzt, s, transpose_fp8(xq), unit_scale(dzt.device))
+
+
+@wgrad_folded_dz.register_fake
+def _(dzt, s, xq):
+    return dzt.new_empty((dzt.shape[0], xq.shape[1]), dtype=torch.bfloat16)

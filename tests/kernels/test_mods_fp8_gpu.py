@@ -38,8 +38,12 @@ def test_backward_dz_fp8_matches_reference(M, N, block, write_bf16, granularity)
     from loka_trainer.kernels.mods_ops import mods_backward_fp8_ref
     from loka_trainer.kernels.triton_mods import backward_dz_fp8
     dh, u, r = _du(M, N, block)
-    q, s, dz = backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16, granularity=granularity)
-    qr, sr, dzr = mods_backward_fp8_ref(dh, u, r, block, granularity)
+    sx = torch.logspace(-2, 2, M, device="cuda")[:, None]  # the forward's row scales of x (folded weight grad)
+    q, s, dz, (dzt, st) = backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16, granularity=granularity,
+                                          fold_sx=sx)
+    qr, sr, dzr, (dzt_r, st_r) = mods_backward_fp8_ref(dh, u, r, block, granularity, sx)
+    torch.testing.assert_close(st, st_r, rtol=1e-2, atol=0)
+    assert (dzt.float() != dzt_r.float()).float().mean() < 1e-2
     assert q.dtype == qr.dtype and s.shape == sr.shape
     torch.testing.assert_close(s, sr, rtol=1e-2, atol=0)  # dz's bf16 rounding may differ by an ulp
     assert (q.float() != qr.float()).float().mean() < 1e-2
@@ -80,7 +84,7 @@ def test_fused_dgrad_equals_unfused_backend(backend):
     dh, u, r = _du(1024, 2048, 256)
     w = (torch.randn(2048, 512, device="cuda") / 512 ** 0.5).to(torch.bfloat16)
     cache = WeightCache()
-    dx_fn, dz = FUSED_DGRAD[backend](dh, u, r, 256, w, cache, True)
+    dx_fn, dz, _ = FUSED_DGRAD[backend](dh, u, r, 256, w, cache, True)
     dx = dx_fn()
     be = get_backend(backend)
     ref = be.input_grad(mods_bwd_dz(dh, u, r, 256), w, wt_q=cache.get(w, backend, "input_grad"))

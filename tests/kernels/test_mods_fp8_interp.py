@@ -53,8 +53,13 @@ def test_backward_dz_fp8_matches_reference(interpret, write_bf16, granularity):
     from loka_trainer.kernels.triton_mods import _rows_per_program, backward_dz_fp8
     rows = 3 * _rows_per_program(B) - 5  # the last row tile is partly masked
     dh, u, r = _dh_u_r(rows)
-    q, s, dz = backward_dz_fp8(dh, u, r, block=B, write_bf16=write_bf16, granularity=granularity)
-    qr, sr, dzr = mods_backward_fp8_ref(dh, u, r, B, granularity)
+    sx = torch.logspace(-2, 2, rows)[:, None]  # the forward's row scales of x, for the folded weight grad
+    q, s, dz, (dzt, st) = backward_dz_fp8(dh, u, r, block=B, write_bf16=write_bf16, granularity=granularity,
+                                          fold_sx=sx)
+    qr, sr, dzr, (dzt_r, st_r) = mods_backward_fp8_ref(dh, u, r, B, granularity, sx)
+    assert dzt.shape == (N, rows) and dzt.dtype == dzt_r.dtype
+    torch.testing.assert_close(st, st_r, rtol=1e-2, atol=0)
+    assert (dzt.float() == dzt_r.float()).float().mean() > 0.9
     assert q.dtype == qr.dtype and q.shape == (rows, N) and s.shape == sr.shape
     torch.testing.assert_close(s, sr, rtol=1e-2, atol=0)  # dz's bf16 rounding may differ by an ulp
     assert torch.isfinite(s).all() and (q[3].float() == 0).all()
@@ -83,11 +88,11 @@ def _spy(monkeypatch, module, name: str) -> list:
                                               ("fused_fp8", "bf16", "scaled_mm_tensorwise")])
 def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, wgrad):
     from loka_trainer.kernels import triton_mods, wgrad_fold
-    from loka_trainer.kernels.mods_ops import FUSED_DGRAD, FUSED_WGRAD, linear_mods
+    from loka_trainer.kernels.mods_ops import FOLDED_WGRAD, FUSED_DGRAD, linear_mods
     from loka_trainer.kernels.mods_ref import linear_mods_ref
     norm_calls = _spy(monkeypatch, triton_mods, "norm_forward")
     fused_dz_calls = _spy(monkeypatch, triton_mods, "backward_dz_fp8")
-    fold_calls = _spy(monkeypatch, wgrad_fold, "fold_operands")
+    fold_calls = _spy(monkeypatch, wgrad_fold, "scaled_mm_nt")  # the folded weight grad's GEMM
     g = torch.Generator().manual_seed(1)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16).requires_grad_()
     w = (torch.randn(N, K, generator=g) / K ** 0.5).to(torch.bfloat16).requires_grad_()
@@ -95,7 +100,7 @@ def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, w
     y = linear_mods(x, w, block=B, mode=mode, dgrad=dgrad, wgrad=wgrad)
     y.backward(dy.to(torch.bfloat16))
     assert len(norm_calls) == mode.startswith("split") and len(fused_dz_calls) == (dgrad in FUSED_DGRAD)
-    assert len(fold_calls) == (mode.endswith("fp8") and wgrad in FUSED_WGRAD)
+    assert len(fold_calls) == (mode.endswith("fp8") and wgrad in FOLDED_WGRAD)
     xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
     yr = linear_mods_ref(xr, wr, B)
     yr.backward(dy)
@@ -113,7 +118,7 @@ def test_fused_dgrad_equals_unfused_backend(interpret, backend):
     dh, u, r = _dh_u_r(M, seed=2)
     w = (torch.randn(N, K, generator=torch.Generator().manual_seed(3)) / K ** 0.5).to(torch.bfloat16)
     cache = WeightCache()
-    dx_fn, dz = FUSED_DGRAD[backend](dh, u, r, B, w, cache, True)
+    dx_fn, dz, _ = FUSED_DGRAD[backend](dh, u, r, B, w, cache, True)
     dx = dx_fn()
     dz_ref = mods_bwd_dz(dh, u, r, B)
     ref = get_backend(backend).input_grad(dz_ref, w, wt_q=cache.get(w, backend, "input_grad"))

@@ -69,14 +69,17 @@ def test_ragged_batch_falls_back_from_fp8_gemms():
     torch.testing.assert_close(w.grad, w2.grad)
 
 
+@pytest.mark.parametrize("fold", [False, True])
 @pytest.mark.parametrize("write_bf16", [True, False])
 @pytest.mark.parametrize("granularity,dtype", [("rowwise", torch.float8_e4m3fn), ("tensorwise", torch.float8_e5m2)])
-def test_bwd_dz_fp8_op_is_the_quantized_dz(write_bf16, granularity, dtype):
+def test_bwd_dz_fp8_op_is_the_quantized_dz(write_bf16, granularity, dtype, fold):
+    from loka_trainer.kernels.wgrad_fold import fold_dz_ref
     g = torch.Generator().manual_seed(1)
     _, u, r = mods_forward_ref(torch.randn(32, 128, generator=g), 64, 1e-6)
     dh = torch.randn(32, 128, generator=g).to(torch.bfloat16)
     dh[2] = 0.0
-    q, s, dz = mods_bwd_dz_fp8(dh, u, r, 64, write_bf16, granularity)
+    sx = torch.rand(32, 1, generator=g) + 0.01 if fold else None
+    q, s, dz, dzt, s_dzt = mods_bwd_dz_fp8(dh, u, r, 64, write_bf16, granularity, sx)
     dz_ref = mods_backward_ref(dh, u, r, 64)
     qr, sr = quantize(dz_ref, granularity, dtype)
     assert q.dtype == dtype and s.shape == sr.shape
@@ -86,7 +89,13 @@ def test_bwd_dz_fp8_op_is_the_quantized_dz(write_bf16, granularity, dtype):
     assert dz.shape == ((32, 128) if write_bf16 else (0, 128))
     if write_bf16:
         torch.testing.assert_close(dz, dz_ref)
-    torch.library.opcheck(mods_bwd_dz_fp8, (dh, u, r, 64, write_bf16, granularity))  # fake impl agrees
+    if fold:  # the folded weight grad's dz operand, (dz·sx)ᵀ e5m2
+        dzt_r, s_r = fold_dz_ref(dz_ref, sx)
+        torch.testing.assert_close(s_dzt, s_r)
+        torch.testing.assert_close(dzt.float(), dzt_r.float())
+    else:
+        assert dzt.shape == (0, 32)
+    torch.library.opcheck(mods_bwd_dz_fp8, (dh, u, r, 64, write_bf16, granularity, sx))  # fake impl agrees
 
 
 def test_bwd_dz_fp8_op_rejects_an_unknown_granularity():
