@@ -60,8 +60,7 @@ ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compi
 # torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
 # the H200 (r10-r15); ``--fig13-variants all`` adds the rest (modes never fastest, the switch-off variants)
 DEFAULT_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", "split_bf16",
-                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad",
-                          "split_fp8_dgrad_tw_wgrad", "split_fp8_tw_grads", "fused_fp8_dgrad_tw_wgrad")
+                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad")
 
 
 def fig13_variant_names(arg: Optional[str]) -> tuple[str, ...]:

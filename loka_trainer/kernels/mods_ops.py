@@ -178,7 +178,7 @@ def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bo
                     fold_sx: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16, dzt (N, M)
     e5m2, dzt's scale_inv ()) as ``mods_backward_fp8_ref``; dz is an empty (0, N) tensor unless ``write_bf16``,
-    dzt an empty (0, M) one and its scale 1 unless ``fold_sx`` (custom ops cannot return None)."""
+    dzt an empty (0, M) one and its scale an empty (0,) one unless ``fold_sx`` (custom ops cannot return None)."""
     if granularity not in triton_mods.DZ_FP8:
         raise ValueError(f"mods_bwd_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(triton_mods.DZ_FP8)}")
     if use_triton(dh):
@@ -187,7 +187,8 @@ def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bo
     else:
         dz_q, scale_inv, dz, folded = mods_backward_fp8_ref(dh, u, r, block, granularity, fold_sx)
     if folded is None:
-        folded = (dh.new_empty((0, dh.shape[0]), dtype=DZ_DTYPE), dh.new_ones((), dtype=torch.float32))
+        # NOTE: empty, not a filled scalar: a fill is one more kernel in every FP8 dgrad step
+        folded = (dh.new_empty((0, dh.shape[0]), dtype=DZ_DTYPE), dh.new_empty((0,), dtype=torch.float32))
     return (dz_q, scale_inv, dz if write_bf16 else dh.new_empty((0, dh.shape[1]), dtype=torch.bfloat16),
             *folded)
 
@@ -199,7 +200,7 @@ def _(dh, u, r, block, write_bf16, granularity="rowwise", fold_sx=None):
     scale_inv = dh.new_empty((M, 1) if granularity == "rowwise" else (), dtype=torch.float32)
     dzt = dh.new_empty((N if fold_sx is not None else 0, M), dtype=DZ_DTYPE)
     return (dh.new_empty((M, N), dtype=triton_mods.DZ_FP8[granularity][0]), scale_inv, dz, dzt,
-            dh.new_empty((), dtype=torch.float32))
+            dh.new_empty(() if fold_sx is not None else (0,), dtype=torch.float32))
 
 
 def _dgrad_fp8(granularity: str, backend: str, dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor,

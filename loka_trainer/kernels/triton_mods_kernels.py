@@ -6,7 +6,6 @@ import triton
 import triton.language as tl
 
 from loka_trainer.kernels.pdl_kernels import pdl_start
-from loka_trainer.kernels.triton_autotune import graph_replay_bench
 
 
 @triton.jit
@@ -33,8 +32,9 @@ configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages
            for bm, bk, w, s in [(64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 4),
                                 (32, 64, 4, 4), (32, 128, 4, 3), (16, 128, 4, 4), (16, 256, 4, 3)]]
 
-@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"],
-                 do_bench=graph_replay_bench)
+# NOTE: timed eagerly (Triton's benchmarker, L2 flushed), not by graph replay (triton_autotune): with replay the
+# picks were up to 10% slower at the large figure-13 shapes on the H200 (docs/kernels/README.md, thirteenth round)
+@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"])
 @triton.jit
 def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, ws_ptr, M, N, K,
                      stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_rm, stride_ws, eps, out_scale,
