@@ -17,7 +17,9 @@ timed call unless ``--accumulate-grads``; see ``bench_timing``):
     ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring). ``*_serial_grads``:
     the backward's two GEMMs in order instead of on two streams; ``split_bf16_no_split_k``: the forward GEMM as
     one cuBLAS call where ``split_bf16`` splits it over K; ``*_no_pdl``: our kernels launched without
-    programmatic dependent launch (all: ``bench_switches``, ``SWITCHED_VARIANTS``; not candidates for fused_best).
+    programmatic dependent launch; ``*_rowwise_gemm``: the split FP8 forward on the rowwise-scaled FP8 GEMM;
+    ``*_dz_in_grads``: opt-in, a small layer's dz computed in its backward GEMMs' launch (all: ``bench_switches``,
+    ``SWITCHED_VARIANTS``; not candidates for fused_best).
     ``--fig13-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
     ``fig13_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
@@ -49,7 +51,7 @@ from loka_trainer.kernels.backends import available_backends  # noqa: E402
 from loka_trainer.kernels.triton_mods import autotune_picks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_switches import with_switch_off  # noqa: E402
+from bench_switches import with_switch  # noqa: E402
 from bench_targets import target_lines  # noqa: E402
 from bench_timing import both_ends, time_row  # noqa: E402
 from fig13_variants import (  # noqa: E402
@@ -103,7 +105,7 @@ def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool 
             progress.set_postfix_str(f"{suite} ({K},{N}) {name}")
             row = {"suite": suite, "M": BATCH, "K": K, "N": N, "variant": name}
             step = _inference(f, x) if forward_only else (lambda f=f: f(x).backward(dy))
-            step = with_switch_off(step, f.switch_off) if hasattr(f, "switch_off") else step
+            step = with_switch(step, f.switch) if hasattr(f, "switch") else step
             time_row(row, step, [x, *params] if reset_grads and not forward_only else None)
             rows.append(row)
         progress.update(1)

@@ -219,7 +219,7 @@ def test_dispatch_bench_serial_grads_variant_covers_the_backward():
     # the flag must be off while backward runs, not only during the forward call (a first version reset it on
     # return from the forward, so its "serial" rows ran concurrent)
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_switches import switched_variant, with_switch_off
+    from bench_switches import switched_variant, with_switch
 
     from loka_trainer.kernels import streams
     seen = []
@@ -237,15 +237,15 @@ def test_dispatch_bench_serial_grads_variant_covers_the_backward():
     f = switched_variant(lambda x: Probe.apply(x), "serial_grads")
     x = torch.ones(3, requires_grad=True)
     step = lambda: f(x).sum().backward()  # noqa: E731
-    assert f.switch_off == "serial_grads"
-    with_switch_off(step, f.switch_off)()
+    assert f.switch == "serial_grads"
+    with_switch(step, f.switch)()
     step()
     assert seen == [False, True] and streams.ENABLED
 
 
 def test_dispatch_bench_one_cublas_gemm_switch_is_off_for_the_whole_step_then_restored():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_switches import with_switch_off
+    from bench_switches import with_switch
 
     from loka_trainer.kernels import triton_mods
     seen = []
@@ -254,7 +254,7 @@ def test_dispatch_bench_one_cublas_gemm_switch_is_off_for_the_whole_step_then_re
         seen.append(triton_mods.CUBLAS_SPLIT_K)
         raise RuntimeError("a failing step still restores the switch")
     with pytest.raises(RuntimeError):
-        with_switch_off(step, "no_split_k")()
+        with_switch(step, "no_split_k")()
     assert seen == [False] and triton_mods.CUBLAS_SPLIT_K is True
 
 
@@ -338,8 +338,8 @@ def test_dispatch_bench_switched_variants_name_real_switches_of_fused_variants()
     from bench_switches import SWITCHES
 
     for switch, names in SWITCHED_VARIANTS.items():
-        module, flag = SWITCHES[switch]
-        assert getattr(importlib.import_module(module), flag) is True, switch  # on unless a variant turns it off
+        module, flag, value = SWITCHES[switch]
+        assert getattr(importlib.import_module(module), flag) is (not value), switch  # flipped only in its variants
         assert set(names) <= set(FUSED_VARIANTS)
         assert {f"{n}_{switch}" for n in names} <= set(ALL_FIG13_VARIANTS)
     assert "split_bf16_no_pdl" in ALL_FIG13_VARIANTS and "split_bf16_no_split_k" in ALL_FIG13_VARIANTS

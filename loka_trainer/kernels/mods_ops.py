@@ -12,7 +12,8 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   output tiles meet a long K, ``triton_mods.cublas_split_k`` — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
-- ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K).
+- ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K);
+  ``loka::dz_grads_bf16(dh, u, r, x, w, block)`` the same with dz computed in that launch (``triton_grads.FUSE_DZ``).
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity, fold_sx?) -> (dz_q, scale_inv, dz, dzt,
   s_dzt)``: the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz kernel also writes
   the amaxes, one cast kernel follows; with ``fold_sx`` also the folded weight grad's dz operand.
@@ -161,6 +162,21 @@ def _(dz, x, w):
     return x.new_empty(x.shape, dtype=torch.bfloat16), w.new_empty(w.shape, dtype=torch.bfloat16)
 
 
+@torch.library.custom_op("loka::dz_grads_bf16", mutates_args=())
+def dz_grads_bf16(dh: Tensor, u: Tensor, r: Tensor, x: Tensor, w: Tensor, block: int) -> tuple[Tensor, Tensor]:
+    """dh (M, N), u (M, N) bf16, r (M, NB) fp32, x (M, K), w (N, K) bf16 -> (dx (M, K), dW (N, K)) bf16:
+    ``mods_bwd_dz`` then ``grads_bf16`` in one Triton launch (``triton_grads.dz_and_grads``), or in torch."""
+    if use_triton(dh):
+        return triton_grads.dz_and_grads(dh, u, r, x, w, block=block)
+    dz = mods_backward_ref(dh, u, r, block)
+    return dz @ w, dz.t() @ x
+
+
+@dz_grads_bf16.register_fake
+def _(dh, u, r, x, w, block):
+    return x.new_empty(x.shape, dtype=torch.bfloat16), w.new_empty(w.shape, dtype=torch.bfloat16)
+
+
 @torch.no_grad()
 def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int, granularity: str = "rowwise",
                           fold_sx: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Optional[tuple]]:
@@ -274,6 +290,32 @@ def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cac
     return mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0, emit_fp8, save), (xq, sx)
 
 
+def _grads_on_backends(ctx, saved: tuple, dh: Tensor, need_dx: bool, need_dw: bool
+                       ) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """``LinearModsFn.backward``'s general case: dh (M, N) -> (dx (M, K) or None, dW (N, K) or None), dz by the dz
+    kernel(s), then the two GEMMs on the plan's backends, on two streams (FUSED_DGRAD, FOLDED_WGRAD: module
+    docstring). ``saved``: the forward's saved tensors (x or None, xq or None, sx or None, w, u, r)."""
+    xb, xq, sx, wb, u, r = saved
+    dgrad, wgrad = ctx.names
+    folded = None  # the folded weight grad's dz operand, when the dz kernels wrote it
+    if need_dx and dgrad in FUSED_DGRAD:
+        fold_sx = sx if need_dw and xq is not None else None
+        dx_fn, dz, folded = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw and fold_sx is None,
+                                               fold_sx)
+    else:
+        dz = mods_bwd_dz(dh, u, r, ctx.block)
+        dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
+    if not need_dw:
+        dw_fn = None
+    elif folded is not None:
+        dw_fn = lambda: wgrad_folded_dz(*folded, xq)  # noqa: E731
+    elif xq is not None:
+        dw_fn = lambda: wgrad_fold(dz, xq, sx)  # noqa: E731
+    else:
+        dw_fn = lambda: _weight_grad(wgrad, dz, xb)  # noqa: E731
+    return side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)
+
+
 class LinearModsFn(torch.autograd.Function):
     """(h, q) = HardSwish(BlockNorm(x·Wᵀ)): x (M, K), w (N, K) -> h (M, N) bf16, q (M, N) e4m3 or (0, N).
 
@@ -307,31 +349,19 @@ class LinearModsFn(torch.autograd.Function):
     def backward(ctx, dh, _dq):
         if dh is None:  # h was not used in the loss
             return (None,) * 11
-        xb, xq, sx, wb, u, r = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        xb, _, _, wb, u, r = saved
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
         M, (N, K) = u.shape[0], wb.shape
-        folded = None  # the folded weight grad's dz operand, when the dz kernels wrote it
-        if need_dx and dgrad in FUSED_DGRAD:
-            fold_sx = sx if need_dw and xq is not None else None
-            dx_fn, dz, folded = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw and fold_sx is None,
-                                                   fold_sx)
-        else:
-            dz = mods_bwd_dz(dh, u, r, ctx.block)
-            dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
-        if (need_dx and need_dw and dgrad == wgrad == BASELINE and use_triton(dz)
-                and triton_grads.applies(M, K, N)):
-            dx, dw = grads_bf16(dz, xb, wb)  # a small layer: both GEMMs in one launch
-        else:
-            if not need_dw:
-                dw_fn = None
-            elif folded is not None:
-                dw_fn = lambda: wgrad_folded_dz(*folded, xq)  # noqa: E731
-            elif xq is not None:
-                dw_fn = lambda: wgrad_fold(dz, xq, sx)  # noqa: E731
+        if (need_dx and need_dw and dgrad == wgrad == BASELINE and use_triton(dh)
+                and triton_grads.applies(M, K, N)):  # a small BF16 layer: both GEMMs in one launch
+            if triton_grads.FUSE_DZ:  # the dz kernel's work in that launch too
+                dx, dw = dz_grads_bf16(dh, u, r, xb, wb, ctx.block)
             else:
-                dw_fn = lambda: _weight_grad(wgrad, dz, xb)  # noqa: E731
-            dx, dw = side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)
+                dx, dw = grads_bf16(mods_bwd_dz(dh, u, r, ctx.block), xb, wb)
+        else:
+            dx, dw = _grads_on_backends(ctx, saved, dh, need_dx, need_dw)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
         dw = dw.to(ctx.dtypes[1]) if dw is not None else None
         return dx, dw, None, None, None, None, None, None, None, None, None

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from loka_trainer.kernels import pdl
+from tests.kernels.sm90 import compile_sm90
 
 
 def test_no_pdl_off_cuda_whatever_the_switch(monkeypatch):
@@ -28,20 +29,11 @@ def test_on_for_sm90_devices_unless_switched_off(monkeypatch):
 
 @pytest.mark.parametrize("on", [False, True])
 def test_the_kernels_wait_for_the_previous_grid_only_when_launched_with_pdl(on):
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    pytest.importorskip("triton")
     from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel as kernel
     consts = {"FP8_MAX": 448.0, "EPS_": 1e-12, "ROWS": 4, "COLS": 256, "SINGLE_PASS": True, "PDL": on}
     types = {"t_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
-    names = kernel.arg_names
-    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
-    source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in consts.items()})
-    try:
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": on})
-    except Exception as e:  # noqa: BLE001 - e.g. no ptxas in this triton install
-        pytest.skip(f"cannot compile for sm90 here: {type(e).__name__}: {str(e)[:120]}")
+    compiled = compile_sm90(kernel, types, consts, pdl=on)
     ptx = compiled.asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == on
     if on:  # before the kernel's first global load (predicated or not)

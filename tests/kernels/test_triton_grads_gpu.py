@@ -58,3 +58,45 @@ def test_layer_backward_uses_them_and_matches_cublas_eager_and_in_a_graph(monkey
     monkeypatch.setattr(triton_grads, "ENABLED", True)
     for a, b in zip(replayed(step), grouped):
         assert torch.equal(a, b)  # same kernels, no atomics: bit-identical
+
+
+@pytest.mark.parametrize("M,K,N", [(1024, 256, 256), (1024, 512, 512), (1000, 400, 256), (48, 256, 512)])
+def test_dz_in_the_grads_launch_matches_dz_kernel_then_grads_with_every_config(M, K, N):
+    from loka_trainer.kernels import triton_grads, triton_mods
+    from loka_trainer.kernels.mods_ops import mods_forward_ref
+    g = torch.Generator(device="cuda").manual_seed(1)
+    _, u, r = mods_forward_ref(torch.randn(M, N, device="cuda", generator=g) * 2, 256, 1e-6)
+    dh, x, w = (torch.randn(*s, device="cuda", generator=g).to(torch.bfloat16) for s in ((M, N), (M, K), (N, K)))
+    dz = triton_mods.backward_dz(dh, u, r, block=256)
+    configs = [{**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+               for c in triton_grads._dz_kernel().configs]
+    for config in [None, *configs, None]:  # launched again and again: each leaves its counters zeroed
+        dx, dw = triton_grads.dz_and_grads(dh, u, r, x, w, block=256, config=config)
+        dx_ref, dw_ref = triton_grads.grads(dz, x, w, config=config)
+        if config is None:  # the two autotuners may pick different tiles
+            assert _rel(dx, dx_ref) < 1e-2 and _rel(dw, dw_ref) < 1e-2
+        else:  # the same dz tiles and GEMM tiles: the same bits
+            assert torch.equal(dx, dx_ref) and torch.equal(dw, dw_ref), config
+        assert not triton_grads._sync_counters(dh.device).any()
+
+
+def test_layer_backward_with_dz_in_the_grads_launch_in_a_graph(monkeypatch):
+    from loka_trainer.kernels import triton_grads
+    from loka_trainer.kernels.mods_ops import linear_mods
+    torch.manual_seed(1)
+    x = torch.randn(1024, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(256, 256, device="cuda") / 16).to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(1024, 256, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        x.grad = w.grad = None
+        linear_mods(x, w, mode="split_bf16").backward(dy)
+        return x.grad, w.grad
+
+    two_launches = [t.clone() for t in step()]
+    monkeypatch.setattr(triton_grads, "FUSE_DZ", True)
+    one_launch = [t.clone() for t in step()]
+    for a, b in zip(one_launch, two_launches):
+        assert _rel(a, b) < 1e-2  # the autotuners may pick different tiles for the two kernels
+    for a, b in zip(replayed(step), one_launch):
+        assert torch.equal(a, b)

@@ -10,6 +10,7 @@ from loka_trainer.kernels.mods_ops import linear_mods
 from loka_trainer.kernels.mods_ref import linear_mods_ref
 from loka_trainer.kernels.quant import quantize_rowwise
 from loka_trainer.kernels.wgrad_fold import wgrad_fold
+from tests.kernels.sm90 import SM90_SHARED_BYTES, compile_sm90
 
 M, K, N, B = 64, 96, 128, 64
 
@@ -48,25 +49,6 @@ def test_fp8_forward_with_tensorwise_wgrad_keeps_fp8_x_not_x(mode):
     assert _rel(w.grad, wr.grad) < 0.1 and _rel(x.grad, xr.grad) < 0.1
 
 
-def _compile_sm90(kernel, types: dict, consts: dict, num_warps: int):
-    """``kernel`` (a triton.jit function) compiled offline for sm90 with PDL: pointer args typed by ``types``
-    (name -> triton type), the other non-constexpr args i32; every pointer and integer marked divisible by 16, as
-    Triton's launcher specializes them at the figure-13 shapes. Skips where this triton cannot compile for sm90."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    names = kernel.arg_names
-    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
-    divisible = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n not in consts}
-    source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in consts.items()},
-                       attrs=divisible)
-    try:
-        return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "launch_pdl": True})
-    except Exception as e:  # noqa: BLE001 - e.g. no ptxas in this triton install
-        pytest.skip(f"cannot compile for sm90 here: {type(e).__name__}: {str(e)[:120]}")
-
-
 def _fold_kernels():
     pytest.importorskip("triton")
     from loka_trainer.kernels import triton_mods_kernels as mk
@@ -95,13 +77,13 @@ def _fold_kernels():
 @pytest.mark.parametrize("name", ["fold_amax", "fold_transpose", "dz_with_fold_amax", "rowwise_cast_with_fold"])
 def test_fold_kernels_compile_for_sm90_without_spills_and_wait_for_the_previous_grid(name):
     kernel, types, consts, num_warps = _fold_kernels()[name]
-    compiled = _compile_sm90(kernel, types, consts, num_warps)
+    compiled = compile_sm90(kernel, types, consts, num_warps=num_warps, divisible=True)
     ptx = compiled.asm["ptx"]
     assert "ld.local" not in ptx and "st.local" not in ptx  # no register spills
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")  # PDL: no load before the previous grid ends
     # the transposed fp8 writes go out 16 bytes per store, not byte by byte (only the scalar scales are 4-byte)
     assert "st.global.b8" not in ptx and "st.global.b16" not in ptx
-    assert compiled.metadata.shared <= 227 * 1024
+    assert compiled.metadata.shared <= SM90_SHARED_BYTES
 
 
 def test_fold_ops_agree_with_their_fake_impls_and_each_other():
