@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from loka_trainer.kernels.pdl_kernels import pdl_start
-from loka_trainer.kernels.triton_mods_kernels import _dz_tile
+from loka_trainer.kernels.triton_mods_kernels import dz_tile
 from loka_trainer.kernels.triton_autotune import graph_replay_bench
 
 
@@ -87,7 +87,7 @@ def dz_grads_kernel(dh_ptr, u_ptr, r_ptr, dz_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, 
         offs_m = pid_m * DZ_ROWS + tl.arange(0, DZ_ROWS)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_m = offs_m < M
-        dz = _dz_tile(dh_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, pid_n, stride_dhm, stride_um, stride_rm,
+        dz = dz_tile(dh_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, pid_n, stride_dhm, stride_um, stride_rm,
                       BLOCK_N)
         tl.store(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], dz.to(dz_ptr.dtype.element_ty),
                  mask=mask_m[:, None])

@@ -33,7 +33,7 @@ configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages
                                 (32, 64, 4, 4), (32, 128, 4, 3), (16, 128, 4, 4), (16, 256, 4, 3)]]
 
 # NOTE: timed eagerly (Triton's benchmarker, L2 flushed), not by graph replay (triton_autotune): with replay the
-# picks were up to 10% slower at the large figure-13 shapes on the H200 (docs/kernels/README.md, thirteenth round)
+# picks made the layer up to 10% slower at the large figure-13 shapes on the H200 (docs/kernels/README.md, r24c)
 @triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"])
 @triton.jit
 def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, ws_ptr, M, N, K,
@@ -96,7 +96,7 @@ def norm_fwd_kernel(z_ptr, sx_ptr, sw_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride
               pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD)
 
 @triton.jit
-def _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_um, stride_rm,
+def dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_um, stride_rm,
              BLOCK_N: tl.constexpr):
     # dz (BLOCK_M, BLOCK_N) fp32 of norm block j: g = dy·HardSwish'(u), dz = r·(g − u·mean_B(g·u)).
     mask = mask_m[:, None]
@@ -119,7 +119,7 @@ def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, sx_ptr, fold_amax_ptr,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
-    dz = _dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, pid_n, stride_dym, stride_um, stride_rm, BLOCK_N)
+    dz = dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, pid_n, stride_dym, stride_um, stride_rm, BLOCK_N)
     dz = dz.to(dz_ptr.dtype.element_ty)
     tl.store(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], dz, mask=mask_m[:, None])
     # of the stored (rounded) dz, so the FP8 cast matches quantizing the bf16 dz (masked rows hold zeros)

@@ -8,9 +8,15 @@ x ≈ xq · sx with xq (M, K) e4m3 and sx (M, 1) fp32 (``quant_rowwise``, or the
 so dW = (dz·sx)ᵀ · xq exactly, with sx moved from x (where it varies along the contraction, which no FP8 GEMM
 can scale) onto dz. dz·sx is then quantized tensorwise e5m2 (one scalar scale) and the GEMM is cuBLASLt's
 tensorwise FP8 one. FP8 GEMMs on Hopper read both operands contiguous along the contraction, so both go in
-transposed: (dz·sx)ᵀ (N, M) and xqᵀ (K, M). The separate transposed quantizers of x and dz cost 15.6 µs at
-(K, N) = (4096, 2048), M = 1024, on the H200 (docs/kernels/README.md, r5), more than the FP8 GEMM saved; here
-x is not re-quantized at all, and one launch writes both transposed operands (after one amax pass over dz·sx).
+transposed: (dz·sx)ᵀ (N, M) and xqᵀ (K, M).
+
+Where the operands come from: ``wgrad_fold`` makes them from the bf16 dz (an amax pass over dz·sx, then one
+launch writing both transposes); behind a fused FP8 dgrad the dz kernels make (dz·sx)ᵀ (``triton_mods.
+backward_dz_fp8(fold_sx=)``) and ``wgrad_folded_dz`` only transposes xq. Measured on the H200 (docs/kernels/
+README.md, thirteenth round): the FP8 GEMM saves 7-11 µs over the BF16 one at the four large figure-13 shapes,
+and the layer with the folded weight grad was from 4.8 µs faster to 5.1 µs slower than with the BF16 one there
+(slower at the small shapes): break-even. r5's separate transposed quantizers of x and dz had cost 15.6 µs at
+(K, N) = (4096, 2048), M = 1024.
 
 Numerics against the ``scaled_mm_tensorwise`` backend's weight grad (xᵀ tensorwise e4m3, dzᵀ tensorwise
 e5m2): x keeps the forward's finer rowwise scales, and dz's tensorwise scale covers dz·sx instead of dz
@@ -34,7 +40,8 @@ BLOCK_R, BLOCK_C = 64, 64  # a transposed store writes 64 contiguous bytes of ea
 
 @functools.lru_cache(maxsize=None)
 def unit_scale(device: torch.device) -> torch.Tensor:
-    """A () fp32 one on ``device`` (xq's scale: its own scales are in dz's operand), made once."""
+    """A () fp32 one on ``device``, made once: the scale of an FP8 operand whose scales are applied elsewhere (xq
+    here, its row scales in dz's operand; the split FP8 forward's operands, their scales in the epilogue)."""
     return torch.ones((), dtype=torch.float32, device=device)
 
 
