@@ -58,7 +58,7 @@ class FusedLinearMods(nn.Module):
     """HardSwish(BlockNorm(x·Wᵀ)) as one module: x (..., K) -> (..., N). Parameter ``weight`` (N, K), no bias.
 
     ``mode`` is the forward kernel (``mods_modes.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
-    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; a ``torch._scaled_mm`` dgrad runs fused, ``mods_ops.FUSED_DGRAD``).
+    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; a ``torch._scaled_mm`` dgrad runs fused, ``mods_ops_fp8.FUSED_DGRAD``).
     """
 
     def __init__(self, in_features: int, out_features: int, *, block_size: int = 256, eps: float = 1e-6,
@@ -252,7 +252,7 @@ def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoi
     rowwise-FP8 inputs, a BF16 forward ``mods_modes.DEFAULT_FORWARD_MODE`` (cuBLAS GEMM + one Triton
     BlockNorm/HardSwish epilogue kernel; see there why). The two backward GEMMs keep the plan's backends; a
     ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise`` dgrad then runs fused (dz amax from the dz kernel, one cast
-    pass, ``mods_ops.FUSED_DGRAD``) with the backend's numerics. ``mods_input_grad`` (timed over the whole layer
+    pass, ``mods_ops_fp8.FUSED_DGRAD``) with the backend's numerics. ``mods_input_grad`` (timed over the whole layer
     when the plan was built on a GPU) replaces the plan's input-grad backend.
     """
     if mods is not None:

@@ -59,3 +59,23 @@ def quantize_static(h: torch.Tensor, block: int = DEFAULT_BLOCK,
     fp8_max = torch.finfo(dtype).max
     q = (h.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
     return q, torch.tensor(1.0 / scale, device=h.device)
+
+
+@torch.no_grad()
+def mods_forward_ref(z: torch.Tensor, block: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """z (M, N) fp32 -> (h (M, N) bf16, u (M, N) bf16, r (M, NB) fp32), the kernels' plain-torch twin."""
+    zb = z.float().unflatten(-1, (-1, block))  # (M, NB, B)
+    r = torch.rsqrt(zb.square().mean(-1) + eps)  # (M, NB)
+    u = (zb * r.unsqueeze(-1)).flatten(-2)
+    return hard_swish(u).to(torch.bfloat16), u.to(torch.bfloat16), r
+
+
+@torch.no_grad()
+def mods_backward_ref(dh: torch.Tensor, u: torch.Tensor, r: torch.Tensor, block: int) -> torch.Tensor:
+    """dh (M, N), u (M, N), r (M, NB) -> dz (M, N) bf16: g = dh·HardSwish'(u), dz = r·(g − u·mean_B(g·u))."""
+    uf = u.float()
+    slope = torch.where(uf < -3, 0.0, torch.where(uf > 3, 1.0, (2 * uf + 3) / 6))
+    g = (dh.float() * slope).unflatten(-1, (-1, block))  # (M, NB, B)
+    ub = uf.unflatten(-1, (-1, block))
+    dz = r.unsqueeze(-1) * (g - ub * (g * ub).mean(-1, keepdim=True))
+    return dz.flatten(-2).to(torch.bfloat16)

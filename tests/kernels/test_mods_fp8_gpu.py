@@ -35,7 +35,7 @@ def _du(M: int, N: int, block: int):
 @pytest.mark.parametrize("write_bf16", [True, False])
 @pytest.mark.parametrize("granularity", ["rowwise", "tensorwise"])
 def test_backward_dz_fp8_matches_reference(M, N, block, write_bf16, granularity):
-    from loka_trainer.kernels.mods_ops import mods_backward_fp8_ref
+    from loka_trainer.kernels.mods_ops_fp8 import mods_backward_fp8_ref
     from loka_trainer.kernels.triton_mods import backward_dz_fp8
     dh, u, r = _du(M, N, block)
     sx = torch.logspace(-2, 2, M, device="cuda")[:, None]  # the forward's row scales of x (folded weight grad)
@@ -80,7 +80,8 @@ def test_fused_dgrad_equals_unfused_backend(backend):
     """Same numerics as the backend: fused dz-quant + _scaled_mm vs backend.input_grad on the bf16 dz."""
     from loka_trainer.kernels.backends import get_backend
     from loka_trainer.kernels.linear import WeightCache
-    from loka_trainer.kernels.mods_ops import FUSED_DGRAD, mods_bwd_dz
+    from loka_trainer.kernels.mods_ops import mods_bwd_dz
+    from loka_trainer.kernels.mods_ops_fp8 import FUSED_DGRAD
     dh, u, r = _du(1024, 2048, 256)
     w = (torch.randn(2048, 512, device="cuda") / 512 ** 0.5).to(torch.bfloat16)
     cache = WeightCache()

@@ -49,7 +49,7 @@ def _dh_u_r(rows: int, seed: int = 0):
 @pytest.mark.parametrize("write_bf16", [True, False])
 @pytest.mark.parametrize("granularity", ["rowwise", "tensorwise"])
 def test_backward_dz_fp8_matches_reference(interpret, write_bf16, granularity):
-    from loka_trainer.kernels.mods_ops import mods_backward_fp8_ref
+    from loka_trainer.kernels.mods_ops_fp8 import mods_backward_fp8_ref
     from loka_trainer.kernels.triton_mods import _rows_per_program, backward_dz_fp8
     rows = 3 * _rows_per_program(B) - 5  # the last row tile is partly masked
     dh, u, r = _dh_u_r(rows)
@@ -88,7 +88,8 @@ def _spy(monkeypatch, module, name: str) -> list:
                                               ("fused_fp8", "bf16", "scaled_mm_tensorwise")])
 def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, wgrad):
     from loka_trainer.kernels import triton_mods, wgrad_fold
-    from loka_trainer.kernels.mods_ops import FOLDED_WGRAD, FUSED_DGRAD, linear_mods
+    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.kernels.mods_ops_fp8 import FOLDED_WGRAD, FUSED_DGRAD
     from loka_trainer.kernels.mods_ref import linear_mods_ref
     norm_calls = _spy(monkeypatch, triton_mods, "norm_forward")
     fused_dz_calls = _spy(monkeypatch, triton_mods, "backward_dz_fp8")
@@ -114,7 +115,8 @@ def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, w
 def test_fused_dgrad_equals_unfused_backend(interpret, backend):
     from loka_trainer.kernels.backends import get_backend
     from loka_trainer.kernels.linear import WeightCache
-    from loka_trainer.kernels.mods_ops import FUSED_DGRAD, mods_bwd_dz
+    from loka_trainer.kernels.mods_ops import mods_bwd_dz
+    from loka_trainer.kernels.mods_ops_fp8 import FUSED_DGRAD
     dh, u, r = _dh_u_r(M, seed=2)
     w = (torch.randn(N, K, generator=torch.Generator().manual_seed(3)) / K ** 0.5).to(torch.bfloat16)
     cache = WeightCache()

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from loka_trainer.kernels.mods_modes import FORWARD_MODES
-from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_bwd_dz_fp8, mods_forward_ref
+from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_forward_ref
+from loka_trainer.kernels.mods_ops_fp8 import mods_bwd_dz_fp8
 from loka_trainer.kernels.mods_ref import block_norm, hard_swish, linear_mods_ref
 from loka_trainer.kernels.quant import quantize
 
