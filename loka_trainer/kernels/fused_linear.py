@@ -58,7 +58,8 @@ class FusedLinearMods(nn.Module):
     """HardSwish(BlockNorm(x·Wᵀ)) as one module: x (..., K) -> (..., N). Parameter ``weight`` (N, K), no bias.
 
     ``mode`` is the forward kernel (``mods_modes.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
-    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; a ``torch._scaled_mm`` dgrad runs fused, ``mods_ops_fp8.FUSED_DGRAD``).
+    dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; a ``torch._scaled_mm`` dgrad runs fused,
+    ``mods_ops_fp8.FUSED_DGRAD``).
     """
 
     def __init__(self, in_features: int, out_features: int, *, block_size: int = 256, eps: float = 1e-6,
