@@ -39,6 +39,7 @@ from loka_trainer.kernels import pdl
 from loka_trainer.kernels.mods_ref import DEFAULT_BLOCK, DEFAULT_EPS, static_fp8_scale
 from loka_trainer.kernels.quant import EPS
 from loka_trainer.kernels.triton_quant import fixed_or_autotuned
+from loka_trainer.kernels.wgrad_fold import DZ_DTYPE, fold_dz_with_amax
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
@@ -246,7 +247,6 @@ FOLD_ROWS = 64  # the rowwise cast kernel's rows per program when it also writes
 def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, fold_sx=None):
     """dz kernel writing each (row, block) amax, then one cast kernel (row amax from that small buffer); with
     ``fold_sx`` the cast kernel also writes the folded weight grad's (dz·sx)ᵀ e5m2 (wgrad_fold)."""
-    from loka_trainer.kernels.wgrad_fold import DZ_DTYPE
     triton = _kernels()[0]
     M, N = dy.shape
     nb = N // block
@@ -273,7 +273,6 @@ def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int
     """dz kernel with one atomic max over all its tiles, then the tensorwise cast pass (reads dz once); with
     ``fold_sx`` the dz kernel also finds max |dz·sx| and one more pass writes (dz·sx)ᵀ (wgrad_fold)."""
     from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
-    from loka_trainer.kernels.wgrad_fold import fold_dz_with_amax
     amax = torch.zeros((), dtype=torch.float32, device=dy.device)
     fold = _fold_inputs(fold_sx, dy.device)
     _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, amax, 2, fold)

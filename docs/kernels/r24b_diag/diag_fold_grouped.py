@@ -1,21 +1,35 @@
 """The r24b diagnostics of docs/kernels/README.md (thirteenth round), as run on the H200 at commit 9fa9e6e:
-(1) the grouped backward-GEMM kernel as refactored (one ``_gemm_tile``) vs as first timed in r23
-(``old_grads_kernels.py``: commit 7ae7294's kernel file), each autotune config and the layer step;
+(1) the grouped backward-GEMM kernel as refactored (one ``_gemm_tile``) vs as first timed in r23 (commit 7ae7294's
+kernel file, read from git history), each autotune config and the layer step;
 (2) the folded weight grad's pieces at the four large figure-13 shapes.
 
-Run from the repository root: ``python docs/kernels/r24b_diag/diag_fold_grouped.py OUT`` (writes OUT/diag_r24.json).
-A one-off diagnostic: the timing API it calls (``wgrad_fold.fold_operands`` and its tile globals) is that of 9fa9e6e.
+Run from the repository root of a git checkout: ``python docs/kernels/r24b_diag/diag_fold_grouped.py OUT`` (writes
+OUT/diag_r24.json). A one-off diagnostic: the timing API it calls (``wgrad_fold.fold_operands`` and its tile
+globals) is that of 9fa9e6e.
 """
-import json, os, sys, importlib.util
-sys.path.insert(0, "."); sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import importlib.util, json, os, subprocess, sys, tempfile
+sys.path.insert(0, ".")
 import torch
-from triton.testing import do_bench_cudagraph
-from loka_trainer.kernels import triton_grads, mods_ops, wgrad_fold
+from loka_trainer.kernels import triton_grads, wgrad_fold
 from loka_trainer.kernels import triton_grads_kernels as new_k
-from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.mods_ops import linear_mods
 from loka_trainer.kernels.quant import quantize_rowwise
-import old_grads_kernels as old_k
+
+
+def _old_grads_kernels():
+    """The kernel module as timed in r23 (commit 7ae7294), imported from a temporary copy."""
+    source = subprocess.run(["git", "show", "7ae7294:loka_trainer/kernels/triton_grads_kernels.py"],
+                            check=True, capture_output=True, text=True).stdout
+    path = os.path.join(tempfile.mkdtemp(), "old_grads_kernels.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("old_grads_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+old_k = _old_grads_kernels()
 out = sys.argv[1]
 from loka_trainer.kernels.dispatch import cuda_graph_us
 def us(fn, grads=None):
