@@ -1,6 +1,6 @@
 """Benchmark variants that time a fused layer with one of the kernels' module-level switches flipped for the whole
-step (forward and backward), to measure what the default behaviour gains (or an opt-in one would) side by side in
-one run."""
+step (forward and backward), to measure what the default behaviour gains (or an opt-in one would: a switch sets
+its flag either way) side by side in one run."""
 from __future__ import annotations
 
 import importlib
@@ -13,8 +13,6 @@ SWITCHES = {
     "no_grouped_grads": ("loka_trainer.kernels.triton_grads", "ENABLED", False),  # a small layer's dx, dW on cuBLAS
     # the split FP8 forward on cuBLASLt's rowwise-scaled GEMM instead of unit-scale tensorwise + epilogue scales
     "rowwise_gemm": ("loka_trainer.kernels.mods_ops", "UNIT_SCALE_FP8_GEMM", False),
-    # opt-in: a small BF16 layer's dz computed in the launch of its two backward GEMMs (triton_grads.FUSE_DZ)
-    "dz_in_grads": ("loka_trainer.kernels.triton_grads", "FUSE_DZ", True),
 }
 
 

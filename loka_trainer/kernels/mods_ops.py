@@ -12,8 +12,7 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   output tiles meet a long K, ``triton_mods.cublas_split_k`` — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
-- ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K);
-  ``loka::dz_grads_bf16(dh, u, r, x, w, block)`` the same with dz computed in that launch (``triton_grads.FUSE_DZ``).
+- ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K).
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity, fold_sx?) -> (dz_q, scale_inv, dz, dzt,
   s_dzt)`` (``mods_ops_fp8``): the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz
   kernel also writes the amaxes, one cast kernel follows; with ``fold_sx`` also the folded weight grad's dz operand.
@@ -132,21 +131,6 @@ def _(dz, x, w):
     return x.new_empty(x.shape, dtype=torch.bfloat16), w.new_empty(w.shape, dtype=torch.bfloat16)
 
 
-@torch.library.custom_op("loka::dz_grads_bf16", mutates_args=())
-def dz_grads_bf16(dh: Tensor, u: Tensor, r: Tensor, x: Tensor, w: Tensor, block: int) -> tuple[Tensor, Tensor]:
-    """dh (M, N), u (M, N) bf16, r (M, NB) fp32, x (M, K), w (N, K) bf16 -> (dx (M, K), dW (N, K)) bf16:
-    ``mods_bwd_dz`` then ``grads_bf16`` in one Triton launch (``triton_grads.dz_and_grads``), or in torch."""
-    if use_triton(dh):
-        return triton_grads.dz_and_grads(dh, u, r, x, w, block=block)
-    dz = mods_backward_ref(dh, u, r, block)
-    return dz @ w, dz.t() @ x
-
-
-@dz_grads_bf16.register_fake
-def _(dh, u, r, x, w, block):
-    return x.new_empty(x.shape, dtype=torch.bfloat16), w.new_empty(w.shape, dtype=torch.bfloat16)
-
-
 def _weight_grad(name: str, dz: Tensor, x: Tensor) -> Tensor:
     """dz (M, N), x (M, K) -> dW (N, K) on backend ``name`` (bf16: one cuBLAS GEMM, no casts)."""
     if name == BASELINE:
@@ -259,10 +243,7 @@ class LinearModsFn(torch.autograd.Function):
         M, (N, K) = u.shape[0], wb.shape
         if (need_dx and need_dw and dgrad == wgrad == BASELINE and use_triton(dh)
                 and triton_grads.applies(M, K, N)):  # a small BF16 layer: both GEMMs in one launch
-            if triton_grads.FUSE_DZ:  # the dz kernel's work in that launch too
-                dx, dw = dz_grads_bf16(dh, u, r, xb, wb, ctx.block)
-            else:
-                dx, dw = grads_bf16(mods_bwd_dz(dh, u, r, ctx.block), xb, wb)
+            dx, dw = grads_bf16(mods_bwd_dz(dh, u, r, ctx.block), xb, wb)
         else:
             dx, dw = _grads_on_backends(ctx, saved, dh, need_dx, need_dw)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None

@@ -1,4 +1,4 @@
-"""The Triton kernels of ``triton_grads`` (imports triton at module level: import this module lazily).
+"""The Triton kernel of ``triton_grads`` (imports triton at module level: import this module lazily).
 
 See ``triton_grads`` for the math, the notation and the launcher.
 """
@@ -6,7 +6,6 @@ import triton
 import triton.language as tl
 
 from loka_trainer.kernels.pdl_kernels import pdl_start
-from loka_trainer.kernels.triton_mods_kernels import dz_tile
 from loka_trainer.kernels.triton_autotune import graph_replay_bench
 
 
@@ -42,64 +41,18 @@ configs = [triton.Config(dict(BM_X=a, BK_X=b, BR_X=c, BN_W=d, BK_W=e, BR_W=f), n
                                           (32, 128, 64, 32, 64, 64, 4, 4)]]
 
 
+@triton.autotune(configs=configs, key=["M", "N", "K"], do_bench=graph_replay_bench)
 @triton.jit
-def _grads_program(pid, dz_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, M, N, K, stride_dzm, stride_xm, stride_wn, stride_dxm,
-                   stride_dwn, BM_X: tl.constexpr, BK_X: tl.constexpr, BR_X: tl.constexpr, BN_W: tl.constexpr,
-                   BK_W: tl.constexpr, BR_W: tl.constexpr):
+def grads_kernel(dz_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, M, N, K, stride_dzm, stride_xm, stride_wn, stride_dxm,
+                 stride_dwn, PDL: tl.constexpr, BM_X: tl.constexpr, BK_X: tl.constexpr, BR_X: tl.constexpr,
+                 BN_W: tl.constexpr, BK_W: tl.constexpr, BR_W: tl.constexpr):
     # programs [0, dx_programs) own a dx tile: dx (M, K) = dz (M, N) · W (N, K); the rest a dW tile:
     # dW (N, K) = dzᵀ (N, M) · x (M, K), dzᵀ read as a transposed view of row-major dz
+    pdl_start(PDL)
+    pid = tl.program_id(0)
     dx_programs = tl.cdiv(M, BM_X) * tl.cdiv(K, BK_X)
     if pid < dx_programs:
         _gemm_tile(pid, dz_ptr, w_ptr, dx_ptr, M, K, N, stride_dzm, 1, stride_wn, stride_dxm, BM_X, BK_X, BR_X)
     else:
         _gemm_tile(pid - dx_programs, dz_ptr, x_ptr, dw_ptr, N, K, M, 1, stride_dzm, stride_xm, stride_dwn,
                    BN_W, BK_W, BR_W)
-
-
-@triton.autotune(configs=configs, key=["M", "N", "K"], do_bench=graph_replay_bench)
-@triton.jit
-def grads_kernel(dz_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, M, N, K, stride_dzm, stride_xm, stride_wn, stride_dxm,
-                 stride_dwn, PDL: tl.constexpr, BM_X: tl.constexpr, BK_X: tl.constexpr, BR_X: tl.constexpr,
-                 BN_W: tl.constexpr, BK_W: tl.constexpr, BR_W: tl.constexpr):
-    pdl_start(PDL)
-    _grads_program(tl.program_id(0), dz_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, M, N, K, stride_dzm, stride_xm,
-                   stride_wn, stride_dxm, stride_dwn, BM_X, BK_X, BR_X, BN_W, BK_W, BR_W)
-
-
-@triton.autotune(configs=configs, key=["M", "N", "K"], do_bench=graph_replay_bench)
-@triton.jit
-def dz_grads_kernel(dh_ptr, u_ptr, r_ptr, dz_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, sync_ptr, M, N, K, stride_dhm,
-                    stride_um, stride_rm, stride_dzm, stride_xm, stride_wn, stride_dxm, stride_dwn,
-                    PDL: tl.constexpr, BLOCK_N: tl.constexpr, DZ_ROWS: tl.constexpr, BM_X: tl.constexpr,
-                    BK_X: tl.constexpr, BR_X: tl.constexpr, BN_W: tl.constexpr, BK_W: tl.constexpr,
-                    BR_W: tl.constexpr):
-    # programs [0, dz_programs) each compute one (DZ_ROWS, BLOCK_N) tile of dz (bwd_dz_kernel's work), store it
-    # and count themselves done in sync_ptr[0] (release); the others wait for that count (acquire), then run
-    # grads_kernel's programs. They come after every dz program in launch order, and dz programs never wait, so
-    # the wait ends. sync_ptr[1] counts the GEMM programs past their wait: the last one zeroes both counters for
-    # the next launch (no memset needed, a replayed CUDA graph included).
-    pdl_start(PDL)
-    pid = tl.program_id(0)
-    nb = N // BLOCK_N
-    dz_programs = tl.cdiv(M, DZ_ROWS) * nb
-    if pid < dz_programs:
-        pid_m, pid_n = pid // nb, pid % nb
-        offs_m = pid_m * DZ_ROWS + tl.arange(0, DZ_ROWS)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_m = offs_m < M
-        dz = dz_tile(dh_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, pid_n, stride_dhm, stride_um, stride_rm,
-                      BLOCK_N)
-        tl.store(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], dz.to(dz_ptr.dtype.element_ty),
-                 mask=mask_m[:, None])
-        tl.debug_barrier()  # every thread's stores, then the one release below
-        tl.atomic_add(sync_ptr, 1, sem="release")
-    else:
-        done = tl.atomic_add(sync_ptr, 0, sem="acquire")
-        while done < dz_programs:
-            done = tl.atomic_add(sync_ptr, 0, sem="acquire")
-        gemm_programs = tl.num_programs(0) - dz_programs
-        if tl.atomic_add(sync_ptr + 1, 1, sem="relaxed") == gemm_programs - 1:
-            tl.atomic_xchg(sync_ptr, 0)
-            tl.atomic_xchg(sync_ptr + 1, 0)
-        _grads_program(pid - dz_programs, dz_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, M, N, K, stride_dzm, stride_xm,
-                       stride_wn, stride_dxm, stride_dwn, BM_X, BK_X, BR_X, BN_W, BK_W, BR_W)

@@ -193,38 +193,3 @@ def test_layer_backward_routes_small_bf16_grads_to_one_launch(interpret, monkeyp
     assert len(calls) == expected_calls
     tol = 0.08 if dgrad != "bf16" else 2e-2
     assert _rel(x.grad, xr.grad) < tol and _rel(w.grad, wr.grad) < 2e-2
-
-
-@needs_triton
-@pytest.mark.parametrize("M, K, N, block", [(40, 32, 64, 32), (70, 48, 96, 32)])  # ragged dz rows, K and N tiles
-def test_dz_and_grads_in_one_launch_match_torch_twice(interpret, M, K, N, block):
-    from loka_trainer.kernels import triton_grads
-    g = torch.Generator().manual_seed(5)
-    _, u, r = mods_forward_ref(torch.randn(M, N, generator=g) * 2, block, 1e-6)
-    dh, x, w = (torch.randn(*s, generator=g).to(torch.bfloat16) for s in ((M, N), (M, K), (N, K)))
-    dz = mods_backward_ref(dh, u, r, block).float()
-    for _ in range(2):  # the second launch finds the counters the first one left: zero
-        dx, dw = triton_grads.dz_and_grads(dh, u, r, x, w, block=block)
-        assert dx.shape == (M, K) and dw.shape == (N, K) and dx.dtype == dw.dtype == torch.bfloat16
-        assert _rel(dx, dz @ w.float()) < 1e-2 and _rel(dw, dz.t() @ x.float()) < 1e-2
-        assert not triton_grads._sync_counters(dh.device).any()
-
-
-@needs_triton
-@pytest.mark.parametrize("fuse_dz", [True, False])
-def test_layer_backward_computes_dz_in_the_grads_launch_when_switched_on(interpret, monkeypatch, fuse_dz):
-    from loka_trainer.kernels import triton_grads, triton_mods
-    calls = {"dz_and_grads": [], "backward_dz": []}
-    for module, name in ((triton_grads, "dz_and_grads"), (triton_mods, "backward_dz")):
-        fn = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, fn=fn, name=name, **k: calls[name].append(1) or fn(*a, **k))
-    monkeypatch.setattr(triton_grads, "FUSE_DZ", fuse_dz)
-    g = torch.Generator().manual_seed(6)
-    x = torch.randn(48, K, generator=g).to(torch.bfloat16).requires_grad_()
-    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(torch.bfloat16).requires_grad_()
-    dy = torch.randn(48, N, generator=g)
-    linear_mods(x, w, block=B, mode="split_bf16").backward(dy.to(torch.bfloat16))
-    xr, wr = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
-    linear_mods_ref(xr, wr, B).backward(dy)
-    assert (len(calls["dz_and_grads"]), len(calls["backward_dz"])) == ((1, 0) if fuse_dz else (0, 1))
-    assert _rel(x.grad, xr.grad) < 2e-2 and _rel(w.grad, wr.grad) < 2e-2
