@@ -17,8 +17,9 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   dx = dz·W and dW = dzᵀ·x are then plain GEMMs (cuBLAS or an FP8 backend).
 - ``backward_dz_fp8``: the same dz, plus its FP8 quantization for an FP8 dgrad GEMM (``DZ_FP8``). Rowwise
   e4m3: the dz kernel also writes each (row, block) amax (M, NB), then one cast kernel reads dz once (the row
-  amax comes from the small buffer), both parallel over rows x blocks. Tensorwise e5m2: the dz kernel folds
-  its tiles' amaxes into one scalar (atomic max), then the tensorwise cast pass. Against dz kernel +
+  amax comes from the small buffer), both parallel over rows x blocks. Tensorwise e5m2: the dz kernel writes
+  its tiles' amaxes (each cast program takes their max: no atomics, no zeroed scalar; ``MAX_TILE_MAXIMA``),
+  then the tensorwise cast pass. Against dz kernel +
   quantization kernel this saves the quantizer's amax pass over dz. (A single kernel whose programs own whole
   rows was measured first on the H200: latency-bound at M = 1024, 1.5x slower than unfused at N = 7680.)
 
@@ -213,21 +214,39 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
                                                **pdl.launch_args(z))
 
 
+# the dz kernel stores its tile maxima (for a tensorwise amax) when there are at most this many: each program of
+# the kernel that reads them takes their max (``max_of``); with more, one atomic max into a zeroed scalar
+MAX_TILE_MAXIMA = 4096
+
+
+def _tensorwise_amax(grid: tuple[int, int], device) -> torch.Tensor:
+    """Where the dz kernel on ``grid`` puts a tensorwise amax: one slot per program (TILE_MAXIMA; written, never
+    read before), or a zeroed () scalar for atomic maxima."""
+    tiles = grid[0] * grid[1]
+    if tiles <= MAX_TILE_MAXIMA:
+        return torch.empty(tiles, dtype=torch.float32, device=device)
+    return torch.zeros((), dtype=torch.float32, device=device)
+
+
 def _launch_dz(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, amax=None, amax_mode: int = 0,
                fold: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
     """The dz kernel: dz (M, N) from dy, u, r; ``amax_mode`` as bwd_dz_kernel's AMAX into ``amax``; ``fold``
-    (sx (M,) fp32, fold_amax () fp32): also max |dz·sx| into fold_amax."""
+    (sx (M,) fp32, fold_amax from ``_tensorwise_amax``): also max |dz·sx| into fold_amax."""
     sx, fold_amax = fold if fold is not None else (dz, dz)
+    tensorwise = amax if amax_mode == 2 else fold_amax if fold is not None else None  # both alike if both
     dz_kernel[grid](dy, u, r, dz, amax if amax is not None else dz, sx, fold_amax, dy.shape[0], dy.stride(0),
                     u.stride(0), r.stride(0), dz.stride(0), amax.stride(0) if amax_mode == 1 else 0,
-                    AMAX=amax_mode, FOLD=fold is not None, BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(dy))
+                    AMAX=amax_mode, FOLD=fold is not None, TILE_MAXIMA=tensorwise is not None and tensorwise.dim() == 1,
+                    BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(dy))
 
 
-def _fold_inputs(fold_sx: Optional[torch.Tensor], device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """(sx (M,) fp32 contiguous, a zeroed () fp32 amax) for a folded weight grad, or None."""
+def _fold_inputs(fold_sx: Optional[torch.Tensor], grid: tuple[int, int], device
+                 ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(sx (M,) fp32 contiguous, where the dz kernel on ``grid`` puts max |dz·sx|) for a folded weight grad, or
+    None."""
     if fold_sx is None:
         return None
-    return fold_sx.reshape(-1).float().contiguous(), torch.zeros((), dtype=torch.float32, device=device)
+    return fold_sx.reshape(-1).float().contiguous(), _tensorwise_amax(grid, device)
 
 
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:
@@ -253,7 +272,7 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, f
     amax = torch.empty((M, nb), dtype=torch.float32, device=dy.device)
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=dy.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=dy.device)
-    fold = _fold_inputs(fold_sx, dy.device)
+    fold = _fold_inputs(fold_sx, grid, dy.device)
     _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, amax, 1, fold)
     if fold is None:
         sx, fold_amax, qt, st, q_rows = dz, dz, q, s, rows
@@ -262,19 +281,19 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, f
         qt = torch.empty((N, M), dtype=DZ_DTYPE, device=dy.device)
         st = torch.empty((), dtype=torch.float32, device=dy.device)
     _quant_kernel()[(triton.cdiv(M, q_rows), nb)](
-        dz, amax, q, s, sx, fold_amax, qt, st, M, nb, dz.stride(0), amax.stride(0), q.stride(0), FP8_MAX_=FP8_MAX,
-        EPS_=EPS, NB_P2=triton.next_power_of_2(nb), FOLD=fold is not None,
+        dz, amax, q, s, sx, fold_amax, qt, st, M, nb, dz.stride(0), amax.stride(0), q.stride(0),
+        fold_amax.numel() if fold is not None else 0, FP8_MAX_=FP8_MAX, EPS_=EPS, NB_P2=triton.next_power_of_2(nb), FOLD=fold is not None,
         FOLD_FP8_MAX=float(torch.finfo(DZ_DTYPE).max), BLOCK_N=block, BLOCK_M=q_rows,
         num_warps=8 if fold is not None else 4, **pdl.launch_args(dy))
     return q, s, (qt, st) if fold is not None else None
 
 
 def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, fold_sx=None):
-    """dz kernel with one atomic max over all its tiles, then the tensorwise cast pass (reads dz once); with
-    ``fold_sx`` the dz kernel also finds max |dz·sx| and one more pass writes (dz·sx)ᵀ (wgrad_fold)."""
+    """dz kernel writing its tile maxima (``_tensorwise_amax``), then the tensorwise cast pass (reads dz once);
+    with ``fold_sx`` the dz kernel also finds max |dz·sx| and one more pass writes (dz·sx)ᵀ (wgrad_fold)."""
     from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
-    amax = torch.zeros((), dtype=torch.float32, device=dy.device)
-    fold = _fold_inputs(fold_sx, dy.device)
+    amax = _tensorwise_amax(grid, dy.device)
+    fold = _fold_inputs(fold_sx, grid, dy.device)
     _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, amax, 2, fold)
     q, s = cast_with_amax(dz, amax, torch.float8_e5m2)
     return q, s, (fold_dz_with_amax(dz, *fold) if fold is not None else None)

@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 from loka_trainer.kernels.pdl_kernels import pdl_start
+from loka_trainer.kernels.triton_quant_tensorwise_kernels import max_of
 
 
 @triton.jit
@@ -109,11 +110,20 @@ def dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_
     return r[:, None] * (g - u * mean_gu[:, None])
 
 @triton.jit
+def _max_out(ptr, tile_max, pid_m, pid_n, TILE_MAXIMA: tl.constexpr):
+    if TILE_MAXIMA:
+        tl.store(ptr + pid_m * tl.num_programs(1) + pid_n, tile_max)
+    else:
+        tl.atomic_max(ptr, tile_max)  # a max: exact in any order
+
+@triton.jit
 def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, sx_ptr, fold_amax_ptr, M, stride_dym, stride_um,
-                  stride_rm, stride_dzm, stride_am, AMAX: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    # AMAX: 0 none, 1 each (row, block) amax into amax_ptr (M, NB), 2 one atomic max into the scalar amax_ptr;
-    # FOLD: also max |dz·sx| (sx (M,) fp32) into the scalar fold_amax_ptr (the folded weight grad's, wgrad_fold)
+                  stride_rm, stride_dzm, stride_am, AMAX: tl.constexpr, FOLD: tl.constexpr,
+                  TILE_MAXIMA: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    # AMAX: 0 none, 1 each (row, block) amax into amax_ptr (M, NB), 2 the amax of dz into amax_ptr;
+    # FOLD: also max |dz·sx| (sx (M,) fp32) into fold_amax_ptr (the folded weight grad's, wgrad_fold).
+    # TILE_MAXIMA: those two as this program's tile max at [pid_m·NB + pid_n] (max_of reads them; no atomics,
+    # nothing to zero first), else one atomic max into a zeroed scalar.
     pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -126,20 +136,22 @@ def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, sx_ptr, fold_amax_ptr,
     if AMAX == 1:
         tl.store(amax_ptr + offs_m * stride_am + pid_n, tl.max(tl.abs(dz.to(tl.float32)), axis=1), mask=mask_m)
     if AMAX == 2:
-        tl.atomic_max(amax_ptr, tl.max(tl.abs(dz.to(tl.float32))))  # a max: exact in any order
+        _max_out(amax_ptr, tl.max(tl.abs(dz.to(tl.float32))), pid_m, pid_n, TILE_MAXIMA)
     if FOLD:
         sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
-        tl.atomic_max(fold_amax_ptr, tl.max(tl.abs(dz.to(tl.float32) * sx[:, None])))
+        _max_out(fold_amax_ptr, tl.max(tl.abs(dz.to(tl.float32) * sx[:, None])), pid_m, pid_n, TILE_MAXIMA)
+
 
 @triton.jit
 def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, sx_ptr, fold_amax_ptr, qt_ptr, st_ptr, M, NB, stride_dzm,
-                      stride_am, stride_qm, FP8_MAX_: tl.constexpr, EPS_: tl.constexpr, NB_P2: tl.constexpr,
-                      FOLD: tl.constexpr, FOLD_FP8_MAX: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_M: tl.constexpr):
+                      stride_am, stride_qm, N_FOLD_AMAX, FP8_MAX_: tl.constexpr, EPS_: tl.constexpr,
+                      NB_P2: tl.constexpr, FOLD: tl.constexpr, FOLD_FP8_MAX: tl.constexpr, PDL: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     # Row amax from the (M, NB) per-block amaxes bwd_dz_kernel wrote: no pass over dz to find it, so this
     # kernel reads dz once and is as parallel (rows x blocks) as the dz kernel.
-    # FOLD: also qt (N, M) = (dz·sx)ᵀ cast at the tensorwise scale of fold_amax (the folded weight grad's dz
-    # operand, wgrad_fold), its scale_inv into st_ptr, from the same read of dz.
+    # FOLD: also qt (N, M) = (dz·sx)ᵀ cast at the tensorwise scale of fold_amax (the max of its N_FOLD_AMAX
+    # values; the folded weight grad's dz operand, wgrad_fold), its scale_inv into st_ptr, from the same read
+    # of dz.
     pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -157,7 +169,8 @@ def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, sx_ptr, fold_amax_ptr, qt_
     if pid_n == 0:
         tl.store(s_ptr + offs_m, 1.0 / scale, mask=mask_m)
     if FOLD:
-        scale_t = FOLD_FP8_MAX / tl.minimum(tl.maximum(tl.load(fold_amax_ptr), EPS_), 3.4028234663852886e38)
+        scale_t = FOLD_FP8_MAX / tl.minimum(tl.maximum(max_of(fold_amax_ptr, N_FOLD_AMAX), EPS_),
+                                            3.4028234663852886e38)
         v = dz * tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
         qt = tl.minimum(tl.maximum(v * scale_t, -FOLD_FP8_MAX), FOLD_FP8_MAX)
         tl.store(qt_ptr + offs_n[None, :] * M + offs_m[:, None], qt.to(qt_ptr.dtype.element_ty), mask=mask)

@@ -53,15 +53,16 @@ def quantize_tensorwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8
 
 
 def cast_with_amax(t: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """t (R, C) any strides, amax () fp32 = max |t| (found elsewhere, e.g. by the kernel that wrote t) ->
-    (q (R, C) fp8 contiguous, scale_inv () fp32): the cast pass of ``quantize_tensorwise_fused`` (Triton)."""
+    """t (R, C) any strides, amax fp32 with max(amax) = max |t| (found elsewhere, e.g. by the kernel that wrote t:
+    one scalar, or that kernel's tile maxima) -> (q (R, C) fp8 contiguous, scale_inv () fp32): the cast pass of
+    ``quantize_tensorwise_fused`` (Triton)."""
     triton, _, cast_kernel = _kernels()
     R, C = t.shape
     q = torch.empty((R, C), dtype=dtype, device=t.device)
     s = torch.empty((), dtype=torch.float32, device=t.device)
     block_r, block_c = _tiles(t)
     cast_kernel[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](
-        t, amax, q, s, R, C, t.stride(0), t.stride(1), FP8_MAX=torch.finfo(dtype).max, EPS_=EPS,
+        t, amax, q, s, R, C, t.stride(0), t.stride(1), amax.numel(), FP8_MAX=torch.finfo(dtype).max, EPS_=EPS,
         BLOCK_R=block_r, BLOCK_C=block_c, **pdl.launch_args(t))
     return q, s
 

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from loka_trainer.kernels.pdl_kernels import pdl_start
+from loka_trainer.kernels.triton_quant_tensorwise_kernels import max_of
 
 
 @triton.jit
@@ -34,7 +35,7 @@ def fold_amax_kernel(dz_ptr, sx_ptr, amax_ptr, M, N, stride_dzm, BLOCK_R: tl.con
 
 @triton.jit
 def fold_transpose_kernel(dz_ptr, sx_ptr, amax_ptr, dzt_ptr, s_ptr, xq_ptr, xqt_ptr, M, N, K, stride_dzm,
-                          stride_xm, FP8_MAX: tl.constexpr, EPS_: tl.constexpr, BLOCK_R: tl.constexpr,
+                          stride_xm, N_AMAX, FP8_MAX: tl.constexpr, EPS_: tl.constexpr, BLOCK_R: tl.constexpr,
                           BLOCK_C: tl.constexpr, PDL: tl.constexpr):
     # programs [0, tiles of dz): dzt (N, M) = cast(dz·sx·scale)ᵀ; the rest: xqt (K, M) = xqᵀ (a plain copy)
     pdl_start(PDL)
@@ -43,7 +44,7 @@ def fold_transpose_kernel(dz_ptr, sx_ptr, amax_ptr, dzt_ptr, s_ptr, xq_ptr, xqt_
     if pid < dz_tiles:
         rows, cols, mask = _tile(pid, M, N, BLOCK_R, BLOCK_C)
         # NOTE: same guard as quant.amax_to_scale: an all-zero dz gets a finite scale and exact zeros.
-        scale = FP8_MAX / tl.minimum(tl.maximum(tl.load(amax_ptr), EPS_), 3.4028234663852886e38)
+        scale = FP8_MAX / tl.minimum(tl.maximum(max_of(amax_ptr, N_AMAX), EPS_), 3.4028234663852886e38)
         v = _scaled_dz(dz_ptr, sx_ptr, rows, cols, mask, M, stride_dzm)
         q = tl.minimum(tl.maximum(v * scale, -FP8_MAX), FP8_MAX)
         tl.store(dzt_ptr + cols[None, :] * M + rows[:, None], q.to(dzt_ptr.dtype.element_ty), mask=mask)

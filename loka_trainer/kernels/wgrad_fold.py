@@ -75,8 +75,8 @@ def _launch_fold_transpose(dz: Optional[torch.Tensor], sx: Optional[torch.Tensor
     given = lambda t: t if t is not None else s  # noqa: E731
     k.fold_transpose_kernel[(tiles,)](
         given(dz), given(sx), given(amax), given(dzt), s, given(xq), given(xqt), M, N, K,
-        dz.stride(0) if dz is not None else 0,
-        xq.stride(0) if xq is not None else 0, FP8_MAX=torch.finfo(DZ_DTYPE).max, EPS_=EPS, BLOCK_R=BLOCK_R,
+        dz.stride(0) if dz is not None else 0, xq.stride(0) if xq is not None else 0,
+        amax.numel() if amax is not None else 0, FP8_MAX=torch.finfo(DZ_DTYPE).max, EPS_=EPS, BLOCK_R=BLOCK_R,
         BLOCK_C=BLOCK_C, **pdl.launch_args(ref))
     return ((dzt, s) if dz is not None else None), xqt
 
@@ -86,8 +86,9 @@ def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def fold_dz_with_amax(dz: torch.Tensor, sx: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """dz (M, N) bf16, sx (M,)/(M, 1) fp32, amax () fp32 = max |dz·sx| (found by the kernel that wrote dz) ->
-    (dzt (N, M) e5m2, scale_inv ()): ``fold_operands_ref``'s first two (Triton)."""
+    """dz (M, N) bf16, sx (M,)/(M, 1) fp32, amax fp32 with max(amax) = max |dz·sx| (found by the kernel that wrote
+    dz: its tile maxima, or one scalar) -> (dzt (N, M) e5m2, scale_inv ()): ``fold_operands_ref``'s first two
+    (Triton)."""
     return _launch_fold_transpose(_rows_contiguous(dz), sx.reshape(-1).float().contiguous(), amax, None)[0]
 
 

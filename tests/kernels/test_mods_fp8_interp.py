@@ -48,9 +48,13 @@ def _dh_u_r(rows: int, seed: int = 0):
 @only_interpreted
 @pytest.mark.parametrize("write_bf16", [True, False])
 @pytest.mark.parametrize("granularity", ["rowwise", "tensorwise"])
-def test_backward_dz_fp8_matches_reference(interpret, write_bf16, granularity):
+@pytest.mark.parametrize("tile_maxima", [True, False])  # the tensorwise amaxes as tile maxima, or atomic maxima
+def test_backward_dz_fp8_matches_reference(interpret, monkeypatch, write_bf16, granularity, tile_maxima):
+    from loka_trainer.kernels import triton_mods
     from loka_trainer.kernels.mods_ops_fp8 import mods_backward_fp8_ref
     from loka_trainer.kernels.triton_mods import _rows_per_program, backward_dz_fp8
+    if not tile_maxima:
+        monkeypatch.setattr(triton_mods, "MAX_TILE_MAXIMA", 1)
     rows = 3 * _rows_per_program(B) - 5  # the last row tile is partly masked
     dh, u, r = _dh_u_r(rows)
     sx = torch.logspace(-2, 2, rows)[:, None]  # the forward's row scales of x, for the folded weight grad

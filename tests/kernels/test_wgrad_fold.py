@@ -65,7 +65,11 @@ def _fold_kernels():
         "dz_with_fold_amax": (mk.bwd_dz_kernel,
                               dict(dy_ptr=bf16, u_ptr=bf16, r_ptr=f32, dz_ptr=bf16, amax_ptr=f32, sx_ptr=f32,
                                    fold_amax_ptr=f32),
-                              dict(AMAX=1, FOLD=True, PDL=True, BLOCK_N=256, BLOCK_M=16), 4),
+                              dict(AMAX=1, FOLD=True, TILE_MAXIMA=True, PDL=True, BLOCK_N=256, BLOCK_M=16), 4),
+        "dz_with_tensorwise_amax": (mk.bwd_dz_kernel,
+                                    dict(dy_ptr=bf16, u_ptr=bf16, r_ptr=f32, dz_ptr=bf16, amax_ptr=f32, sx_ptr=f32,
+                                         fold_amax_ptr=f32),
+                                    dict(AMAX=2, FOLD=True, TILE_MAXIMA=True, PDL=True, BLOCK_N=256, BLOCK_M=16), 4),
         "rowwise_cast_with_fold": (mk.quant_rows_kernel,
                                    dict(dz_ptr=bf16, amax_ptr=f32, q_ptr=e4, s_ptr=f32, sx_ptr=f32,
                                         fold_amax_ptr=f32, qt_ptr=e5, st_ptr=f32),
@@ -74,12 +78,14 @@ def _fold_kernels():
     }
 
 
-@pytest.mark.parametrize("name", ["fold_amax", "fold_transpose", "dz_with_fold_amax", "rowwise_cast_with_fold"])
+@pytest.mark.parametrize("name", ["fold_amax", "fold_transpose", "dz_with_fold_amax", "dz_with_tensorwise_amax",
+                                  "rowwise_cast_with_fold"])
 def test_fold_kernels_compile_for_sm90_without_spills_and_wait_for_the_previous_grid(name):
     kernel, types, consts, num_warps = _fold_kernels()[name]
     compiled = compile_sm90(kernel, types, consts, num_warps=num_warps, divisible=True)
     ptx = compiled.asm["ptx"]
     assert "ld.local" not in ptx and "st.local" not in ptx  # no register spills
+    assert ("atom." in ptx) == (name == "fold_amax")  # the dz kernel stores its tile maxima: no atomics
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")  # PDL: no load before the previous grid ends
     # the transposed fp8 writes go out 16 bytes per store, not byte by byte (only the scalar scales are 4-byte)
     assert "st.global.b8" not in ptx and "st.global.b16" not in ptx
