@@ -42,7 +42,7 @@ from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.mods_modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.kernels.mods_ops_fp8 import FOLDED_WGRAD, FUSED_DGRAD
 from loka_trainer.kernels.mods_ref import (block_norm, hard_swish, mods_backward_ref, mods_forward_ref,
-                                           quantize_static, static_fp8_scale)
+                                           quantize_static, static_fp8_scale, u_from_z)
 from loka_trainer.kernels.streams import side_by_side
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
 from loka_trainer.kernels.wgrad_fold import unit_scale, wgrad_fold, wgrad_folded_dz
@@ -53,20 +53,27 @@ FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are 
 # tensorwise GEMM was up to 2.2x faster than the rowwise one at the figure-13 shapes (bench_fig13_gemms_gpu).
 # False: torch._scaled_mm with the rowwise scales (the ``*_rowwise_gemm`` benchmark variants).
 UNIT_SCALE_FP8_GEMM = True
+# The split modes' backward reads z (the GEMM's output, in memory anyway) and r instead of u and r, so the epilogue
+# kernel writes one (M, N) tensor fewer (u = z·r is recomputed by the dz kernel). False: u is written and read
+# (the ``*_save_u`` benchmark variants).
+SAVE_Z = True
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 
 
 @torch.library.custom_op("loka::mods_fwd", mutates_args=())
 def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], block: int, eps: float,
-             split: bool, write_fp8: bool = False, save: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             split: bool, write_fp8: bool = False, save: bool = True, save_z: bool = False
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """x (M, K), w (N, K) bf16 (or e4m3 with sx (M, 1), sw (N, 1)) -> (h, u, r, q); see module docstring.
 
     q (M, N) e4m3 = h at the static scale ``mods_ref.static_fp8_scale(block)`` (the next layer's FP8 input,
     written by the same epilogue) when ``write_fp8``; u, r only when ``save`` (the backward's inputs;
     inference skips writing them). What is not written comes back as an empty (0, ...) tensor (custom ops
-    cannot return None).
+    cannot return None). ``split`` and ``save_z``: the second output is z = x·Wᵀ (M, N) bf16 instead of u (the
+    GEMM's output, kept: no u to write), before sx, sw when ``UNIT_SCALE_FP8_GEMM``.
     """
     N = w.shape[0]
+    save_z = save_z and split and save
     if use_triton(x) and triton_mods.supports(x.shape[1], N, block):
         if split:
             k_slices = triton_mods.cublas_split_k_for(x, N, block) if sx is None else 1
@@ -79,7 +86,7 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
                 z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw)  # (M, N) bf16
                 sx = sw = None
             h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8, save=save,
-                                                  row_scale=sx, col_scale=sw)
+                                                  row_scale=sx, col_scale=sw, save_z=save_z)
         else:
             h, u, r, q = triton_mods.fused_forward(x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps,
                                                    write_fp8=write_fp8, save=save)
@@ -87,6 +94,9 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
         xf = x.float() if sx is None else x.float() * sx.reshape(-1, 1)
         wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
         h, u, r = mods_forward_ref(xf @ wf.t(), block, eps)
+        if save_z:  # z as the Triton path keeps it
+            z_unscaled = sx is not None and UNIT_SCALE_FP8_GEMM
+            u = (x.float() @ w.float().t() if z_unscaled else xf @ wf.t()).to(torch.bfloat16)
         q = quantize_static(h, block)[0] if write_fp8 else None
         u, r = (u, r) if save else (None, None)
     empty = lambda *shape, dtype: x.new_empty(shape, dtype=dtype)  # noqa: E731
@@ -96,7 +106,7 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
 
 
 @mods_fwd.register_fake
-def _(x, w, sx, sw, block, eps, split, write_fp8=False, save=True):
+def _(x, w, sx, sw, block, eps, split, write_fp8=False, save=True, save_z=False):
     M, N = x.shape[0], w.shape[0]
     rows = M if save else 0
     return (x.new_empty((M, N), dtype=torch.bfloat16), x.new_empty((rows, N), dtype=torch.bfloat16),
@@ -105,16 +115,23 @@ def _(x, w, sx, sw, block, eps, split, write_fp8=False, save=True):
 
 
 @torch.library.custom_op("loka::mods_bwd_dz", mutates_args=())
-def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int) -> Tensor:
-    """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16."""
+def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int, from_z: bool = False,
+                z_row_scale: Optional[Tensor] = None, z_col_scale: Optional[Tensor] = None) -> Tensor:
+    """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16. ``from_z``: u holds z (``mods_fwd(save_z=)``),
+    times z_row_scale (M, 1) and z_col_scale (N, 1) when given (``z_source``)."""
     if use_triton(dh):
-        return triton_mods.backward_dz(dh, u, r, block=block)
-    return mods_backward_ref(dh, u, r, block)
+        return triton_mods.backward_dz(dh, u, r, block=block, from_z=z_source(from_z, z_row_scale, z_col_scale))
+    return mods_backward_ref(dh, u_from_z(u, r, block, z_row_scale, z_col_scale) if from_z else u, r, block)
 
 
 @mods_bwd_dz.register_fake
-def _(dh, u, r, block):
+def _(dh, u, r, block, from_z=False, z_row_scale=None, z_col_scale=None):
     return dh.new_empty(dh.shape, dtype=torch.bfloat16)
+
+
+def z_source(from_z: bool, z_row_scale: Optional[Tensor], z_col_scale: Optional[Tensor]) -> triton_mods.ZSource:
+    """The custom ops' (from_z, z_row_scale, z_col_scale) as ``triton_mods.ZSource``."""
+    return (z_row_scale, z_col_scale) if from_z and z_row_scale is not None else from_z
 
 
 @torch.library.custom_op("loka::grads_bf16", mutates_args=())
@@ -160,37 +177,44 @@ def _fp8_input(xb: Tensor, x_q: Optional[Tensor], x_q_scale_inv: float) -> tuple
 
 def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cache, x_q: Optional[Tensor],
                   x_q_scale_inv: float, emit_fp8: bool, *, save: bool, w_for_cache: Optional[Tensor] = None
-                  ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Optional[tuple[Tensor, Tensor]]]:
+                  ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Optional[tuple[Tensor, Tensor]], tuple]:
     """The forward of one Mods layer in ``mode``: xb (M, K), wb (N, K) -> ((h, u, r, q) as ``mods_fwd``, the FP8
-    x (xq, sx) of an FP8 forward or None).
+    x (xq, sx) of an FP8 forward or None, (from_z, z_row_scale, z_col_scale): what u holds, as ``mods_bwd_dz``
+    takes it).
 
     FP8 forward: x from ``_fp8_input``; W from ``cache`` (keyed by ``w_for_cache``, the parameter itself,
     default wb)."""
     fwd = FORWARD_MODES[mode]
     M = xb.shape[0]
     if not fwd.fp8:
-        return mods_fwd(xb.to(torch.bfloat16), wb.to(torch.bfloat16), None, None, block, eps, fwd.split,
-                        emit_fp8, save), None
+        save_z = SAVE_Z and save and fwd.split
+        return (mods_fwd(xb.to(torch.bfloat16), wb.to(torch.bfloat16), None, None, block, eps, fwd.split,
+                         emit_fp8, save, save_z), None, (save_z, None, None))
     xq, sx = _fp8_input(xb, x_q, x_q_scale_inv)
     wq, sw = cache.get(wb if w_for_cache is None else w_for_cache, FP8_WEIGHT_BACKEND, "forward")
-    # torch._scaled_mm needs M % 16 == 0; the fused kernel has no such limit
-    return mods_fwd(xq, wq, sx, sw, block, eps, fwd.split and M % FP8_MULTIPLE == 0, emit_fp8, save), (xq, sx)
+    split = fwd.split and M % FP8_MULTIPLE == 0  # torch._scaled_mm needs M % 16; the fused kernel has no limit
+    save_z = SAVE_Z and save and split
+    z_scales = (sx, sw) if save_z and UNIT_SCALE_FP8_GEMM else (None, None)
+    return (mods_fwd(xq, wq, sx, sw, block, eps, split, emit_fp8, save, save_z), (xq, sx),
+            (save_z, *z_scales))
 
 
 def _grads_on_backends(ctx, saved: tuple, dh: Tensor, need_dx: bool, need_dw: bool
                        ) -> tuple[Optional[Tensor], Optional[Tensor]]:
     """``LinearModsFn.backward``'s general case: dh (M, N) -> (dx (M, K) or None, dW (N, K) or None), dz by the dz
     kernel(s), then the two GEMMs on the plan's backends, on two streams (FUSED_DGRAD, FOLDED_WGRAD: module
-    docstring). ``saved``: the forward's saved tensors (x or None, xq or None, sx or None, w, u, r)."""
-    xb, xq, sx, wb, u, r = saved
+    docstring). ``saved``: the forward's saved tensors (x or None, xq or None, sx or None, w, u or z, r,
+    z_row_scale or None, z_col_scale or None)."""
+    xb, xq, sx, wb, u, r, zs_row, zs_col = saved
+    z_src = (ctx.from_z, zs_row, zs_col)
     dgrad, wgrad = ctx.names
     folded = None  # the folded weight grad's dz operand, when the dz kernels wrote it
     if need_dx and dgrad in FUSED_DGRAD:
         fold_sx = sx if need_dw and xq is not None else None
         dx_fn, dz, folded = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw and fold_sx is None,
-                                               fold_sx)
+                                               fold_sx, z_src)
     else:
-        dz = mods_bwd_dz(dh, u, r, ctx.block)
+        dz = mods_bwd_dz(dh, u, r, ctx.block, *z_src)
         dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
     if not need_dw:
         dw_fn = None
@@ -218,12 +242,13 @@ class LinearModsFn(torch.autograd.Function):
                 x_q: Optional[Tensor], x_q_scale_inv: float, emit_fp8: bool):
         (M, K), N = x.shape, w.shape[0]
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
-        (h, u, r, q), x_fp8 = _mods_forward(xb, wb, block, eps, mode, cache, x_q, x_q_scale_inv, emit_fp8,
-                                            save=True, w_for_cache=w)
+        (h, u, r, q), x_fp8, (from_z, *z_scales) = _mods_forward(xb, wb, block, eps, mode, cache, x_q,
+                                                                 x_q_scale_inv, emit_fp8, save=True, w_for_cache=w)
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
         # the folded FP8 weight grad reads the forward's FP8 x instead of x (not kept then)
         fold = x_fp8 is not None and ctx.names[1] in FOLDED_WGRAD
-        ctx.save_for_backward(*((None, *x_fp8) if fold else (xb, None, None)), wb, u, r)
+        ctx.save_for_backward(*((None, *x_fp8) if fold else (xb, None, None)), wb, u, r, *z_scales)
+        ctx.from_z = from_z
         ctx.block, ctx.cache = block, cache
         ctx.dtypes = (x.dtype, w.dtype)
         ctx.mark_non_differentiable(q)
@@ -237,13 +262,13 @@ class LinearModsFn(torch.autograd.Function):
         if dh is None:  # h was not used in the loss
             return (None,) * 11
         saved = ctx.saved_tensors
-        xb, _, _, wb, u, r = saved
+        xb, _, _, wb, u, r, zs_row, zs_col = saved
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
         M, (N, K) = u.shape[0], wb.shape
         if (need_dx and need_dw and dgrad == wgrad == BASELINE and use_triton(dh)
                 and triton_grads.applies(M, K, N)):  # a small BF16 layer: both GEMMs in one launch
-            dx, dw = grads_bf16(mods_bwd_dz(dh, u, r, ctx.block), xb, wb)
+            dx, dw = grads_bf16(mods_bwd_dz(dh, u, r, ctx.block, ctx.from_z, zs_row, zs_col), xb, wb)
         else:
             dx, dw = _grads_on_backends(ctx, saved, dh, need_dx, need_dw)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
@@ -269,7 +294,7 @@ def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 
     if cache is None:
         cache = WeightCache()
     if not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):  # inference: nothing to save
-        (h, _, _, q), _ = _mods_forward(x, w, block, eps, mode, cache, x_fp8, x_fp8_scale_inv, emit_fp8,
+        (h, _, _, q), _, _ = _mods_forward(x, w, block, eps, mode, cache, x_fp8, x_fp8_scale_inv, emit_fp8,
                                         save=False)
     else:
         h, q = LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache, x_fp8, x_fp8_scale_inv, emit_fp8)

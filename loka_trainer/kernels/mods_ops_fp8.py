@@ -27,7 +27,7 @@ from torch import Tensor
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_ref import mods_backward_ref
+from loka_trainer.kernels.mods_ref import mods_backward_ref, u_from_z
 from loka_trainer.kernels.quant import quantize
 from loka_trainer.kernels.triton_quant import use_triton
 from loka_trainer.kernels.wgrad_fold import DZ_DTYPE, fold_dz_ref
@@ -38,7 +38,7 @@ def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int, granular
                           fold_sx: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Optional[tuple]]:
     """dh (M, N), u (M, N), r (M, NB) -> (dz_q (M, N) fp8, scale_inv fp32 ((M, 1) rowwise, () tensorwise),
     dz (M, N) bf16, folded): ``folded`` = (dzt (N, M) e5m2, scale_inv ()) of (dz·fold_sx)ᵀ when ``fold_sx``
-    (M, 1) is given (``wgrad_fold``), else None."""
+    (M, 1) is given (``wgrad_fold``), else None. (A forward that kept z: ``mods_ref.u_from_z`` gives u.)"""
     dz = mods_backward_ref(dh, u, r, block)
     dz_q, scale_inv = quantize(dz, granularity, triton_mods.DZ_FP8[granularity][0])
     folded = fold_dz_ref(dz, fold_sx) if fold_sx is not None else None
@@ -47,16 +47,21 @@ def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int, granular
 
 @torch.library.custom_op("loka::mods_bwd_dz_fp8", mutates_args=())
 def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bool, granularity: str = "rowwise",
-                    fold_sx: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                    fold_sx: Optional[Tensor] = None, from_z: bool = False, z_row_scale: Optional[Tensor] = None,
+                    z_col_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16, dzt (N, M)
     e5m2, dzt's scale_inv ()) as ``mods_backward_fp8_ref``; dz is an empty (0, N) tensor unless ``write_bf16``,
-    dzt an empty (0, M) one and its scale an empty (0,) one unless ``fold_sx`` (custom ops cannot return None)."""
+    dzt an empty (0, M) one and its scale an empty (0,) one unless ``fold_sx`` (custom ops cannot return None).
+    ``from_z``, ``z_row_scale``, ``z_col_scale``: u holds z, as for ``mods_ops.mods_bwd_dz``."""
     if granularity not in triton_mods.DZ_FP8:
         raise ValueError(f"mods_bwd_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(triton_mods.DZ_FP8)}")
     if use_triton(dh):
+        z_src = (z_row_scale, z_col_scale) if from_z and z_row_scale is not None else from_z
         dz_q, scale_inv, dz, folded = triton_mods.backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16,
-                                                                  granularity=granularity, fold_sx=fold_sx)
+                                                                  granularity=granularity, fold_sx=fold_sx,
+                                                                  from_z=z_src)
     else:
+        u = u_from_z(u, r, block, z_row_scale, z_col_scale) if from_z else u
         dz_q, scale_inv, dz, folded = mods_backward_fp8_ref(dh, u, r, block, granularity, fold_sx)
     if folded is None:
         # NOTE: empty, not a filled scalar: a fill is one more kernel in every FP8 dgrad step
@@ -66,7 +71,8 @@ def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bo
 
 
 @mods_bwd_dz_fp8.register_fake
-def _(dh, u, r, block, write_bf16, granularity="rowwise", fold_sx=None):
+def _(dh, u, r, block, write_bf16, granularity="rowwise", fold_sx=None, from_z=False, z_row_scale=None,
+      z_col_scale=None):
     M, N = dh.shape
     dz = dh.new_empty((M if write_bf16 else 0, N), dtype=torch.bfloat16)
     scale_inv = dh.new_empty((M, 1) if granularity == "rowwise" else (), dtype=torch.float32)
@@ -76,13 +82,14 @@ def _(dh, u, r, block, write_bf16, granularity="rowwise", fold_sx=None):
 
 
 def _dgrad_fp8(granularity: str, backend: str, dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor,
-               cache: WeightCache, need_dz: bool, fold_sx: Optional[Tensor] = None
+               cache: WeightCache, need_dz: bool, fold_sx: Optional[Tensor] = None, z_src: tuple = (False, None, None)
                ) -> tuple[Callable[[], Tensor], Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
     """dh (M, N) -> (dx thunk () -> (M, K) bf16, dz (M, N) bf16 or None, folded or None): the dz+quantization
     kernels run now, the GEMM (``torch._scaled_mm`` against Wᵀ (K, N) e4m3, cast once per weight version by
     ``backend``) when the thunk is called, so the weight grad can run beside it. ``fold_sx`` (M, 1): the same
-    kernels also write the folded weight grad's dz operand, ``folded`` = (dzt (N, M) e5m2, scale_inv ())."""
-    dz_q, s_dz, dz, dzt, s_dzt = mods_bwd_dz_fp8(dh, u, r, block, need_dz, granularity, fold_sx)
+    kernels also write the folded weight grad's dz operand, ``folded`` = (dzt (N, M) e5m2, scale_inv ()).
+    ``z_src`` (from_z, z_row_scale, z_col_scale): what u holds (``mods_bwd_dz_fp8``)."""
+    dz_q, s_dz, dz, dzt, s_dzt = mods_bwd_dz_fp8(dh, u, r, block, need_dz, granularity, fold_sx, *z_src)
     wt_q, s_wt = cache.get(w, backend, "input_grad")
     return ((lambda: scaled_mm_nt(dz_q, s_dz, wt_q, s_wt)), (dz if need_dz else None),
             ((dzt, s_dzt) if fold_sx is not None else None))

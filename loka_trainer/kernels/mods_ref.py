@@ -11,6 +11,7 @@ Notation: M rows, K in-features, N out-features, B the BlockNorm block (default 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -68,6 +69,17 @@ def mods_forward_ref(z: torch.Tensor, block: int, eps: float) -> tuple[torch.Ten
     r = torch.rsqrt(zb.square().mean(-1) + eps)  # (M, NB)
     u = (zb * r.unsqueeze(-1)).flatten(-2)
     return hard_swish(u).to(torch.bfloat16), u.to(torch.bfloat16), r
+
+
+@torch.no_grad()
+def u_from_z(z: torch.Tensor, r: torch.Tensor, block: int, row_scale: Optional[torch.Tensor] = None,
+             col_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """z (M, N), r (M, NB) fp32, optional row_scale (M,)/(M, 1) and col_scale (N,)/(N, 1) -> u (M, N) fp32 =
+    z·row_scale·col_scale·r (r per norm block): the u of a forward that kept z instead of u."""
+    zf = z.float()
+    if row_scale is not None:
+        zf = zf * row_scale.reshape(-1, 1).float() * col_scale.reshape(1, -1).float()
+    return (zf.unflatten(-1, (-1, block)) * r.unsqueeze(-1)).flatten(-2)
 
 
 @torch.no_grad()

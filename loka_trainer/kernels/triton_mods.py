@@ -32,7 +32,7 @@ Requirements (else ``supports`` is False and callers use the reference): N % B =
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -43,6 +43,10 @@ from loka_trainer.kernels.triton_quant import fixed_or_autotuned
 from loka_trainer.kernels.wgrad_fold import DZ_DTYPE, fold_dz_with_amax
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
+# What the backward's ``u`` argument holds: False u; True z (u = z·r per norm block); (row (M,)/(M, 1), col
+# (N,)/(N, 1)) fp32 z of an FP8 GEMM run with unit scales (u = z·row·col·r), as ``norm_forward(save_z=True)``
+# kept it
+ZSource = Union[bool, tuple[torch.Tensor, torch.Tensor]]
 
 
 def supports(K: int, N: int, block: int = DEFAULT_BLOCK) -> bool:
@@ -67,10 +71,10 @@ def _quant_kernel():
     return k.quant_rows_kernel
 
 
-def _outputs(M: int, N: int, block: int, device, write_fp8: bool, save: bool):
+def _outputs(M: int, N: int, block: int, device, write_fp8: bool, save: bool, save_u: bool = True):
     """Output buffers; those not written are stand-ins the kernel never touches (u = y, r of 0 rows, q = y)."""
     y = torch.empty((M, N), dtype=torch.bfloat16, device=device)
-    u = torch.empty((M, N), dtype=torch.bfloat16, device=device) if save else y
+    u = torch.empty((M, N), dtype=torch.bfloat16, device=device) if save and save_u else y
     r = torch.empty((M if save else 0, N // block), dtype=torch.float32, device=device)
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=device) if write_fp8 else y
     return y, u, r, q
@@ -182,34 +186,42 @@ def _rows_per_program(block: int) -> int:
 
 def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
                  write_fp8: bool = False, save: bool = True, row_scale: Optional[torch.Tensor] = None,
-                 col_scale: Optional[torch.Tensor] = None):
+                 col_scale: Optional[torch.Tensor] = None, save_z: bool = False):
     """z (M, N) (row stride free, unit column stride), or contiguous (S, M, N) partial sums (z = their sum,
     e.g. ``cublas_split_k``'s) -> (h, u, r, q) as ``fused_forward``. ``row_scale`` (M,)/(M, 1) with
     ``col_scale`` (N,)/(N, 1) fp32: the epilogue normalizes z·row_scale·col_scale (an FP8 GEMM run with unit
-    scales, its operands' rowwise scales applied here)."""
+    scales, its operands' rowwise scales applied here). ``save_z``: the second output is z (M, N) bf16 before the
+    scales (z itself, or the sum of its slices) instead of u, for ``backward_dz(from_z=True)``: one (M, N) write
+    fewer when z is already in memory."""
     splits = 1
     if z.dim() == 3:
         assert z.is_contiguous(), z.stride()
         splits, z = z.shape[0], z[0]
     M, N = z.shape
     assert z.stride(1) == 1 and N % block == 0, (z.stride(), N, block)
-    y, u, r, q = _outputs(M, N, block, z.device, write_fp8, save)
+    save_z = save and save_z
+    y, u, r, q = _outputs(M, N, block, z.device, write_fp8, save, save_u=not save_z or splits > 1)
     scales = None if row_scale is None else (row_scale, col_scale)
-    _launch_norm(z, y, u, r, q, block, eps, write_fp8, save, splits=splits, scales=scales)
+    _launch_norm(z, y, u, r, q, block, eps, write_fp8, save, splits=splits, scales=scales, save_z=save_z)
+    if save_z and splits == 1:
+        assert z.dtype == torch.bfloat16, z.dtype
+        u = z
     return _returned(y, u, r, q, write_fp8, save)
 
 
 def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: bool, splits: int = 1,
-                 scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+                 scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None, save_z: bool = False):
     """The epilogue kernel on z (M, N), or on the sum of ``splits`` contiguous (M, N) slices starting at z;
-    ``scales`` (row (M,), column (N,)) multiply z first."""
+    ``scales`` (row (M,), column (N,)) multiply z first; ``save_z``: u is not written (with ``splits`` > 1 the
+    summed z is, into u)."""
     triton, _, kernel, _ = _kernels()
     M, N = z.shape
     rows = _rows_per_program(block)
     sx, sw = (s.reshape(-1).float().contiguous() for s in scales) if scales is not None else (z, z)
     kernel[(triton.cdiv(M, rows), N // block)](z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0),
                                                r.stride(0), eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
-                                               WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLITS=splits,
+                                               WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SAVE_Z=save_z,
+                                               SPLITS=splits,
                                                HAS_SCALES=scales is not None, BLOCK_N=block, BLOCK_M=rows,
                                                **pdl.launch_args(z))
 
@@ -228,15 +240,17 @@ def _tensorwise_amax(grid: tuple[int, int], device) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float32, device=device)
 
 
-def _launch_dz(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, amax=None, amax_mode: int = 0,
-               fold: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
-    """The dz kernel: dz (M, N) from dy, u, r; ``amax_mode`` as bwd_dz_kernel's AMAX into ``amax``; ``fold``
-    (sx (M,) fp32, fold_amax from ``_tensorwise_amax``): also max |dz·sx| into fold_amax."""
+def _launch_dz(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, from_z: ZSource, amax=None,
+               amax_mode: int = 0, fold: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+    """The dz kernel: dz (M, N) from dy, u (or z: ``from_z``), r; ``amax_mode`` as bwd_dz_kernel's AMAX into
+    ``amax``; ``fold`` (sx (M,) fp32, fold_amax from ``_tensorwise_amax``): also max |dz·sx| into fold_amax."""
     sx, fold_amax = fold if fold is not None else (dz, dz)
     tensorwise = amax if amax_mode == 2 else fold_amax if fold is not None else None  # both alike if both
-    dz_kernel[grid](dy, u, r, dz, amax if amax is not None else dz, sx, fold_amax, dy.shape[0], dy.stride(0),
-                    u.stride(0), r.stride(0), dz.stride(0), amax.stride(0) if amax_mode == 1 else 0,
-                    AMAX=amax_mode, FOLD=fold is not None, TILE_MAXIMA=tensorwise is not None and tensorwise.dim() == 1,
+    zs_row, zs_col = (s.reshape(-1).float().contiguous() for s in from_z) if isinstance(from_z, tuple) else (r, r)
+    dz_kernel[grid](dy, u, r, zs_row, zs_col, dz, amax if amax is not None else dz, sx, fold_amax, dy.shape[0],
+                    dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0) if amax_mode == 1 else 0,
+                    FROM_Z=from_z is not False, Z_SCALES=isinstance(from_z, tuple), AMAX=amax_mode,
+                    FOLD=fold is not None, TILE_MAXIMA=tensorwise is not None and tensorwise.dim() == 1,
                     BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(dy))
 
 
@@ -249,21 +263,23 @@ def _fold_inputs(fold_sx: Optional[torch.Tensor], grid: tuple[int, int], device
     return fold_sx.reshape(-1).float().contiguous(), _tensorwise_amax(grid, device)
 
 
-def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK) -> torch.Tensor:
-    """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16 (the gradient w.r.t. z = x·Wᵀ)."""
+def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK,
+                from_z: ZSource = False) -> torch.Tensor:
+    """dy (M, N), u (M, N) bf16 (or z: ``from_z``, ``ZSource``), r (M, NB) fp32 -> dz (M, N) bf16 (the gradient
+    w.r.t. z = x·Wᵀ)."""
     triton, _, _, kernel = _kernels()
     M, N = dy.shape
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
     rows = _rows_per_program(block)
-    _launch_dz(kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows)
+    _launch_dz(kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows, from_z)
     return dz
 
 
 FOLD_ROWS = 64  # the rowwise cast kernel's rows per program when it also writes (dz·sx)ᵀ: 64-byte runs of it
 
 
-def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, fold_sx=None):
+def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, from_z: ZSource, fold_sx=None):
     """dz kernel writing each (row, block) amax, then one cast kernel (row amax from that small buffer); with
     ``fold_sx`` the cast kernel also writes the folded weight grad's (dz·sx)ᵀ e5m2 (wgrad_fold)."""
     triton = _kernels()[0]
@@ -273,7 +289,7 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, f
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=dy.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=dy.device)
     fold = _fold_inputs(fold_sx, grid, dy.device)
-    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, amax, 1, fold)
+    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, from_z, amax, 1, fold)
     if fold is None:
         sx, fold_amax, qt, st, q_rows = dz, dz, q, s, rows
     else:
@@ -282,19 +298,20 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, f
         st = torch.empty((), dtype=torch.float32, device=dy.device)
     _quant_kernel()[(triton.cdiv(M, q_rows), nb)](
         dz, amax, q, s, sx, fold_amax, qt, st, M, nb, dz.stride(0), amax.stride(0), q.stride(0),
-        fold_amax.numel() if fold is not None else 0, FP8_MAX_=FP8_MAX, EPS_=EPS, NB_P2=triton.next_power_of_2(nb), FOLD=fold is not None,
-        FOLD_FP8_MAX=float(torch.finfo(DZ_DTYPE).max), BLOCK_N=block, BLOCK_M=q_rows,
+        fold_amax.numel() if fold is not None else 0, FP8_MAX_=FP8_MAX, EPS_=EPS, NB_P2=triton.next_power_of_2(nb),
+        FOLD=fold is not None, FOLD_FP8_MAX=float(torch.finfo(DZ_DTYPE).max), BLOCK_N=block, BLOCK_M=q_rows,
         num_warps=8 if fold is not None else 4, **pdl.launch_args(dy))
     return q, s, (qt, st) if fold is not None else None
 
 
-def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, fold_sx=None):
+def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, from_z: ZSource,
+                            fold_sx=None):
     """dz kernel writing its tile maxima (``_tensorwise_amax``), then the tensorwise cast pass (reads dz once);
     with ``fold_sx`` the dz kernel also finds max |dz·sx| and one more pass writes (dz·sx)ᵀ (wgrad_fold)."""
     from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
     amax = _tensorwise_amax(grid, dy.device)
     fold = _fold_inputs(fold_sx, grid, dy.device)
-    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, amax, 2, fold)
+    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, from_z, amax, 2, fold)
     q, s = cast_with_amax(dz, amax, torch.float8_e5m2)
     return q, s, (fold_dz_with_amax(dz, *fold) if fold is not None else None)
 
@@ -308,18 +325,19 @@ DZ_FP8 = {
 
 
 def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK,
-                    write_bf16: bool = True, granularity: str = "rowwise", fold_sx: Optional[torch.Tensor] = None):
+                    write_bf16: bool = True, granularity: str = "rowwise", fold_sx: Optional[torch.Tensor] = None,
+                    from_z: ZSource = False):
     """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16 or None,
     folded or None): dz as ``backward_dz``, quantized exactly as ``quant.quantize(dz_bf16, granularity,
     DZ_FP8[granularity][0])``: rowwise e4m3 with scale_inv (M, 1), or tensorwise e5m2 with scale_inv ()
     (``mods_ops_fp8.mods_bwd_dz_fp8`` validates ``granularity``). ``fold_sx`` (M, 1) fp32, the forward's row scales of
     x: also ``folded`` = (dzt (N, M) e5m2, scale_inv ()), the folded weight grad's dz operand
-    (``wgrad_fold.fold_operands_ref``'s first two)."""
+    (``wgrad_fold.fold_operands_ref``'s first two). ``from_z`` as ``backward_dz``'s."""
     triton, _, _, dz_kernel = _kernels()
     M, N = dy.shape
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)  # written either way: the cast reads it
     rows = _rows_per_program(block)
     q, s, folded = DZ_FP8[granularity][1](dz_kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
-                                          fold_sx)
+                                          from_z, fold_sx)
     return q, s, (dz if write_bf16 else None), folded

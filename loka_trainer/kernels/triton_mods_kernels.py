@@ -12,7 +12,7 @@ from loka_trainer.kernels.triton_quant_tensorwise_kernels import max_of
 @triton.jit
 def _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
               out_scale, BLOCK_N: tl.constexpr, WRITE_FP8: tl.constexpr, FP8_MAX_: tl.constexpr,
-              SAVE_FOR_BACKWARD: tl.constexpr):
+              SAVE_FOR_BACKWARD: tl.constexpr, SAVE_U: tl.constexpr):
     # BlockNorm over the whole N tile (= the norm block), then HardSwish, all on chip.
     r = tl.rsqrt(tl.sum(acc * acc, axis=1) / BLOCK_N + eps)
     u = acc * r[:, None]
@@ -20,8 +20,9 @@ def _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym
     idx = offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = mask_m[:, None]
     tl.store(y_ptr + idx, h.to(y_ptr.dtype.element_ty), mask=mask)
-    if SAVE_FOR_BACKWARD:  # u and r are what the backward needs; inference skips their writes
-        tl.store(u_ptr + idx, u.to(u_ptr.dtype.element_ty), mask=mask)
+    if SAVE_FOR_BACKWARD:  # r and u (or z, kept by the caller: not SAVE_U) are what the backward needs
+        if SAVE_U:
+            tl.store(u_ptr + idx, u.to(u_ptr.dtype.element_ty), mask=mask)
         tl.store(r_ptr + offs_m * stride_rm + pid_n, r, mask=mask_m)
     if WRITE_FP8:
         q = tl.minimum(tl.maximum(h * out_scale, -FP8_MAX_), FP8_MAX_)
@@ -71,17 +72,19 @@ def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, w
         acc = acc * sx[:, None] * sw[None, :]
     if SPLIT_K == 1:
         _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
-                  out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD)
+                  out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD, True)
     else:
         tl.store(ws_ptr + pid_k * stride_ws + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask_m[:, None])
 
 @triton.jit
 def norm_fwd_kernel(z_ptr, sx_ptr, sw_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_zs, stride_ym,
                     stride_rm, eps, out_scale, FP8_MAX_: tl.constexpr, WRITE_FP8: tl.constexpr,
-                    SAVE_FOR_BACKWARD: tl.constexpr, SPLITS: tl.constexpr, HAS_SCALES: tl.constexpr,
-                    PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                    SAVE_FOR_BACKWARD: tl.constexpr, SAVE_Z: tl.constexpr, SPLITS: tl.constexpr,
+                    HAS_SCALES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     # z = the sum of SPLITS slices z_ptr + s * stride_zs (1: a plain z; > 1: fused_fwd_kernel's split-K partials),
-    # times sx (M,) per row and sw (N,) per column if HAS_SCALES (an FP8 GEMM's rowwise scales, applied here)
+    # times sx (M,) per row and sw (N,) per column if HAS_SCALES (an FP8 GEMM's rowwise scales, applied here).
+    # SAVE_Z: the backward reads z (before the scales) instead of u: with SPLITS > 1 the summed z goes to u_ptr
+    # (bf16), else the caller keeps z itself and u is not written
     pdl_start(PDL)
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -91,19 +94,29 @@ def norm_fwd_kernel(z_ptr, sx_ptr, sw_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride
     z = tl.load(z_ptrs, mask=mask_m[:, None], other=0.0).to(tl.float32)
     for s in tl.static_range(1, SPLITS):
         z += tl.load(z_ptrs + s * stride_zs, mask=mask_m[:, None], other=0.0)
+    if SAVE_FOR_BACKWARD and SAVE_Z and SPLITS > 1:
+        tl.store(u_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], z.to(u_ptr.dtype.element_ty),
+                 mask=mask_m[:, None])
     if HAS_SCALES:
         z = z * tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)[:, None] * tl.load(sw_ptr + offs_n)[None, :]
     _epilogue(z, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm,
-              pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD)
+              pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD, not SAVE_Z)
 
 @triton.jit
-def dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_um, stride_rm,
-             BLOCK_N: tl.constexpr):
+def dz_tile(dy_ptr, u_ptr, r_ptr, zs_row_ptr, zs_col_ptr, offs_m, offs_n, mask_m, j, stride_dym, stride_um,
+            stride_rm, FROM_Z: tl.constexpr, Z_SCALES: tl.constexpr, BLOCK_N: tl.constexpr):
     # dz (BLOCK_M, BLOCK_N) fp32 of norm block j: g = dy·HardSwish'(u), dz = r·(g − u·mean_B(g·u)).
+    # FROM_Z: u_ptr holds z, u = z·r (z times zs_row (M,) per row and zs_col (N,) per column first if Z_SCALES,
+    # the forward's order of operations)
     mask = mask_m[:, None]
     dy = tl.load(dy_ptr + offs_m[:, None] * stride_dym + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs_m[:, None] * stride_um + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + offs_m * stride_rm + j, mask=mask_m, other=0.0)
+    if FROM_Z:
+        if Z_SCALES:
+            row = tl.load(zs_row_ptr + offs_m, mask=mask_m, other=0.0)
+            u = u * row[:, None] * tl.load(zs_col_ptr + offs_n)[None, :]
+        u = u * r[:, None]
     slope = tl.where(u < -3.0, 0.0, tl.where(u > 3.0, 1.0, (2.0 * u + 3.0) / 6.0))  # HardSwish'(u)
     g = dy * slope
     mean_gu = tl.sum(g * u, axis=1) / BLOCK_N
@@ -117,9 +130,11 @@ def _max_out(ptr, tile_max, pid_m, pid_n, TILE_MAXIMA: tl.constexpr):
         tl.atomic_max(ptr, tile_max)  # a max: exact in any order
 
 @triton.jit
-def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, sx_ptr, fold_amax_ptr, M, stride_dym, stride_um,
-                  stride_rm, stride_dzm, stride_am, AMAX: tl.constexpr, FOLD: tl.constexpr,
-                  TILE_MAXIMA: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, zs_row_ptr, zs_col_ptr, dz_ptr, amax_ptr, sx_ptr, fold_amax_ptr, M,
+                  stride_dym, stride_um, stride_rm, stride_dzm, stride_am, FROM_Z: tl.constexpr,
+                  Z_SCALES: tl.constexpr, AMAX: tl.constexpr, FOLD: tl.constexpr, TILE_MAXIMA: tl.constexpr,
+                  PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    # u_ptr: u, or z (FROM_Z, Z_SCALES: dz_tile)
     # AMAX: 0 none, 1 each (row, block) amax into amax_ptr (M, NB), 2 the amax of dz into amax_ptr;
     # FOLD: also max |dz·sx| (sx (M,) fp32) into fold_amax_ptr (the folded weight grad's, wgrad_fold).
     # TILE_MAXIMA: those two as this program's tile max at [pid_m·NB + pid_n] (max_of reads them; no atomics,
@@ -129,7 +144,8 @@ def bwd_dz_kernel(dy_ptr, u_ptr, r_ptr, dz_ptr, amax_ptr, sx_ptr, fold_amax_ptr,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
-    dz = dz_tile(dy_ptr, u_ptr, r_ptr, offs_m, offs_n, mask_m, pid_n, stride_dym, stride_um, stride_rm, BLOCK_N)
+    dz = dz_tile(dy_ptr, u_ptr, r_ptr, zs_row_ptr, zs_col_ptr, offs_m, offs_n, mask_m, pid_n, stride_dym,
+                 stride_um, stride_rm, FROM_Z, Z_SCALES, BLOCK_N)
     dz = dz.to(dz_ptr.dtype.element_ty)
     tl.store(dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :], dz, mask=mask_m[:, None])
     # of the stored (rounded) dz, so the FP8 cast matches quantizing the bf16 dz (masked rows hold zeros)

@@ -10,7 +10,7 @@ import torch
 
 from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_forward_ref
-from loka_trainer.kernels.mods_ref import linear_mods_ref, static_fp8_scale
+from loka_trainer.kernels.mods_ref import linear_mods_ref, static_fp8_scale, u_from_z
 from loka_trainer.kernels.quant import quantize, quantize_rowwise, quantize_tensorwise
 from loka_trainer.kernels.triton_quant import quantize_rowwise_fused, use_triton
 from loka_trainer.kernels.triton_quant_tensorwise import quantize_tensorwise_fused
@@ -116,6 +116,39 @@ def test_norm_forward_adds_k_slice_partials(interpret):
     hr, ur, rr = mods_forward_ref(x @ w.t(), B, 1e-6)
     assert _rel(h, hr) < 1e-2 and _rel(u, ur) < 1e-2
     torch.testing.assert_close(r, rr, rtol=1e-4, atol=0)
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [1, 4])  # z from one GEMM, or the sum of K-slice partials
+def test_norm_forward_can_keep_z_for_a_backward_that_recomputes_u(interpret, splits):
+    x, w = _xw(torch.float32)
+    z = triton_mods.cublas_split_k(x, w, 4) if splits > 1 else (x @ w.t()).to(torch.bfloat16)
+    h, u, r, _ = triton_mods.norm_forward(z, block=B)
+    hz, kept, rz, _ = triton_mods.norm_forward(z, block=B, save_z=True)
+    assert torch.equal(h, hz) and torch.equal(r, rz)  # the forward's results do not depend on what is kept
+    if splits == 1:
+        assert kept is z  # z itself: no (M, N) write
+    else:
+        assert kept.dtype == torch.bfloat16 and _rel(kept, z.sum(0)) < 1e-2
+    dy = torch.randn(M, N, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    dz_u = triton_mods.backward_dz(dy, u, r, block=B)
+    dz_z = triton_mods.backward_dz(dy, kept, r, block=B, from_z=True)
+    assert _rel(dz_z, dz_u) < 1e-2 and _rel(dz_z, mods_backward_ref(dy, u_from_z(kept, r, B), r, B)) < 1e-2
+
+
+@needs_triton
+def test_backward_dz_from_a_unit_scale_gemms_z_applies_the_scales(interpret):
+    x, w = _xw(torch.float32)
+    g = torch.Generator().manual_seed(3)
+    row, col = torch.logspace(-1, 1, M)[:, None], torch.rand(N, 1, generator=g) + 0.5
+    z = (x @ w.t()).to(torch.bfloat16)
+    _, kept, r, _ = triton_mods.norm_forward(z, block=B, row_scale=row, col_scale=col, save_z=True)
+    _, u, r_u, _ = triton_mods.norm_forward(z, block=B, row_scale=row, col_scale=col)
+    assert kept is z and torch.equal(r, r_u)
+    dy = torch.randn(M, N, generator=g).to(torch.bfloat16)
+    dz = triton_mods.backward_dz(dy, kept, r, block=B, from_z=(row, col))
+    assert _rel(dz, triton_mods.backward_dz(dy, u, r, block=B)) < 1e-2
+    assert _rel(dz, triton_mods.backward_dz(dy, kept, r, block=B, from_z=True)) > 0.1  # the scales matter here
 
 
 @needs_triton

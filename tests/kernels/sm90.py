@@ -14,10 +14,12 @@ def compile_sm90(kernel, types: dict, consts: dict, *, num_warps: int = 4, num_s
     """``kernel`` (a ``triton.jit`` function) compiled for sm90: pointer arguments typed by ``types`` (name ->
     Triton type, e.g. "*bf16"), the other non-constexpr ones i32, ``consts`` the constexprs. ``divisible``: every
     pointer and integer marked divisible by 16, as Triton's launcher specializes them at aligned shapes.
-    Skips the test where this triton install cannot compile for sm90 (e.g. no ptxas)."""
+    Skips the test where this triton install cannot compile for sm90 (e.g. no ptxas); a kernel that does not
+    compile (wrong arguments, bad code) fails it."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.compiler.errors import CompilationError
     names = kernel.arg_names
     signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n not in consts} if divisible else None
@@ -27,5 +29,7 @@ def compile_sm90(kernel, types: dict, consts: dict, *, num_warps: int = 4, num_s
         options["num_stages"] = num_stages
     try:
         return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    except CompilationError:
+        raise
     except Exception as e:  # noqa: BLE001 - e.g. no ptxas in this triton install
         pytest.skip(f"cannot compile for sm90 here: {type(e).__name__}: {str(e)[:120]}")

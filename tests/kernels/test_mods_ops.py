@@ -119,6 +119,30 @@ def test_mods_fwd_writes_only_what_is_asked(write_fp8, save):
     torch.library.opcheck(mods_fwd, (x, w, None, None, 64, 1e-6, True, write_fp8, save))
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_mods_fwd_keeps_z_for_the_backward_when_asked(fp8):
+    from loka_trainer.kernels.mods_ops import UNIT_SCALE_FP8_GEMM, mods_bwd_dz, mods_fwd
+    from loka_trainer.kernels.quant import quantize_rowwise
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
+    w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16)
+    (x, sx), (w, sw) = ((quantize_rowwise(t, torch.float8_e4m3fn) for t in (x, w)) if fp8
+                        else ((x, None), (w, None)))
+    h, u, r, _ = mods_fwd(x, w, sx, sw, 64, 1e-6, True)
+    hz, z, rz, _ = mods_fwd(x, w, sx, sw, 64, 1e-6, True, save_z=True)
+    torch.testing.assert_close(h, hz)
+    torch.testing.assert_close(r, rz)
+    scales = (sx, sw) if fp8 and UNIT_SCALE_FP8_GEMM else (None, None)  # z before the scales
+    zf = x.float() @ w.float().t()
+    if fp8 and not UNIT_SCALE_FP8_GEMM:
+        zf = zf * sx * sw.t()
+    assert float((z.float() - zf).norm() / zf.norm()) < 1e-2
+    dh = torch.randn(32, 128, generator=g).to(torch.bfloat16)
+    dz_u, dz_z = mods_bwd_dz(dh, u, r, 64), mods_bwd_dz(dh, z, r, 64, True, *scales)
+    assert float((dz_z.float() - dz_u.float()).norm() / dz_u.float().norm()) < 1e-2
+    torch.library.opcheck(mods_bwd_dz, (dh, z, r, 64, True, *scales))
+
+
 def test_inference_skips_the_autograd_function(monkeypatch):
     from loka_trainer.kernels import mods_ops
     g = torch.Generator().manual_seed(1)

@@ -57,19 +57,20 @@ def _fold_kernels():
     from loka_trainer.kernels.wgrad_fold import BLOCK_C, BLOCK_R
     f32, bf16, e4, e5 = "*fp32", "*bf16", "*fp8e4nv", "*fp8e5"
     tiles = dict(BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PDL=True)
+    dz_types = dict(dy_ptr=bf16, u_ptr=bf16, r_ptr=f32, zs_row_ptr=f32, zs_col_ptr=f32, dz_ptr=bf16, amax_ptr=f32,
+                    sx_ptr=f32, fold_amax_ptr=f32)
+    dz_consts = dict(TILE_MAXIMA=True, PDL=True, BLOCK_N=256, BLOCK_M=16)
     return {
         "fold_amax": (fk.fold_amax_kernel, dict(dz_ptr=bf16, sx_ptr=f32, amax_ptr=f32), tiles, 4),
         "fold_transpose": (fk.fold_transpose_kernel,
                            dict(dz_ptr=bf16, sx_ptr=f32, amax_ptr=f32, dzt_ptr=e5, s_ptr=f32, xq_ptr=e4, xqt_ptr=e4),
                            dict(FP8_MAX=57344.0, EPS_=1e-12, **tiles), 4),
-        "dz_with_fold_amax": (mk.bwd_dz_kernel,
-                              dict(dy_ptr=bf16, u_ptr=bf16, r_ptr=f32, dz_ptr=bf16, amax_ptr=f32, sx_ptr=f32,
-                                   fold_amax_ptr=f32),
-                              dict(AMAX=1, FOLD=True, TILE_MAXIMA=True, PDL=True, BLOCK_N=256, BLOCK_M=16), 4),
-        "dz_with_tensorwise_amax": (mk.bwd_dz_kernel,
-                                    dict(dy_ptr=bf16, u_ptr=bf16, r_ptr=f32, dz_ptr=bf16, amax_ptr=f32, sx_ptr=f32,
-                                         fold_amax_ptr=f32),
-                                    dict(AMAX=2, FOLD=True, TILE_MAXIMA=True, PDL=True, BLOCK_N=256, BLOCK_M=16), 4),
+        "dz_with_fold_amax": (mk.bwd_dz_kernel, dz_types,
+                              dict(AMAX=1, FOLD=True, **dz_consts, FROM_Z=False, Z_SCALES=False), 4),
+        "dz_with_tensorwise_amax": (mk.bwd_dz_kernel, dz_types,
+                                    dict(AMAX=2, FOLD=True, **dz_consts, FROM_Z=False, Z_SCALES=False), 4),
+        "dz_from_scaled_z": (mk.bwd_dz_kernel, dz_types,
+                             dict(AMAX=1, FOLD=True, **dz_consts, FROM_Z=True, Z_SCALES=True), 4),
         "rowwise_cast_with_fold": (mk.quant_rows_kernel,
                                    dict(dz_ptr=bf16, amax_ptr=f32, q_ptr=e4, s_ptr=f32, sx_ptr=f32,
                                         fold_amax_ptr=f32, qt_ptr=e5, st_ptr=f32),
@@ -79,7 +80,7 @@ def _fold_kernels():
 
 
 @pytest.mark.parametrize("name", ["fold_amax", "fold_transpose", "dz_with_fold_amax", "dz_with_tensorwise_amax",
-                                  "rowwise_cast_with_fold"])
+                                  "dz_from_scaled_z", "rowwise_cast_with_fold"])
 def test_fold_kernels_compile_for_sm90_without_spills_and_wait_for_the_previous_grid(name):
     kernel, types, consts, num_warps = _fold_kernels()[name]
     compiled = compile_sm90(kernel, types, consts, num_warps=num_warps, divisible=True)
