@@ -13,6 +13,8 @@ SWITCHES = {
     "no_grouped_grads": ("loka_trainer.kernels.triton_grads", "ENABLED", False),  # a small layer's dx, dW on cuBLAS
     # the split FP8 forward on cuBLASLt's rowwise-scaled GEMM instead of unit-scale tensorwise + epilogue scales
     "rowwise_gemm": ("loka_trainer.kernels.mods_ops", "UNIT_SCALE_FP8_GEMM", False),
+    # the split modes' epilogue writes u for the backward instead of the backward recomputing it from z
+    "save_u": ("loka_trainer.kernels.mods_ops", "SAVE_Z", False),
 }
 
 
