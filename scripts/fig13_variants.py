@@ -53,15 +53,18 @@ SWITCHED_VARIANTS = {"serial_grads": SERIAL_GRADS_VARIANTS, "no_split_k": ("spli
                      "no_pdl": ("split_bf16", "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad"),
                      "no_grouped_grads": ("split_bf16", "fused_bf16", "fused_fp8_fwd"),
                      "rowwise_gemm": ("split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad"),
-                     "save_u": ("split_bf16", "split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad")}
+                     "save_u": ("split_bf16", "split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad"),
+                     "xt_in_backward": ("split_fp8_dgrad_tw_wgrad", "fused_fp8_dgrad_tw_wgrad")}
 COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
 ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
                       *(f"{n}_{switch}" for switch, names in SWITCHED_VARIANTS.items() for n in names))
 # what suite (b) times unless told otherwise: the issue's comparisons (base eager and compiled, the Mods and
 # torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
-# the H200 (r10-r15); ``--fig13-variants all`` adds the rest (modes never fastest, the switched variants)
+# the H200 (r10-r15; split_fp8_dgrad_tw_wgrad: r26); ``--fig13-variants all`` adds the rest (modes never fastest,
+# the switched variants)
 DEFAULT_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", "split_bf16",
-                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad")
+                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad",
+                          "split_fp8_dgrad_tw_wgrad")
 
 
 def fig13_variant_names(arg: Optional[str]) -> tuple[str, ...]:
