@@ -18,9 +18,8 @@ timed call unless ``--accumulate-grads``; see ``bench_timing``):
     the backward's two GEMMs in order instead of on two streams; ``split_bf16_no_split_k``: the forward GEMM as
     one cuBLAS call where ``split_bf16`` splits it over K; ``*_no_pdl``: our kernels launched without
     programmatic dependent launch; ``*_rowwise_gemm``: the split FP8 forward on the rowwise-scaled FP8 GEMM;
-    ``*_save_u``: the split modes' epilogue writes u for the backward instead of it recomputing u from z;
-    ``*_xt_in_backward``: a folded FP8 weight grad transposes xq in the backward instead of reading the
-    forward's transposed copy (all: ``bench_switches``, ``SWITCHED_VARIANTS``; not candidates for fused_best).
+    ``*_save_u``: the split modes' epilogue writes u for the backward instead of it recomputing u from z (all:
+    ``bench_switches``, ``SWITCHED_VARIANTS``; not candidates for fused_best).
     ``--fig13-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
     ``fig13_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +

@@ -15,8 +15,6 @@ SWITCHES = {
     "rowwise_gemm": ("loka_trainer.kernels.mods_ops", "UNIT_SCALE_FP8_GEMM", False),
     # the split modes' epilogue writes u for the backward instead of the backward recomputing it from z
     "save_u": ("loka_trainer.kernels.mods_ops", "SAVE_Z", False),
-    # a folded FP8 weight grad transposes xq in the backward instead of reading the forward's transposed copy
-    "xt_in_backward": ("loka_trainer.kernels.mods_ops", "FOLD_XT_IN_FORWARD", False),
 }
 
 

@@ -53,8 +53,7 @@ SWITCHED_VARIANTS = {"serial_grads": SERIAL_GRADS_VARIANTS, "no_split_k": ("spli
                      "no_pdl": ("split_bf16", "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad"),
                      "no_grouped_grads": ("split_bf16", "fused_bf16", "fused_fp8_fwd"),
                      "rowwise_gemm": ("split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad"),
-                     "save_u": ("split_bf16", "split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad"),
-                     "xt_in_backward": ("split_fp8_dgrad_tw_wgrad", "fused_fp8_dgrad_tw_wgrad")}
+                     "save_u": ("split_bf16", "split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad")}
 COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
 ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
                       *(f"{n}_{switch}" for switch, names in SWITCHED_VARIANTS.items() for n in names))

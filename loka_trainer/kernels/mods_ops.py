@@ -45,7 +45,6 @@ from loka_trainer.kernels.mods_ref import (block_norm, hard_swish, mods_backward
                                            quantize_static, static_fp8_scale, u_from_z)
 from loka_trainer.kernels.streams import side_by_side
 from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
-from loka_trainer.kernels.triton_quant_transposed import quant_rowwise_t
 from loka_trainer.kernels.wgrad_fold import unit_scale, wgrad_fold, wgrad_folded_dz
 
 FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
@@ -58,10 +57,6 @@ UNIT_SCALE_FP8_GEMM = True
 # kernel writes one (M, N) tensor fewer (u = z·r is recomputed by the dz kernel). False: u is written and read
 # (the ``*_save_u`` benchmark variants).
 SAVE_Z = True
-# A folded FP8 weight grad (mods_ops_fp8.FOLDED_WGRAD) gets xqᵀ from the forward's quantization of x
-# (``triton_quant_transposed``) instead of a transpose launch in the backward. False: the backward transposes xq
-# (the ``*_xt_in_backward`` benchmark variants).
-FOLD_XT_IN_FORWARD = True
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 
 
@@ -172,43 +167,35 @@ def _runnable(name: str, M: int, K: int, N: int) -> str:
     return name if name == BASELINE or get_backend(name).supports(M, K, N) else BASELINE
 
 
-def _fp8_input(xb: Tensor, x_q: Optional[Tensor], x_q_scale_inv: float, transposed: bool
-               ) -> tuple[Tensor, Tensor, Tensor]:
-    """xb (M, K) -> (xq (M, K) e4m3, sx (M, 1) fp32, xq for the backward): ``x_q`` handed over by the previous
-    layer at the static scale ``x_q_scale_inv`` (no quantization pass here), else one ``quant_rowwise`` pass, or
-    with ``transposed`` (and ``FOLD_XT_IN_FORWARD``) ``quant_rowwise_t``, whose xqᵀ the backward gets as the
-    (M, K) view ``xqt.t()`` (``wgrad_fold.is_transposed_copy``)."""
+def _fp8_input(xb: Tensor, x_q: Optional[Tensor], x_q_scale_inv: float) -> tuple[Tensor, Tensor]:
+    """xb (M, K) -> (xq (M, K) e4m3, sx (M, 1) fp32): ``x_q`` handed over by the previous layer at the static
+    scale ``x_q_scale_inv`` (no quantization pass here), else one ``quant_rowwise`` pass."""
     if x_q is not None:
-        return x_q, torch.full((xb.shape[0], 1), x_q_scale_inv, dtype=torch.float32, device=xb.device), x_q
-    if transposed and FOLD_XT_IN_FORWARD:
-        xq, sx, xqt = quant_rowwise_t(xb.to(torch.bfloat16))
-        return xq, sx, xqt.t()
-    xq, sx = quant_rowwise(xb.to(torch.bfloat16))
-    return xq, sx, xq
+        return x_q, torch.full((xb.shape[0], 1), x_q_scale_inv, dtype=torch.float32, device=xb.device)
+    return quant_rowwise(xb.to(torch.bfloat16))
 
 
 def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cache, x_q: Optional[Tensor],
-                  x_q_scale_inv: float, emit_fp8: bool, *, save: bool, w_for_cache: Optional[Tensor] = None,
-                  x_transposed: bool = False
+                  x_q_scale_inv: float, emit_fp8: bool, *, save: bool, w_for_cache: Optional[Tensor] = None
                   ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Optional[tuple[Tensor, Tensor]], tuple]:
     """The forward of one Mods layer in ``mode``: xb (M, K), wb (N, K) -> ((h, u, r, q) as ``mods_fwd``, the FP8
-    x (xq, sx) of an FP8 forward for the backward or None, (from_z, z_row_scale, z_col_scale): what u holds, as
-    ``mods_bwd_dz`` takes it).
+    x (xq, sx) of an FP8 forward or None, (from_z, z_row_scale, z_col_scale): what u holds, as ``mods_bwd_dz``
+    takes it).
 
-    FP8 forward: x from ``_fp8_input`` (``x_transposed``: also xqᵀ, for a folded weight grad); W from ``cache``
-    (keyed by ``w_for_cache``, the parameter itself, default wb)."""
+    FP8 forward: x from ``_fp8_input``; W from ``cache`` (keyed by ``w_for_cache``, the parameter itself,
+    default wb)."""
     fwd = FORWARD_MODES[mode]
     M = xb.shape[0]
     if not fwd.fp8:
         save_z = SAVE_Z and save and fwd.split
         return (mods_fwd(xb.to(torch.bfloat16), wb.to(torch.bfloat16), None, None, block, eps, fwd.split,
                          emit_fp8, save, save_z), None, (save_z, None, None))
-    xq, sx, xq_saved = _fp8_input(xb, x_q, x_q_scale_inv, x_transposed)
+    xq, sx = _fp8_input(xb, x_q, x_q_scale_inv)
     wq, sw = cache.get(wb if w_for_cache is None else w_for_cache, FP8_WEIGHT_BACKEND, "forward")
     split = fwd.split and M % FP8_MULTIPLE == 0  # torch._scaled_mm needs M % 16; the fused kernel has no limit
     save_z = SAVE_Z and save and split
     z_scales = (sx, sw) if save_z and UNIT_SCALE_FP8_GEMM else (None, None)
-    return (mods_fwd(xq, wq, sx, sw, block, eps, split, emit_fp8, save, save_z), (xq_saved, sx),
+    return (mods_fwd(xq, wq, sx, sw, block, eps, split, emit_fp8, save, save_z), (xq, sx),
             (save_z, *z_scales))
 
 
@@ -255,12 +242,11 @@ class LinearModsFn(torch.autograd.Function):
                 x_q: Optional[Tensor], x_q_scale_inv: float, emit_fp8: bool):
         (M, K), N = x.shape, w.shape[0]
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+        (h, u, r, q), x_fp8, (from_z, *z_scales) = _mods_forward(xb, wb, block, eps, mode, cache, x_q,
+                                                                 x_q_scale_inv, emit_fp8, save=True, w_for_cache=w)
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
         # the folded FP8 weight grad reads the forward's FP8 x instead of x (not kept then)
-        fold = FORWARD_MODES[mode].fp8 and ctx.names[1] in FOLDED_WGRAD
-        (h, u, r, q), x_fp8, (from_z, *z_scales) = _mods_forward(xb, wb, block, eps, mode, cache, x_q,
-                                                                 x_q_scale_inv, emit_fp8, save=True, w_for_cache=w,
-                                                                 x_transposed=fold)
+        fold = x_fp8 is not None and ctx.names[1] in FOLDED_WGRAD
         ctx.save_for_backward(*((None, *x_fp8) if fold else (xb, None, None)), wb, u, r, *z_scales)
         ctx.from_z = from_z
         ctx.block, ctx.cache = block, cache

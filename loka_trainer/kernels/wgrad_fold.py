@@ -13,10 +13,11 @@ transposed: (dz·sx)ᵀ (N, M) and xqᵀ (K, M).
 Where the operands come from: ``wgrad_fold`` makes them from the bf16 dz (an amax pass over dz·sx, then one
 launch writing both transposes); behind a fused FP8 dgrad the dz kernels make (dz·sx)ᵀ (``triton_mods.
 backward_dz_fp8(fold_sx=)``) and ``wgrad_folded_dz`` only transposes xq. Measured on the H200 (docs/kernels/
-README.md, thirteenth round): the FP8 GEMM saves 7-11 µs over the BF16 one at the four large figure-13 shapes,
-and the layer with the folded weight grad was from 4.8 µs faster to 5.1 µs slower than with the BF16 one there
-(slower at the small shapes): break-even. r5's separate transposed quantizers of x and dz had cost 15.6 µs at
-(K, N) = (4096, 2048), M = 1024.
+README.md, thirteenth and fourteenth rounds): the FP8 GEMM saves 7-11 µs over the BF16 one at the four large
+figure-13 shapes; since the dz kernel stores tile maxima instead of atomic maxima, the layer with the folded
+weight grad was the fastest mode at (4096, 2048) and (2560, 4096) (r26), and slower at the small shapes. Writing
+xqᵀ in the forward's quantization of x instead (a two-launch quantizer) made it 1-10 µs slower (r27). r5's
+separate transposed quantizers of x and dz had cost 15.6 µs at (K, N) = (4096, 2048), M = 1024.
 
 Numerics against the ``scaled_mm_tensorwise`` backend's weight grad (xᵀ tensorwise e4m3, dzᵀ tensorwise
 e5m2): x keeps the forward's finer rowwise scales, and dz's tensorwise scale covers dz·sx instead of dz
@@ -92,15 +93,9 @@ def fold_dz_with_amax(dz: torch.Tensor, sx: torch.Tensor, amax: torch.Tensor) ->
     return _launch_fold_transpose(_rows_contiguous(dz), sx.reshape(-1).float().contiguous(), amax, None)[0]
 
 
-def is_transposed_copy(xq: torch.Tensor) -> bool:
-    """True if xq (M, K) is the .t() view of a contiguous (K, M) xqᵀ (``triton_quant_transposed`` wrote it)."""
-    return xq.t().is_contiguous()
-
-
 def transpose_fp8(xq: torch.Tensor) -> torch.Tensor:
-    """xq (M, K) fp8 -> xqᵀ (K, M) contiguous: a view where xq already is ``is_transposed_copy``; else one Triton
-    launch (``.t().contiguous()`` off-Triton)."""
-    if is_transposed_copy(xq) or not use_triton(xq):
+    """xq (M, K) fp8 -> xqᵀ (K, M) contiguous (Triton; ``.t().contiguous()`` off-Triton)."""
+    if not use_triton(xq):
         return xq.t().contiguous()
     return _launch_fold_transpose(None, None, None, _rows_contiguous(xq))[1]
 
@@ -119,16 +114,14 @@ def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
     amax = torch.zeros((), dtype=torch.float32, device=dz.device)
     k.fold_amax_kernel[(triton.cdiv(M, BLOCK_R) * triton.cdiv(N, BLOCK_C),)](
         dz, sx, amax, M, N, dz.stride(0), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, **pdl.launch_args(dz))
-    if is_transposed_copy(xq):
-        return (*_launch_fold_transpose(dz, sx, amax, None)[0], xq.t())
     (dzt, s), xqt = _launch_fold_transpose(dz, sx, amax, _rows_contiguous(xq))
     return dzt, s, xqt
 
 
 @torch.library.custom_op("loka::wgrad_fold", mutates_args=())
 def wgrad_fold(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
-    """dz (M, N) bf16, xq (M, K) e4m3 (row-major, or ``is_transposed_copy``), sx (M, 1) fp32 -> dW = dzᵀ·(xq·sx)
-    (N, K) bf16 on tensorwise FP8 (module docstring); M, K, N % 16 == 0 (``torch._scaled_mm``)."""
+    """dz (M, N) bf16, xq (M, K) e4m3, sx (M, 1) fp32 -> dW = dzᵀ·(xq·sx) (N, K) bf16 on tensorwise FP8 (module
+    docstring); M, K, N % 16 == 0 (``torch._scaled_mm``)."""
     dzt, s, xqt = fold_operands(dz, xq, sx)
     return scaled_mm_nt(dzt, s, xqt, unit_scale(dz.device))
 
@@ -141,8 +134,7 @@ def _(dz, xq, sx):
 @torch.library.custom_op("loka::wgrad_folded_dz", mutates_args=())
 def wgrad_folded_dz(dzt: torch.Tensor, s: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
     """dzt (N, M) e5m2 = (dz·sx)ᵀ at scale_inv s () (written by the dz kernels, ``triton_mods.backward_dz_fp8``),
-    xq (M, K) e4m3 (row-major, or ``is_transposed_copy``: no transpose then) -> dW (N, K) bf16: ``wgrad_fold``
-    with its dz operand already made."""
+    xq (M, K) e4m3 -> dW (N, K) bf16: ``wgrad_fold`` with its dz operand already made."""
     return scaled_mm_nt(dzt, s, transpose_fp8(xq), unit_scale(dzt.device))
 
 

@@ -250,35 +250,3 @@ def test_fold_operands_match_reference(M, N, K):
     torch.testing.assert_close(s, s_r, rtol=1e-6, atol=0)
     assert torch.equal(xqt.view(torch.uint8), xqt_r.view(torch.uint8))
     assert (dzt.view(torch.uint8) != dzt_r.view(torch.uint8)).float().mean() < 1e-3
-
-
-@pytest.mark.parametrize("M,K", [(1024, 4096), (1000, 2560), (64, 7680)])
-def test_quant_with_transposed_copy_matches_quantize_rowwise(M, K):
-    from loka_trainer.kernels.quant import quantize_rowwise
-    from loka_trainer.kernels.triton_quant_transposed import quantize_rowwise_transposed
-    x = (torch.randn(M, K, device="cuda") * torch.logspace(-2, 2, M, device="cuda")[:, None]).to(torch.bfloat16)
-    x[3] = 0.0
-    q, s, qt = quantize_rowwise_transposed(x)
-    qr, sr = quantize_rowwise(x, torch.float8_e4m3fn)
-    torch.testing.assert_close(s, sr, rtol=1e-6, atol=0)
-    assert (q.view(torch.uint8) != qr.view(torch.uint8)).float().mean() < 1e-3
-    assert torch.equal(qt.view(torch.uint8), q.t().contiguous().view(torch.uint8))
-
-
-@pytest.mark.parametrize("dgrad", ["scaled_mm_rowwise", "bf16"])
-def test_folded_wgrad_with_the_forwards_transposed_x_equals_the_backward_transpose(monkeypatch, dgrad):
-    from loka_trainer.kernels import mods_ops
-    from loka_trainer.kernels.linear import WeightCache
-    x = torch.randn(1024, 2560, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = (torch.randn(4096, 2560, device="cuda") / 50).to(torch.bfloat16).requires_grad_()
-    dy = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
-    cache = WeightCache()
-    grads = {}
-    for in_forward in (True, False):
-        monkeypatch.setattr(mods_ops, "FOLD_XT_IN_FORWARD", in_forward)
-        x.grad = w.grad = None
-        mods_ops.linear_mods(x, w, mode="split_fp8", dgrad=dgrad, wgrad="scaled_mm_tensorwise",
-                             cache=cache).backward(dy)
-        grads[in_forward] = (x.grad.clone(), w.grad.clone())
-    for a, b in zip(grads[True], grads[False]):
-        assert torch.equal(a, b)

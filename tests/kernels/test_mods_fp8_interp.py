@@ -213,32 +213,6 @@ def test_split_layer_keeps_z_not_u_with_the_same_gradients(interpret, monkeypatc
         assert _rel(a, b) < 2e-2
 
 
-@only_interpreted
-@pytest.mark.parametrize("dgrad", ["scaled_mm_rowwise", "bf16"])  # fused dz + dgrad cast kernels, or not
-def test_folded_wgrad_reads_the_transposed_x_written_by_the_forward(interpret, monkeypatch, dgrad):
-    from loka_trainer.kernels import mods_ops, wgrad_fold
-    g = torch.Generator().manual_seed(9)
-    x0 = torch.randn(M, K, generator=g).to(torch.bfloat16)
-    w0 = (torch.randn(N, K, generator=g) / K ** 0.5).to(torch.bfloat16)
-    dy = torch.randn(M, N, generator=g).to(torch.bfloat16)
-    launch = wgrad_fold._launch_fold_transpose
-    grads = {}
-    for in_forward in (True, False):
-        monkeypatch.setattr(mods_ops, "FOLD_XT_IN_FORWARD", in_forward)
-        x, w, saved, xq_transposes = x0.clone().requires_grad_(), w0.clone().requires_grad_(), [], []
-        monkeypatch.setattr(wgrad_fold, "_launch_fold_transpose",
-                            lambda dz, sx, amax, xq: xq_transposes.append(xq is not None) or launch(dz, sx, amax, xq))
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-            h = mods_ops.linear_mods(x, w, block=B, mode="split_fp8", dgrad=dgrad, wgrad="scaled_mm_tensorwise")
-        h.backward(dy)
-        grads[in_forward] = (x.grad, w.grad)
-        (xq,) = [t for t in saved if t.dtype == torch.float8_e4m3fn and t.shape == (M, K)]
-        assert wgrad_fold.is_transposed_copy(xq) == in_forward
-        assert any(xq_transposes) != in_forward  # a transpose of xq in the backward only without the copy
-    for a, b in zip(grads[True], grads[False]):
-        assert torch.equal(a, b)  # the same FP8 operands either way
-
-
 def _mods_stack(mode_first: str, mode_second: str):
     """Sequential(FusedLinearMods K->N, Identity, Identity, FusedLinearMods N->N) with fixed weights."""
     from torch import nn

@@ -52,7 +52,6 @@ def test_fp8_forward_with_tensorwise_wgrad_keeps_fp8_x_not_x(mode):
 def _fold_kernels():
     pytest.importorskip("triton")
     from loka_trainer.kernels import triton_mods_kernels as mk
-    from loka_trainer.kernels import triton_quant_kernels as qk
     from loka_trainer.kernels import triton_wgrad_fold_kernels as fk
     from loka_trainer.kernels.triton_mods import FOLD_ROWS
     from loka_trainer.kernels.wgrad_fold import BLOCK_C, BLOCK_R
@@ -72,10 +71,6 @@ def _fold_kernels():
                                     dict(AMAX=2, FOLD=True, **dz_consts, FROM_Z=False, Z_SCALES=False), 4),
         "dz_from_scaled_z": (mk.bwd_dz_kernel, dz_types,
                              dict(AMAX=1, FOLD=True, **dz_consts, FROM_Z=True, Z_SCALES=True), 4),
-        "x_row_amax": (qk.row_amax_kernel, dict(t_ptr=bf16, amax_ptr=f32), dict(ROWS=64, COLS=128, PDL=True), 4),
-        "x_cast_with_transpose": (qk.quant_rowwise_t_kernel,
-                                  dict(t_ptr=bf16, amax_ptr=f32, q_ptr=e4, qt_ptr=e4, s_ptr=f32),
-                                  dict(FP8_MAX=448.0, EPS_=1e-12, ROWS=64, COLS=128, CHUNKS_P2=32, PDL=True), 8),
         "rowwise_cast_with_fold": (mk.quant_rows_kernel,
                                    dict(dz_ptr=bf16, amax_ptr=f32, q_ptr=e4, s_ptr=f32, sx_ptr=f32,
                                         fold_amax_ptr=f32, qt_ptr=e5, st_ptr=f32),
@@ -85,8 +80,7 @@ def _fold_kernels():
 
 
 @pytest.mark.parametrize("name", ["fold_amax", "fold_transpose", "dz_with_fold_amax", "dz_with_tensorwise_amax",
-                                  "dz_from_scaled_z", "x_row_amax", "x_cast_with_transpose",
-                                  "rowwise_cast_with_fold"])
+                                  "dz_from_scaled_z", "rowwise_cast_with_fold"])
 def test_fold_kernels_compile_for_sm90_without_spills_and_wait_for_the_previous_grid(name):
     kernel, types, consts, num_warps = _fold_kernels()[name]
     compiled = compile_sm90(kernel, types, consts, num_warps=num_warps, divisible=True)
@@ -110,14 +104,3 @@ def test_fold_ops_agree_with_their_fake_impls_and_each_other():
     checks = ("test_faketensor", "test_aot_dispatch_static")
     torch.library.opcheck(wgrad_fold, (dz, xq, sx), test_utils=checks)
     torch.library.opcheck(wgrad_folded_dz, (dzt, s, xq), test_utils=checks)
-
-
-def test_quant_with_transposed_copy_op_agrees_with_quantize_rowwise_and_its_fake_impl():
-    from loka_trainer.kernels.triton_quant_transposed import quant_rowwise_t
-    g = torch.Generator().manual_seed(4)
-    x = (torch.randn(M, K, generator=g) * torch.logspace(-2, 2, M)[:, None]).to(torch.bfloat16)
-    q, s, qt = quant_rowwise_t(x)
-    qr, sr = quantize_rowwise(x, torch.float8_e4m3fn)
-    assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(s, sr)
-    assert qt.is_contiguous() and torch.equal(qt.view(torch.uint8), qr.t().view(torch.uint8))
-    torch.library.opcheck(quant_rowwise_t, (x,), test_utils=("test_faketensor", "test_aot_dispatch_static"))
