@@ -11,7 +11,8 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   rowwise scales applied by the epilogue (``UNIT_SCALE_FP8_GEMM``); a bf16 one split over K where few
   output tiles meet a long K, ``triton_mods.cublas_split_k`` — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
-- ``loka::mods_bwd_dz(dh, u, r, block) -> dz``: HardSwish' and BlockNorm backward in one pass.
+- ``loka::mods_bwd_dz(dh, u, r, block, from_z?, z_row_scale?, z_col_scale?) -> dz``: HardSwish' and BlockNorm
+  backward in one pass (u recomputed from z where the split forward kept z instead, ``SAVE_Z``).
 - ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K).
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity, fold_sx?) -> (dz_q, scale_inv, dz, dzt,
   s_dzt)`` (``mods_ops_fp8``): the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz
@@ -20,7 +21,8 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   ``loka::wgrad_folded_dz(dzt, s, xq) -> dW`` the same with its dz operand written by ``mods_bwd_dz_fp8``.
 
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
-mods_fwd, saving x (or, for a folded weight grad, the FP8 x), w, u (bf16) and r (fp32);
+mods_fwd, saving x (or, for a folded weight grad, the FP8 x), w, u (bf16; in the split modes z instead, and the
+FP8 GEMM's row and column scales: ``SAVE_Z``) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
 directly), the two GEMMs on two CUDA streams (``streams.side_by_side``), or, for a small all-BF16 layer, in one
 launch (``loka::grads_bf16``, ``triton_grads``). Forward modes: ``mods_modes.FORWARD_MODES``.
@@ -118,20 +120,16 @@ def _(x, w, sx, sw, block, eps, split, write_fp8=False, save=True, save_z=False)
 def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int, from_z: bool = False,
                 z_row_scale: Optional[Tensor] = None, z_col_scale: Optional[Tensor] = None) -> Tensor:
     """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16. ``from_z``: u holds z (``mods_fwd(save_z=)``),
-    times z_row_scale (M, 1) and z_col_scale (N, 1) when given (``z_source``)."""
+    times z_row_scale (M, 1) and z_col_scale (N, 1) when given (``triton_mods.ZSource``)."""
     if use_triton(dh):
-        return triton_mods.backward_dz(dh, u, r, block=block, from_z=z_source(from_z, z_row_scale, z_col_scale))
+        return triton_mods.backward_dz(dh, u, r, block=block,
+                                       from_z=triton_mods.z_source(from_z, z_row_scale, z_col_scale))
     return mods_backward_ref(dh, u_from_z(u, r, block, z_row_scale, z_col_scale) if from_z else u, r, block)
 
 
 @mods_bwd_dz.register_fake
 def _(dh, u, r, block, from_z=False, z_row_scale=None, z_col_scale=None):
     return dh.new_empty(dh.shape, dtype=torch.bfloat16)
-
-
-def z_source(from_z: bool, z_row_scale: Optional[Tensor], z_col_scale: Optional[Tensor]) -> triton_mods.ZSource:
-    """The custom ops' (from_z, z_row_scale, z_col_scale) as ``triton_mods.ZSource``."""
-    return (z_row_scale, z_col_scale) if from_z and z_row_scale is not None else from_z
 
 
 @torch.library.custom_op("loka::grads_bf16", mutates_args=())
@@ -295,7 +293,7 @@ def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 
         cache = WeightCache()
     if not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):  # inference: nothing to save
         (h, _, _, q), _, _ = _mods_forward(x, w, block, eps, mode, cache, x_fp8, x_fp8_scale_inv, emit_fp8,
-                                        save=False)
+                                           save=False)
     else:
         h, q = LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache, x_fp8, x_fp8_scale_inv, emit_fp8)
     return h, (q if emit_fp8 else None)

@@ -19,8 +19,8 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   e4m3: the dz kernel also writes each (row, block) amax (M, NB), then one cast kernel reads dz once (the row
   amax comes from the small buffer), both parallel over rows x blocks. Tensorwise e5m2: the dz kernel writes
   its tiles' amaxes (each cast program takes their max: no atomics, no zeroed scalar; ``MAX_TILE_MAXIMA``),
-  then the tensorwise cast pass. Against dz kernel +
-  quantization kernel this saves the quantizer's amax pass over dz. (A single kernel whose programs own whole
+  then the tensorwise cast pass. Against dz kernel + quantization kernel this saves the quantizer's amax pass
+  over dz. (A single kernel whose programs own whole
   rows was measured first on the H200: latency-bound at M = 1024, 1.5x slower than unfused at N = 7680.)
 
 On Hopper and later every kernel here launches with programmatic dependent launch (``pdl``): it may be
@@ -47,6 +47,11 @@ FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 # (N,)/(N, 1)) fp32 z of an FP8 GEMM run with unit scales (u = z·row·col·r), as ``norm_forward(save_z=True)``
 # kept it
 ZSource = Union[bool, tuple[torch.Tensor, torch.Tensor]]
+
+
+def z_source(from_z: bool, row_scale: Optional[torch.Tensor], col_scale: Optional[torch.Tensor]) -> ZSource:
+    """The custom ops' (from_z, z_row_scale, z_col_scale) arguments as a ``ZSource``."""
+    return (row_scale, col_scale) if from_z and row_scale is not None else from_z
 
 
 def supports(K: int, N: int, block: int = DEFAULT_BLOCK) -> bool:
@@ -221,9 +226,8 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
     kernel[(triton.cdiv(M, rows), N // block)](z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0),
                                                r.stride(0), eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                                                WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SAVE_Z=save_z,
-                                               SPLITS=splits,
-                                               HAS_SCALES=scales is not None, BLOCK_N=block, BLOCK_M=rows,
-                                               **pdl.launch_args(z))
+                                               SPLITS=splits, HAS_SCALES=scales is not None, BLOCK_N=block,
+                                               BLOCK_M=rows, **pdl.launch_args(z))
 
 
 # the dz kernel stores its tile maxima (for a tensorwise amax) when there are at most this many: each program of
