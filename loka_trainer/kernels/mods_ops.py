@@ -95,10 +95,10 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
     else:
         xf = x.float() if sx is None else x.float() * sx.reshape(-1, 1)
         wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
-        h, u, r = mods_forward_ref(xf @ wf.t(), block, eps)
-        if save_z:  # z as the Triton path keeps it
-            z_unscaled = sx is not None and UNIT_SCALE_FP8_GEMM
-            u = (x.float() @ w.float().t() if z_unscaled else xf @ wf.t()).to(torch.bfloat16)
+        z = xf @ wf.t()
+        h, u, r = mods_forward_ref(z, block, eps)
+        if save_z:  # z as the Triton path keeps it: before the scales with the unit-scale FP8 GEMM
+            u = (x.float() @ w.float().t() if sx is not None and UNIT_SCALE_FP8_GEMM else z).to(torch.bfloat16)
         q = quantize_static(h, block)[0] if write_fp8 else None
         u, r = (u, r) if save else (None, None)
     empty = lambda *shape, dtype: x.new_empty(shape, dtype=dtype)  # noqa: E731
@@ -120,10 +120,10 @@ def _(x, w, sx, sw, block, eps, split, write_fp8=False, save=True, save_z=False)
 def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int, from_z: bool = False,
                 z_row_scale: Optional[Tensor] = None, z_col_scale: Optional[Tensor] = None) -> Tensor:
     """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16. ``from_z``: u holds z (``mods_fwd(save_z=)``),
-    times z_row_scale (M, 1) and z_col_scale (N, 1) when given (``triton_mods.ZSource``)."""
+    times z_row_scale (M, 1) and z_col_scale (N, 1) when given (``triton_mods.backward_dz``)."""
     if use_triton(dh):
-        return triton_mods.backward_dz(dh, u, r, block=block,
-                                       from_z=triton_mods.z_source(from_z, z_row_scale, z_col_scale))
+        return triton_mods.backward_dz(dh, u, r, block=block, from_z=from_z, z_row_scale=z_row_scale,
+                                       z_col_scale=z_col_scale)
     return mods_backward_ref(dh, u_from_z(u, r, block, z_row_scale, z_col_scale) if from_z else u, r, block)
 
 

@@ -56,10 +56,10 @@ def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bo
     if granularity not in triton_mods.DZ_FP8:
         raise ValueError(f"mods_bwd_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(triton_mods.DZ_FP8)}")
     if use_triton(dh):
-        z_src = triton_mods.z_source(from_z, z_row_scale, z_col_scale)
         dz_q, scale_inv, dz, folded = triton_mods.backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16,
                                                                   granularity=granularity, fold_sx=fold_sx,
-                                                                  from_z=z_src)
+                                                                  from_z=from_z, z_row_scale=z_row_scale,
+                                                                  z_col_scale=z_col_scale)
     else:
         u = u_from_z(u, r, block, z_row_scale, z_col_scale) if from_z else u
         dz_q, scale_inv, dz, folded = mods_backward_fp8_ref(dh, u, r, block, granularity, fold_sx)

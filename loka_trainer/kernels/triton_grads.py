@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from loka_trainer.kernels import pdl
-from loka_trainer.kernels.triton_quant import fixed_or_autotuned
+from loka_trainer.kernels.triton_quant import fixed_or_autotuned, rows_contiguous
 
 # False: the two GEMMs always run on cuBLAS (the ``*_no_grouped_grads`` benchmark variants time that side by side)
 ENABLED = True
@@ -47,7 +47,7 @@ def grads(dz: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, config: Optiona
     import triton
     M, N = dz.shape
     K = x.shape[1]
-    dz, x, w = (t if t.stride(1) == 1 else t.contiguous() for t in (dz, x, w))
+    dz, x, w = (rows_contiguous(t) for t in (dz, x, w))
     dx = torch.empty((M, K), dtype=torch.bfloat16, device=dz.device)
     dw = torch.empty((N, K), dtype=torch.bfloat16, device=dz.device)
 

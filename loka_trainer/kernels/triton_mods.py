@@ -32,26 +32,17 @@ Requirements (else ``supports`` is False and callers use the reference): N % B =
 from __future__ import annotations
 
 import functools
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.mods_ref import DEFAULT_BLOCK, DEFAULT_EPS, static_fp8_scale
 from loka_trainer.kernels.quant import EPS
-from loka_trainer.kernels.triton_quant import fixed_or_autotuned
+from loka_trainer.kernels.triton_quant import fixed_or_autotuned, rows_contiguous, scale_vector
 from loka_trainer.kernels.wgrad_fold import DZ_DTYPE, fold_dz_with_amax
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
-# What the backward's ``u`` argument holds: False u; True z (u = z·r per norm block); (row (M,)/(M, 1), col
-# (N,)/(N, 1)) fp32 z of an FP8 GEMM run with unit scales (u = z·row·col·r), as ``norm_forward(save_z=True)``
-# kept it
-ZSource = Union[bool, tuple[torch.Tensor, torch.Tensor]]
-
-
-def z_source(from_z: bool, row_scale: Optional[torch.Tensor], col_scale: Optional[torch.Tensor]) -> ZSource:
-    """The custom ops' (from_z, z_row_scale, z_col_scale) arguments as a ``ZSource``."""
-    return (row_scale, col_scale) if from_z and row_scale is not None else from_z
 
 
 def supports(K: int, N: int, block: int = DEFAULT_BLOCK) -> bool:
@@ -171,8 +162,8 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
         split_k = split_k_for(M, N, K, block, sm_count(x.device.index or 0)) if x.is_cuda else 1
     y, u, r, q = _outputs(M, N, block, x.device, write_fp8, save)
     has_scales = x_scale_inv is not None
-    sx = x_scale_inv.reshape(-1).float().contiguous() if has_scales else y
-    sw = w_scale_inv.reshape(-1).float().contiguous() if has_scales else y
+    sx = scale_vector(x_scale_inv) if has_scales else y
+    sw = scale_vector(w_scale_inv) if has_scales else y
     ws = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else y
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block, split_k)
     kernel, meta = fixed_or_autotuned(kernel, config, {"BLOCK_M": 16, "BLOCK_K": 32})
@@ -222,7 +213,7 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
     triton, _, kernel, _ = _kernels()
     M, N = z.shape
     rows = _rows_per_program(block)
-    sx, sw = (s.reshape(-1).float().contiguous() for s in scales) if scales is not None else (z, z)
+    sx, sw = (scale_vector(s) for s in scales) if scales is not None else (z, z)
     kernel[(triton.cdiv(M, rows), N // block)](z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0),
                                                r.stride(0), eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                                                WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SAVE_Z=save_z,
@@ -244,16 +235,19 @@ def _tensorwise_amax(grid: tuple[int, int], device) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float32, device=device)
 
 
-def _launch_dz(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, from_z: ZSource, amax=None,
+def _launch_dz(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, z_src: tuple, amax=None,
                amax_mode: int = 0, fold: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
-    """The dz kernel: dz (M, N) from dy, u (or z: ``from_z``), r; ``amax_mode`` as bwd_dz_kernel's AMAX into
-    ``amax``; ``fold`` (sx (M,) fp32, fold_amax from ``_tensorwise_amax``): also max |dz·sx| into fold_amax."""
+    """The dz kernel: dz (M, N) from dy, u (or z: ``z_src`` = (from_z, z_row_scale, z_col_scale), as
+    ``backward_dz`` takes them), r; ``amax_mode`` as bwd_dz_kernel's AMAX into ``amax``; ``fold`` (sx (M,) fp32,
+    fold_amax from ``_tensorwise_amax``): also max |dz·sx| into fold_amax."""
+    from_z, z_row_scale, z_col_scale = z_src
+    z_scales = from_z and z_row_scale is not None
     sx, fold_amax = fold if fold is not None else (dz, dz)
     tensorwise = amax if amax_mode == 2 else fold_amax if fold is not None else None  # both alike if both
-    zs_row, zs_col = (s.reshape(-1).float().contiguous() for s in from_z) if isinstance(from_z, tuple) else (r, r)
+    zs_row, zs_col = (scale_vector(z_row_scale), scale_vector(z_col_scale)) if z_scales else (r, r)
     dz_kernel[grid](dy, u, r, zs_row, zs_col, dz, amax if amax is not None else dz, sx, fold_amax, dy.shape[0],
                     dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0) if amax_mode == 1 else 0,
-                    FROM_Z=from_z is not False, Z_SCALES=isinstance(from_z, tuple), AMAX=amax_mode,
+                    FROM_Z=from_z, Z_SCALES=z_scales, AMAX=amax_mode,
                     FOLD=fold is not None, TILE_MAXIMA=tensorwise is not None and tensorwise.dim() == 1,
                     BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(dy))
 
@@ -264,26 +258,29 @@ def _fold_inputs(fold_sx: Optional[torch.Tensor], grid: tuple[int, int], device
     None."""
     if fold_sx is None:
         return None
-    return fold_sx.reshape(-1).float().contiguous(), _tensorwise_amax(grid, device)
+    return scale_vector(fold_sx), _tensorwise_amax(grid, device)
 
 
 def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK,
-                from_z: ZSource = False) -> torch.Tensor:
-    """dy (M, N), u (M, N) bf16 (or z: ``from_z``, ``ZSource``), r (M, NB) fp32 -> dz (M, N) bf16 (the gradient
-    w.r.t. z = x·Wᵀ)."""
+                from_z: bool = False, z_row_scale: Optional[torch.Tensor] = None,
+                z_col_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16 (the gradient w.r.t. z = x·Wᵀ). ``from_z``: u
+    holds z as ``norm_forward(save_z=True)`` kept it, u = z·r per norm block; with z_row_scale (M,)/(M, 1) and
+    z_col_scale (N,)/(N, 1) fp32 (an FP8 GEMM run with unit scales) u = z·row·col·r."""
     triton, _, _, kernel = _kernels()
     M, N = dy.shape
-    dy = dy if dy.stride(1) == 1 else dy.contiguous()
+    dy = rows_contiguous(dy)
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
     rows = _rows_per_program(block)
-    _launch_dz(kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows, from_z)
+    _launch_dz(kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
+               (from_z, z_row_scale, z_col_scale))
     return dz
 
 
 FOLD_ROWS = 64  # the rowwise cast kernel's rows per program when it also writes (dz·sx)ᵀ: 64-byte runs of it
 
 
-def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, from_z: ZSource, fold_sx=None):
+def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, z_src: tuple, fold_sx=None):
     """dz kernel writing each (row, block) amax, then one cast kernel (row amax from that small buffer); with
     ``fold_sx`` the cast kernel also writes the folded weight grad's (dz·sx)ᵀ e5m2 (wgrad_fold)."""
     triton = _kernels()[0]
@@ -293,7 +290,7 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, f
     q = torch.empty((M, N), dtype=torch.float8_e4m3fn, device=dy.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=dy.device)
     fold = _fold_inputs(fold_sx, grid, dy.device)
-    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, from_z, amax, 1, fold)
+    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, z_src, amax, 1, fold)
     if fold is None:
         sx, fold_amax, qt, st, q_rows = dz, dz, q, s, rows
     else:
@@ -308,14 +305,14 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, f
     return q, s, (qt, st) if fold is not None else None
 
 
-def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, from_z: ZSource,
+def _dz_and_tensorwise_e5m2(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, z_src: tuple,
                             fold_sx=None):
     """dz kernel writing its tile maxima (``_tensorwise_amax``), then the tensorwise cast pass (reads dz once);
     with ``fold_sx`` the dz kernel also finds max |dz·sx| and one more pass writes (dz·sx)ᵀ (wgrad_fold)."""
     from loka_trainer.kernels.triton_quant_tensorwise import cast_with_amax
     amax = _tensorwise_amax(grid, dy.device)
     fold = _fold_inputs(fold_sx, grid, dy.device)
-    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, from_z, amax, 2, fold)
+    _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, z_src, amax, 2, fold)
     q, s = cast_with_amax(dz, amax, torch.float8_e5m2)
     return q, s, (fold_dz_with_amax(dz, *fold) if fold is not None else None)
 
@@ -330,18 +327,20 @@ DZ_FP8 = {
 
 def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: int = DEFAULT_BLOCK,
                     write_bf16: bool = True, granularity: str = "rowwise", fold_sx: Optional[torch.Tensor] = None,
-                    from_z: ZSource = False):
+                    from_z: bool = False, z_row_scale: Optional[torch.Tensor] = None,
+                    z_col_scale: Optional[torch.Tensor] = None):
     """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16 or None,
     folded or None): dz as ``backward_dz``, quantized exactly as ``quant.quantize(dz_bf16, granularity,
     DZ_FP8[granularity][0])``: rowwise e4m3 with scale_inv (M, 1), or tensorwise e5m2 with scale_inv ()
     (``mods_ops_fp8.mods_bwd_dz_fp8`` validates ``granularity``). ``fold_sx`` (M, 1) fp32, the forward's row scales of
     x: also ``folded`` = (dzt (N, M) e5m2, scale_inv ()), the folded weight grad's dz operand
-    (``wgrad_fold.fold_operands_ref``'s first two). ``from_z`` as ``backward_dz``'s."""
+    (``wgrad_fold.fold_operands_ref``'s first two). ``from_z``, ``z_row_scale``, ``z_col_scale`` as
+    ``backward_dz``'s."""
     triton, _, _, dz_kernel = _kernels()
     M, N = dy.shape
-    dy = dy if dy.stride(1) == 1 else dy.contiguous()
+    dy = rows_contiguous(dy)
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)  # written either way: the cast reads it
     rows = _rows_per_program(block)
     q, s, folded = DZ_FP8[granularity][1](dz_kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
-                                          from_z, fold_sx)
+                                          (from_z, z_row_scale, z_col_scale), fold_sx)
     return q, s, (dz if write_bf16 else None), folded

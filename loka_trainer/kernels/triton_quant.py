@@ -48,6 +48,16 @@ def fixed_or_autotuned(kernel, config: Optional[dict], interpreter_config: dict)
     return (kernel, {}) if config is None else (kernel.fn, dict(config))
 
 
+def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t (R, C) with unit column stride, as the Triton kernels read it (a copy only when it has another)."""
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def scale_vector(s: torch.Tensor) -> torch.Tensor:
+    """Per-row or per-column scales (R,)/(R, 1)/(1, R) -> (R,) fp32 contiguous, as the Triton kernels read them."""
+    return s.reshape(-1).float().contiguous()
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """True if Triton kernels can run on ``t``'s device in this process."""
     if t.is_cuda:

@@ -33,7 +33,7 @@ import torch
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.quant import EPS, quantize_tensorwise
-from loka_trainer.kernels.triton_quant import use_triton
+from loka_trainer.kernels.triton_quant import rows_contiguous, scale_vector, use_triton
 
 DZ_DTYPE = torch.float8_e5m2  # a gradient operand, as the tensorwise backend's
 BLOCK_R, BLOCK_C = 64, 64  # a transposed store writes 64 contiguous bytes of each output row
@@ -82,22 +82,18 @@ def _launch_fold_transpose(dz: Optional[torch.Tensor], sx: Optional[torch.Tensor
     return ((dzt, s) if dz is not None else None), xqt
 
 
-def _rows_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(1) == 1 else t.contiguous()
-
-
 def fold_dz_with_amax(dz: torch.Tensor, sx: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """dz (M, N) bf16, sx (M,)/(M, 1) fp32, amax fp32 with max(amax) = max |dz·sx| (found by the kernel that wrote
     dz: its tile maxima, or one scalar) -> (dzt (N, M) e5m2, scale_inv ()): ``fold_operands_ref``'s first two
     (Triton)."""
-    return _launch_fold_transpose(_rows_contiguous(dz), sx.reshape(-1).float().contiguous(), amax, None)[0]
+    return _launch_fold_transpose(rows_contiguous(dz), scale_vector(sx), amax, None)[0]
 
 
 def transpose_fp8(xq: torch.Tensor) -> torch.Tensor:
     """xq (M, K) fp8 -> xqᵀ (K, M) contiguous (Triton; ``.t().contiguous()`` off-Triton)."""
     if not use_triton(xq):
         return xq.t().contiguous()
-    return _launch_fold_transpose(None, None, None, _rows_contiguous(xq))[1]
+    return _launch_fold_transpose(None, None, None, rows_contiguous(xq))[1]
 
 
 def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
@@ -110,11 +106,11 @@ def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
 
     from loka_trainer.kernels import triton_wgrad_fold_kernels as k
     M, N = dz.shape
-    dz, sx = _rows_contiguous(dz), sx.reshape(-1).float().contiguous()
+    dz, sx = rows_contiguous(dz), scale_vector(sx)
     amax = torch.zeros((), dtype=torch.float32, device=dz.device)
     k.fold_amax_kernel[(triton.cdiv(M, BLOCK_R) * triton.cdiv(N, BLOCK_C),)](
         dz, sx, amax, M, N, dz.stride(0), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, **pdl.launch_args(dz))
-    (dzt, s), xqt = _launch_fold_transpose(dz, sx, amax, _rows_contiguous(xq))
+    (dzt, s), xqt = _launch_fold_transpose(dz, sx, amax, rows_contiguous(xq))
     return dzt, s, xqt
 
 
