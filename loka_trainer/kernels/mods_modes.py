@@ -11,14 +11,10 @@ import dataclasses
 class ForwardMode:
     """``fp8``: x and W rowwise e4m3 (x by ``quant_rowwise``, W from the WeightCache), else bf16.
     ``split``: a cuBLAS GEMM (bf16 or ``torch._scaled_mm``) + the Triton epilogue kernel, else one fused
-    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs).
-    ``recompute`` (fused only): the forward keeps nothing of its epilogue (no u, no r), the backward's dz kernel
-    recomputes z from x and W (the same GEMM tile, ``triton_mods.backward_dz_recompute``): one (M, N) tensor less
-    written and read for 2·M·N·K more flops, which pays where K is short and N long."""
+    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs)."""
 
     fp8: bool
     split: bool
-    recompute: bool = False
 
 
 FORWARD_MODES: dict[str, ForwardMode] = {
@@ -26,8 +22,6 @@ FORWARD_MODES: dict[str, ForwardMode] = {
     "split_bf16": ForwardMode(fp8=False, split=True),
     "fused_fp8": ForwardMode(fp8=True, split=False),
     "split_fp8": ForwardMode(fp8=True, split=True),
-    "fused_bf16_recompute": ForwardMode(fp8=False, split=False, recompute=True),
-    "fused_fp8_recompute": ForwardMode(fp8=True, split=False, recompute=True),
 }
 
 # Without a Dispatch plan (or a plan built off-GPU): cuBLAS + the epilogue kernel. On the H200 it was faster than

@@ -62,13 +62,6 @@ SAVE_Z = True
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 
 
-def _z_ref(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor]) -> Tensor:
-    """x (M, K), w (N, K) (with sx (M, 1), sw (N, 1) if FP8) -> z = x·Wᵀ (M, N) fp32 in plain torch."""
-    xf = x.float() if sx is None else x.float() * sx.reshape(-1, 1)
-    wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
-    return xf @ wf.t()
-
-
 @torch.library.custom_op("loka::mods_fwd", mutates_args=())
 def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], block: int, eps: float,
              split: bool, write_fp8: bool = False, save: bool = True, save_z: bool = False
@@ -100,7 +93,9 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
             h, u, r, q = triton_mods.fused_forward(x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps,
                                                    write_fp8=write_fp8, save=save)
     else:
-        z = _z_ref(x, w, sx, sw)
+        xf = x.float() if sx is None else x.float() * sx.reshape(-1, 1)
+        wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
+        z = xf @ wf.t()
         h, u, r = mods_forward_ref(z, block, eps)
         if save_z:  # z as the Triton path keeps it: before the scales with the unit-scale FP8 GEMM
             u = (x.float() @ w.float().t() if sx is not None and UNIT_SCALE_FP8_GEMM else z).to(torch.bfloat16)
@@ -134,24 +129,6 @@ def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int, from_z: bool = Fal
 
 @mods_bwd_dz.register_fake
 def _(dh, u, r, block, from_z=False, z_row_scale=None, z_col_scale=None):
-    return dh.new_empty(dh.shape, dtype=torch.bfloat16)
-
-
-@torch.library.custom_op("loka::mods_bwd_dz_recompute", mutates_args=())
-def mods_bwd_dz_recompute(dh: Tensor, x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], block: int,
-                          eps: float) -> Tensor:
-    """dh (M, N), x (M, K), w (N, K) bf16 (or e4m3 with sx (M, 1), sw (N, 1)) as ``mods_fwd`` took them -> dz (M, N)
-    bf16, z = x·Wᵀ and with it u and r recomputed (``triton_mods.backward_dz_recompute``; a forward mode with
-    ``recompute`` keeps neither)."""
-    if use_triton(dh):
-        return triton_mods.backward_dz_recompute(dh, x, w, x_scale_inv=sx, w_scale_inv=sw, block=block, eps=eps)
-    z = _z_ref(x, w, sx, sw)
-    r = mods_forward_ref(z, block, eps)[2]
-    return mods_backward_ref(dh, u_from_z(z, r, block), r, block)
-
-
-@mods_bwd_dz_recompute.register_fake
-def _(dh, x, w, sx, sw, block, eps):
     return dh.new_empty(dh.shape, dtype=torch.bfloat16)
 
 
@@ -198,10 +175,10 @@ def _fp8_input(xb: Tensor, x_q: Optional[Tensor], x_q_scale_inv: float) -> tuple
 
 def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cache, x_q: Optional[Tensor],
                   x_q_scale_inv: float, emit_fp8: bool, *, save: bool, w_for_cache: Optional[Tensor] = None
-                  ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Optional[tuple[Tensor, ...]], tuple]:
+                  ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Optional[tuple[Tensor, Tensor]], tuple]:
     """The forward of one Mods layer in ``mode``: xb (M, K), wb (N, K) -> ((h, u, r, q) as ``mods_fwd``, the FP8
-    operands (xq, sx, wq, sw) of an FP8 forward or None, (from_z, z_row_scale, z_col_scale): what u holds, as
-    ``mods_bwd_dz`` takes it).
+    x (xq, sx) of an FP8 forward or None, (from_z, z_row_scale, z_col_scale): what u holds, as ``mods_bwd_dz``
+    takes it).
 
     FP8 forward: x from ``_fp8_input``; W from ``cache`` (keyed by ``w_for_cache``, the parameter itself,
     default wb)."""
@@ -216,31 +193,32 @@ def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cac
     split = fwd.split and M % FP8_MULTIPLE == 0  # torch._scaled_mm needs M % 16; the fused kernel has no limit
     save_z = SAVE_Z and save and split
     z_scales = (sx, sw) if save_z and UNIT_SCALE_FP8_GEMM else (None, None)
-    return (mods_fwd(xq, wq, sx, sw, block, eps, split, emit_fp8, save, save_z), (xq, sx, wq, sw),
+    return (mods_fwd(xq, wq, sx, sw, block, eps, split, emit_fp8, save, save_z), (xq, sx),
             (save_z, *z_scales))
 
 
-def _grads_on_backends(ctx, saved: tuple, dh: Tensor, need_dx: bool, need_dw: bool, dz: Optional[Tensor]
+def _grads_on_backends(ctx, saved: tuple, dh: Tensor, need_dx: bool, need_dw: bool
                        ) -> tuple[Optional[Tensor], Optional[Tensor]]:
     """``LinearModsFn.backward``'s general case: dh (M, N) -> (dx (M, K) or None, dW (N, K) or None), dz by the dz
-    kernel(s) (unless given: a recomputing mode's), then the two GEMMs on the plan's backends, on two streams
-    (FUSED_DGRAD, FOLDED_WGRAD: module docstring). ``saved``: the forward's saved tensors (``LinearModsFn``)."""
-    xb, xq, sx, wb, u, r, zs_row, zs_col = saved[:8]
+    kernel(s), then the two GEMMs on the plan's backends, on two streams (FUSED_DGRAD, FOLDED_WGRAD: module
+    docstring). ``saved``: the forward's saved tensors (x or None, xq or None, sx or None, w, u or z, r,
+    z_row_scale or None, z_col_scale or None)."""
+    xb, xq, sx, wb, u, r, zs_row, zs_col = saved
     z_src = (ctx.from_z, zs_row, zs_col)
     dgrad, wgrad = ctx.names
     folded = None  # the folded weight grad's dz operand, when the dz kernels wrote it
-    if need_dx and dgrad in FUSED_DGRAD and dz is None:
-        fold_sx = sx if need_dw and ctx.fold else None
+    if need_dx and dgrad in FUSED_DGRAD:
+        fold_sx = sx if need_dw and xq is not None else None
         dx_fn, dz, folded = FUSED_DGRAD[dgrad](dh, u, r, ctx.block, wb, ctx.cache, need_dw and fold_sx is None,
                                                fold_sx, z_src)
     else:
-        dz = dz if dz is not None else mods_bwd_dz(dh, u, r, ctx.block, *z_src)
+        dz = mods_bwd_dz(dh, u, r, ctx.block, *z_src)
         dx_fn = (lambda: _input_grad(dgrad, dz, wb, ctx.cache)) if need_dx else None
     if not need_dw:
         dw_fn = None
     elif folded is not None:
         dw_fn = lambda: wgrad_folded_dz(*folded, xq)  # noqa: E731
-    elif ctx.fold:
+    elif xq is not None:
         dw_fn = lambda: wgrad_fold(dz, xq, sx)  # noqa: E731
     else:
         dw_fn = lambda: _weight_grad(wgrad, dz, xb)  # noqa: E731
@@ -262,19 +240,14 @@ class LinearModsFn(torch.autograd.Function):
                 x_q: Optional[Tensor], x_q_scale_inv: float, emit_fp8: bool):
         (M, K), N = x.shape, w.shape[0]
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
-        recompute = FORWARD_MODES[mode].recompute  # nothing of the epilogue kept: the backward recomputes z
-        (h, u, r, q), fp8_operands, (from_z, *z_scales) = _mods_forward(
-            xb, wb, block, eps, mode, cache, x_q, x_q_scale_inv, emit_fp8, save=not recompute, w_for_cache=w)
+        (h, u, r, q), x_fp8, (from_z, *z_scales) = _mods_forward(xb, wb, block, eps, mode, cache, x_q,
+                                                                 x_q_scale_inv, emit_fp8, save=True, w_for_cache=w)
         ctx.names = (_runnable(dgrad, M, K, N), _runnable(wgrad, M, K, N))
         # the folded FP8 weight grad reads the forward's FP8 x instead of x (not kept then)
-        ctx.fold = fp8_operands is not None and ctx.names[1] in FOLDED_WGRAD
-        xq, sx, wq, sw = fp8_operands if fp8_operands is not None else (None,) * 4
-        keep_xq = ctx.fold or recompute
-        # saved: x, xq, sx, w, u (or z), r, z_row_scale, z_col_scale, wq, sw (None where not needed)
-        ctx.save_for_backward(None if ctx.fold else xb, *((xq, sx) if keep_xq else (None, None)), wb, u, r,
-                              *z_scales, *((wq, sw) if recompute else (None, None)))
-        ctx.from_z, ctx.recompute = from_z, recompute
-        ctx.block, ctx.eps, ctx.cache = block, eps, cache
+        fold = x_fp8 is not None and ctx.names[1] in FOLDED_WGRAD
+        ctx.save_for_backward(*((None, *x_fp8) if fold else (xb, None, None)), wb, u, r, *z_scales)
+        ctx.from_z = from_z
+        ctx.block, ctx.cache = block, cache
         ctx.dtypes = (x.dtype, w.dtype)
         ctx.mark_non_differentiable(q)
         # q never gets a gradient: without this autograd passes backward a zero-filled (M, N) e4m3 tensor for
@@ -287,21 +260,15 @@ class LinearModsFn(torch.autograd.Function):
         if dh is None:  # h was not used in the loss
             return (None,) * 11
         saved = ctx.saved_tensors
-        xb, xq, sx, wb, u, r, zs_row, zs_col, wq, sw = saved
+        xb, _, _, wb, u, r, zs_row, zs_col = saved
         dgrad, wgrad = ctx.names
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        M, (N, K) = dh.shape[0], wb.shape
-        dz = None
-        if ctx.recompute:  # z (and u, r) from the forward's GEMM operands
-            dz = (mods_bwd_dz_recompute(dh, xq, wq, sx, sw, ctx.block, ctx.eps) if xq is not None
-                  else mods_bwd_dz_recompute(dh, xb, wb, None, None, ctx.block, ctx.eps))
+        M, (N, K) = u.shape[0], wb.shape
         if (need_dx and need_dw and dgrad == wgrad == BASELINE and use_triton(dh)
                 and triton_grads.applies(M, K, N)):  # a small BF16 layer: both GEMMs in one launch
-            if dz is None:
-                dz = mods_bwd_dz(dh, u, r, ctx.block, ctx.from_z, zs_row, zs_col)
-            dx, dw = grads_bf16(dz, xb, wb)
+            dx, dw = grads_bf16(mods_bwd_dz(dh, u, r, ctx.block, ctx.from_z, zs_row, zs_col), xb, wb)
         else:
-            dx, dw = _grads_on_backends(ctx, saved, dh, need_dx, need_dw, dz)
+            dx, dw = _grads_on_backends(ctx, saved, dh, need_dx, need_dw)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
         dw = dw.to(ctx.dtypes[1]) if dw is not None else None
         return dx, dw, None, None, None, None, None, None, None, None, None

@@ -167,9 +167,9 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     ws = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else y
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block, split_k)
     kernel, meta = fixed_or_autotuned(kernel, config, {"BLOCK_M": 16, "BLOCK_K": 32})
-    kernel[grid](x, w, y, u, r, q, sx, sw, ws, y, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
+    kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                  y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
-                 HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k, DZ=False,
+                 HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,
                  BLOCK_N=block, **pdl.launch_args(x), **meta)
     if split_k > 1:
         _launch_norm(ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
@@ -274,34 +274,6 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     rows = _rows_per_program(block)
     _launch_dz(kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
                (from_z, z_row_scale, z_col_scale))
-    return dz
-
-
-def backward_dz_recompute(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *,
-                          x_scale_inv: Optional[torch.Tensor] = None, w_scale_inv: Optional[torch.Tensor] = None,
-                          block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
-                          config: Optional[dict] = None) -> torch.Tensor:
-    """dy (M, N), x (M, K), w (N, K) as ``fused_forward`` took them (bf16, or e4m3 with x_scale_inv (M,)/(M, 1),
-    w_scale_inv (N,)/(N, 1)) -> dz (M, N) bf16, as ``backward_dz`` but with z = x·Wᵀ, u and r recomputed by the
-    same kernel (one GEMM tile per program, the fused forward's): the forward need not keep u (or z) and r
-    (``fused_forward(save=False)``), which saves writing and reading one (M, N) tensor for a GEMM of
-    2·M·N·K flops; worth it where K is short against the bytes of z (the plan times it). ``config`` as
-    ``fused_forward``'s."""
-    triton, kernel, _, _ = _kernels()
-    M, K = x.shape
-    N = w.shape[0]
-    assert supports(K, N, block), (K, N, block)
-    dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
-    dy = dy.contiguous()  # read with dz's strides
-    has_scales = x_scale_inv is not None
-    sx = scale_vector(x_scale_inv) if has_scales else dz
-    sw = scale_vector(w_scale_inv) if has_scales else dz
-    kernel, meta = fixed_or_autotuned(kernel, config, {"BLOCK_M": 16, "BLOCK_K": 32})
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block, 1)  # noqa: E731
-    # the fused forward kernel with its dz epilogue (DZ): u, r, q and the split-K workspace are stand-ins
-    kernel[grid](x, w, dz, dz, dz, dz, sx, sw, dz, dy, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                 dz.stride(0), 0, 0, eps, 1.0, FP8_MAX_=FP8_MAX, HAS_SCALES=has_scales, WRITE_FP8=False,
-                 SAVE_FOR_BACKWARD=False, SPLIT_K=1, DZ=True, BLOCK_N=block, **pdl.launch_args(dy), **meta)
     return dz
 
 

@@ -10,25 +10,12 @@ from loka_trainer.kernels.triton_quant_tensorwise_kernels import max_of
 
 
 @triton.jit
-def _block_norm(z, eps, BLOCK_N: tl.constexpr):
-    # z (BLOCK_M, BLOCK_N) fp32, one norm block per row -> (u = z·r, r = 1 / RMS (BLOCK_M,))
-    r = tl.rsqrt(tl.sum(z * z, axis=1) / BLOCK_N + eps)
-    return z * r[:, None], r
-
-
-@triton.jit
-def _scaled(acc, sx_ptr, sw_ptr, offs_m, offs_n, mask_m):
-    # acc (BLOCK_M, BLOCK_N) times the rowwise scales sx (M,) per row and sw (N,) per column
-    sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
-    return acc * sx[:, None] * tl.load(sw_ptr + offs_n)[None, :]
-
-
-@triton.jit
 def _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
               out_scale, BLOCK_N: tl.constexpr, WRITE_FP8: tl.constexpr, FP8_MAX_: tl.constexpr,
               SAVE_FOR_BACKWARD: tl.constexpr, SAVE_U: tl.constexpr):
     # BlockNorm over the whole N tile (= the norm block), then HardSwish, all on chip.
-    u, r = _block_norm(acc, eps, BLOCK_N)
+    r = tl.rsqrt(tl.sum(acc * acc, axis=1) / BLOCK_N + eps)
+    u = acc * r[:, None]
     h = u * tl.minimum(tl.maximum(u + 3.0, 0.0), 6.0) / 6.0
     idx = offs_m[:, None] * stride_ym + offs_n[None, :]
     mask = mask_m[:, None]
@@ -49,17 +36,15 @@ configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages
 
 # NOTE: timed eagerly (Triton's benchmarker, L2 flushed), not by graph replay (triton_autotune): with replay the
 # picks made the layer up to 10% slower at the large figure-13 shapes on the H200 (docs/kernels/README.md, r24c)
-@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K", "DZ"])
+@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"])
 @triton.jit
-def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, ws_ptr, dy_ptr, M, N, K,
+def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, ws_ptr, M, N, K,
                      stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_rm, stride_ws, eps, out_scale,
                      FP8_MAX_: tl.constexpr, HAS_SCALES: tl.constexpr, WRITE_FP8: tl.constexpr,
-                     SAVE_FOR_BACKWARD: tl.constexpr, SPLIT_K: tl.constexpr, DZ: tl.constexpr, PDL: tl.constexpr,
+                     SAVE_FOR_BACKWARD: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     # SPLIT_K > 1: program (m, n, s) sums the s-th of SPLIT_K slices of K's tiles and stores its (scaled) fp32
     # partial z into ws (SPLIT_K, M, N); norm_fwd_kernel then adds the slices and runs the epilogue.
-    # DZ (SPLIT_K = 1): the backward's dz kernel instead: z recomputed, dz (M, N) from dy (M, N, row stride
-    # stride_ym like y) into y_ptr; u, r, q, ws untouched.
     pdl_start(PDL)  # may be launched before the previous kernel ended (pdl.py): waits for it before any access
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -68,10 +53,8 @@ def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, w
     k_end = tl.minimum(k_first + tiles_per_split, k_tiles)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    if DZ:  # dy's loads issued before the GEMM's (their latency overlaps it)
-        dy = tl.load(dy_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], mask=mask_m[:, None], other=0.0)
     offs_k = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_ptrs = w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # (BLOCK_K, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -84,13 +67,10 @@ def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, w
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     if HAS_SCALES:
-        acc = _scaled(acc, sx_ptr, sw_ptr, offs_m, offs_n, mask_m)
-    if DZ:  # the backward's dz from dy and this z: u and r exactly as the forward's epilogue made them
-        u, r = _block_norm(acc, eps, BLOCK_N)
-        idx = offs_m[:, None] * stride_ym + offs_n[None, :]
-        tl.store(y_ptr + idx, _dz_of(dy.to(tl.float32), u, r, BLOCK_N).to(y_ptr.dtype.element_ty),
-                 mask=mask_m[:, None])
-    elif SPLIT_K == 1:
+        sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
+        sw = tl.load(sw_ptr + offs_n)
+        acc = acc * sx[:, None] * sw[None, :]
+    if SPLIT_K == 1:
         _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
                   out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD, True)
     else:
@@ -118,7 +98,7 @@ def norm_fwd_kernel(z_ptr, sx_ptr, sw_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride
         tl.store(u_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], z.to(u_ptr.dtype.element_ty),
                  mask=mask_m[:, None])
     if HAS_SCALES:
-        z = _scaled(z, sx_ptr, sw_ptr, offs_m, offs_n, mask_m)
+        z = z * tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)[:, None] * tl.load(sw_ptr + offs_n)[None, :]
     _epilogue(z, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm,
               pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD, not SAVE_Z)
 
@@ -134,15 +114,9 @@ def dz_tile(dy_ptr, u_ptr, r_ptr, zs_row_ptr, zs_col_ptr, offs_m, offs_n, mask_m
     r = tl.load(r_ptr + offs_m * stride_rm + j, mask=mask_m, other=0.0)
     if FROM_Z:
         if Z_SCALES:
-            u = _scaled(u, zs_row_ptr, zs_col_ptr, offs_m, offs_n, mask_m)
+            row = tl.load(zs_row_ptr + offs_m, mask=mask_m, other=0.0)
+            u = u * row[:, None] * tl.load(zs_col_ptr + offs_n)[None, :]
         u = u * r[:, None]
-    return _dz_of(dy, u, r, BLOCK_N)
-
-
-@triton.jit
-def _dz_of(dy, u, r, BLOCK_N: tl.constexpr):
-    # dy, u (BLOCK_M, BLOCK_N) fp32 of one norm block, r (BLOCK_M,) -> dz: g = dy·HardSwish'(u),
-    # dz = r·(g − u·mean_B(g·u))
     slope = tl.where(u < -3.0, 0.0, tl.where(u > 3.0, 1.0, (2.0 * u + 3.0) / 6.0))  # HardSwish'(u)
     g = dy * slope
     mean_gu = tl.sum(g * u, axis=1) / BLOCK_N
