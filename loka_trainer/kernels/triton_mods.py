@@ -57,7 +57,23 @@ def _kernels():
     import triton
 
     from loka_trainer.kernels import triton_mods_kernels as k
-    return triton, k.fused_fwd_kernel, k.norm_fwd_kernel, k.bwd_dz_kernel
+    return triton, k.fused_fwd_eager_tuned, k.norm_fwd_kernel, k.bwd_dz_kernel
+
+
+# the fused forward's configs are timed by graph replay up to this K, eagerly above (triton_mods_kernels)
+REPLAY_TUNED_MAX_K = 512
+
+
+@functools.lru_cache(maxsize=1)
+def _replay_tuned_forward():
+    """``fused_fwd_kernel`` autotuned by graph replay (imported lazily, like ``_kernels``)."""
+    from loka_trainer.kernels import triton_mods_kernels as k
+    return k.fused_fwd_replay_tuned
+
+
+def _forward_kernel(K: int):
+    """The fused forward's autotuned kernel for a layer of ``K`` in-features: timed by graph replay when short."""
+    return _replay_tuned_forward() if K <= REPLAY_TUNED_MAX_K else _kernels()[1]
 
 
 @functools.lru_cache(maxsize=1)
@@ -132,11 +148,12 @@ def sm_count(device_index: int) -> int:
 
 
 def autotune_picks(kernel=None) -> list[dict]:
-    """The configs the autotuner picked for ``fused_fwd_kernel`` (or ``kernel``) in this process, one per key it
-    has tuned: [{"key": {M, N, K, HAS_SCALES, ...: value, "dtypes": [tensor dtypes]}, "config": {BLOCK_M, BLOCK_K,
-    num_warps, num_stages, ...}}]. What a benchmark records so that configs never picked can be pruned later."""
+    """The configs the autotuner picked for the fused forward (both of its autotuners, ``_forward_kernel``) or for
+    ``kernel`` in this process, one per key it has tuned: [{"key": {M, N, K, HAS_SCALES, ...: value, "dtypes":
+    [tensor dtypes]}, "config": {BLOCK_M, BLOCK_K, num_warps, num_stages, ...}}]. What a benchmark records so that
+    configs never picked can be pruned later."""
     if kernel is None:
-        kernel = _kernels()[1]
+        return autotune_picks(_kernels()[1]) + autotune_picks(_replay_tuned_forward())
     names = list(kernel.keys)  # a key holds these arguments' values, then the dtypes of the tensor arguments
     return [{"key": {**dict(zip(names, key)), "dtypes": [str(v) for v in key[len(names):]]},
              "config": dict(config.all_kwargs())} for key, config in kernel.cache.items()]
@@ -154,7 +171,7 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     summed by its own programs into an fp32 (split_k, M, N) workspace; the epilogue kernel (``norm_forward``'s)
     adds them. For long K and few (M, N) tiles, e.g. (K, N) = (7680, 256) at M = 1024: 16 programs alone.
     ``config`` (BLOCK_M, BLOCK_K, optionally num_warps / num_stages) replaces the autotuner's choice."""
-    triton, kernel, _, _ = _kernels()
+    triton = _kernels()[0]
     M, K = x.shape
     N = w.shape[0]
     assert supports(K, N, block), (K, N, block)
@@ -166,7 +183,7 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     sw = scale_vector(w_scale_inv) if has_scales else y
     ws = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else y
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block, split_k)
-    kernel, meta = fixed_or_autotuned(kernel, config, {"BLOCK_M": 16, "BLOCK_K": 32})
+    kernel, meta = fixed_or_autotuned(_forward_kernel(K), config, {"BLOCK_M": 16, "BLOCK_K": 32})
     kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
                  y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                  HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,

@@ -6,7 +6,15 @@ import triton
 import triton.language as tl
 
 from loka_trainer.kernels.pdl_kernels import pdl_start
+from loka_trainer.kernels.triton_autotune import graph_replay_bench
 from loka_trainer.kernels.triton_quant_tensorwise_kernels import max_of
+
+
+@triton.jit
+def _scaled(acc, sx_ptr, sw_ptr, offs_m, offs_n, mask_m):
+    # acc (BLOCK_M, BLOCK_N) times the rowwise scales sx (M,) per row and sw (N,) per column
+    sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
+    return acc * sx[:, None] * tl.load(sw_ptr + offs_n)[None, :]
 
 
 @triton.jit
@@ -34,9 +42,6 @@ configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages
            for bm, bk, w, s in [(64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 4),
                                 (32, 64, 4, 4), (32, 128, 4, 3), (16, 128, 4, 4), (16, 256, 4, 3)]]
 
-# NOTE: timed eagerly (Triton's benchmarker, L2 flushed), not by graph replay (triton_autotune): with replay the
-# picks made the layer up to 10% slower at the large figure-13 shapes on the H200 (docs/kernels/README.md, r24c)
-@triton.autotune(configs=configs, key=["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"])
 @triton.jit
 def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, ws_ptr, M, N, K,
                      stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_rm, stride_ws, eps, out_scale,
@@ -67,14 +72,24 @@ def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, w
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
     if HAS_SCALES:
-        sx = tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)
-        sw = tl.load(sw_ptr + offs_n)
-        acc = acc * sx[:, None] * sw[None, :]
+        acc = _scaled(acc, sx_ptr, sw_ptr, offs_m, offs_n, mask_m)
     if SPLIT_K == 1:
         _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm, pid_n, eps,
                   out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD, True)
     else:
         tl.store(ws_ptr + pid_k * stride_ws + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask_m[:, None])
+
+
+_FWD_KEY = ["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"]
+# NOTE: timed eagerly (Triton's benchmarker, L2 flushed), not by graph replay (triton_autotune): with replay the
+# picks made the layer up to 10% slower at the large figure-13 shapes on the H200 (docs/kernels/README.md, r24c)
+fused_fwd_eager_tuned = triton.autotune(configs=configs, key=_FWD_KEY)(fused_fwd_kernel)
+# the same kernel timed by graph replay, for a short K (triton_mods.REPLAY_TUNED_MAX_K): a few µs of GPU time
+# under a launch's, which eager timing ranks by noise (on the H200 its picks at (K, N) = (512, 512) differed from
+# run to run by 2.3 µs of 5.7; docs/kernels/README.md, fifteenth round)
+fused_fwd_replay_tuned = triton.autotune(configs=configs, key=_FWD_KEY, do_bench=graph_replay_bench)(
+    fused_fwd_kernel)
+
 
 @triton.jit
 def norm_fwd_kernel(z_ptr, sx_ptr, sw_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_zs, stride_ym,
@@ -98,7 +113,7 @@ def norm_fwd_kernel(z_ptr, sx_ptr, sw_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride
         tl.store(u_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], z.to(u_ptr.dtype.element_ty),
                  mask=mask_m[:, None])
     if HAS_SCALES:
-        z = z * tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)[:, None] * tl.load(sw_ptr + offs_n)[None, :]
+        z = _scaled(z, sx_ptr, sw_ptr, offs_m, offs_n, mask_m)
     _epilogue(z, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym, stride_rm,
               pid_n, eps, out_scale, BLOCK_N, WRITE_FP8, FP8_MAX_, SAVE_FOR_BACKWARD, not SAVE_Z)
 
@@ -114,8 +129,7 @@ def dz_tile(dy_ptr, u_ptr, r_ptr, zs_row_ptr, zs_col_ptr, offs_m, offs_n, mask_m
     r = tl.load(r_ptr + offs_m * stride_rm + j, mask=mask_m, other=0.0)
     if FROM_Z:
         if Z_SCALES:
-            row = tl.load(zs_row_ptr + offs_m, mask=mask_m, other=0.0)
-            u = u * row[:, None] * tl.load(zs_col_ptr + offs_n)[None, :]
+            u = _scaled(u, zs_row_ptr, zs_col_ptr, offs_m, offs_n, mask_m)
         u = u * r[:, None]
     slope = tl.where(u < -3.0, 0.0, tl.where(u > 3.0, 1.0, (2.0 * u + 3.0) / 6.0))  # HardSwish'(u)
     g = dy * slope

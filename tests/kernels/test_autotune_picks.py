@@ -27,3 +27,23 @@ def test_nothing_tuned_nothing_reported():
     class Untuned:
         keys, cache = ["M"], {}
     assert autotune_picks(Untuned()) == []
+
+
+def test_short_k_forward_is_tuned_by_graph_replay_and_reported_with_the_rest():
+    """K <= REPLAY_TUNED_MAX_K: the forward's configs are ranked by graph replay (its autotuner's do_bench), longer
+    K by Triton's eager benchmarker; both autotuners wrap the same kernel, and the picks of both are reported."""
+    triton = pytest.importorskip("triton")
+    from loka_trainer.kernels import triton_mods
+    from loka_trainer.kernels.triton_autotune import graph_replay_bench
+    short = triton_mods._forward_kernel(triton_mods.REPLAY_TUNED_MAX_K)
+    long = triton_mods._forward_kernel(2 * triton_mods.REPLAY_TUNED_MAX_K)
+    assert short is not long and short.fn is long.fn and short.fn.__name__ == "fused_fwd_kernel"
+    # what triton.autotune(do_bench=...) stores (its do_bench property would start a GPU driver)
+    assert short._do_bench is graph_replay_bench and long._do_bench is None
+    assert short.keys == long.keys and "K" in short.keys
+    key = (1024, 256, 256, False, False, True, 1, "torch.bfloat16", "torch.bfloat16")
+    short.cache[key] = triton.Config({"BLOCK_M": 16, "BLOCK_K": 128}, num_warps=4, num_stages=4)
+    try:
+        assert any(p["key"]["K"] == 256 and p["config"]["BLOCK_M"] == 16 for p in autotune_picks())
+    finally:
+        del short.cache[key]
