@@ -193,8 +193,34 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     return _returned(y, u, r, q, write_fp8, save)
 
 
+# The epilogue and dz kernels' programs: ~4K elements each (16 rows at B = 256: enough bytes in flight, no register
+# spills) when that grid has at least SMALL_GRID_PER_SM programs per SM, else half as many rows on 8 warps (more,
+# smaller programs in flight). On the H200 at M = 1024 the smaller programs took each of those kernels 0.15-0.7 µs
+# faster at N <= 512 (1-2 norm blocks), and were slower at N >= 2048 (docs/kernels/README.md, r29).
+SMALL_GRID_PER_SM = 2
+DZ_WARPS = 8  # the dz kernel's, whatever the grid (r29: 0.45-0.75 µs faster than 4 warps at every shape without an
+# FP8 cast, within 0.35 µs either way with one)
+CAST_ROWS, CAST_WARPS = 16, 8  # the rowwise cast of dz (no fold): r29, up to 0.19 µs faster than 4 warps but at
+# N = 7680 (0.33 µs slower)
+
+
 def _rows_per_program(block: int) -> int:
-    return max(1, 4096 // block)  # ~4K elements a tile: enough bytes in flight, no register spills
+    """The epilogue and dz kernels' rows per program on a grid that fills the GPU: ~4K elements a tile."""
+    return max(1, 4096 // block)
+
+
+def launch_shape(M: int, N: int, block: int, num_sms: Optional[int]) -> tuple[int, int]:
+    """(rows per program, warps) of the epilogue (norm) and dz kernels on an (M, N) tensor on a GPU of ``num_sms``
+    SMs (None: not a GPU, e.g. the interpreter: the full-grid shape)."""
+    rows = _rows_per_program(block)
+    if num_sms is not None and -(-M // rows) * (N // block) < SMALL_GRID_PER_SM * num_sms:
+        return max(1, rows // 2), 8
+    return rows, 4
+
+
+def _launch_shape(t: torch.Tensor, block: int) -> tuple[int, int]:
+    """``launch_shape`` for the (M, N) tensor ``t`` on its device."""
+    return launch_shape(*t.shape, block, sm_count(t.device.index or 0) if t.is_cuda else None)
 
 
 def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
@@ -229,13 +255,13 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
     summed z is, into u)."""
     triton, _, kernel, _ = _kernels()
     M, N = z.shape
-    rows = _rows_per_program(block)
+    rows, warps = _launch_shape(z, block)
     sx, sw = (scale_vector(s) for s in scales) if scales is not None else (z, z)
     kernel[(triton.cdiv(M, rows), N // block)](z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0),
                                                r.stride(0), eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
                                                WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SAVE_Z=save_z,
                                                SPLITS=splits, HAS_SCALES=scales is not None, BLOCK_N=block,
-                                               BLOCK_M=rows, **pdl.launch_args(z))
+                                               BLOCK_M=rows, num_warps=warps, **pdl.launch_args(z))
 
 
 # the dz kernel stores its tile maxima (for a tensorwise amax) when there are at most this many: each program of
@@ -266,7 +292,7 @@ def _launch_dz(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, z_src: tupl
                     dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0) if amax_mode == 1 else 0,
                     FROM_Z=from_z, Z_SCALES=z_scales, AMAX=amax_mode,
                     FOLD=fold is not None, TILE_MAXIMA=tensorwise is not None and tensorwise.dim() == 1,
-                    BLOCK_N=block, BLOCK_M=rows, **pdl.launch_args(dy))
+                    BLOCK_N=block, BLOCK_M=rows, num_warps=DZ_WARPS, **pdl.launch_args(dy))
 
 
 def _fold_inputs(fold_sx: Optional[torch.Tensor], grid: tuple[int, int], device
@@ -288,7 +314,7 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     M, N = dy.shape
     dy = rows_contiguous(dy)
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
-    rows = _rows_per_program(block)
+    rows = _launch_shape(dy, block)[0]
     _launch_dz(kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
                (from_z, z_row_scale, z_col_scale))
     return dz
@@ -309,7 +335,7 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, z
     fold = _fold_inputs(fold_sx, grid, dy.device)
     _launch_dz(dz_kernel, grid, dy, u, r, dz, block, rows, z_src, amax, 1, fold)
     if fold is None:
-        sx, fold_amax, qt, st, q_rows = dz, dz, q, s, rows
+        sx, fold_amax, qt, st, q_rows = dz, dz, q, s, CAST_ROWS
     else:
         (sx, fold_amax), q_rows = fold, FOLD_ROWS
         qt = torch.empty((N, M), dtype=DZ_DTYPE, device=dy.device)
@@ -318,7 +344,7 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, z
         dz, amax, q, s, sx, fold_amax, qt, st, M, nb, dz.stride(0), amax.stride(0), q.stride(0),
         fold_amax.numel() if fold is not None else 0, FP8_MAX_=FP8_MAX, EPS_=EPS, NB_P2=triton.next_power_of_2(nb),
         FOLD=fold is not None, FOLD_FP8_MAX=float(torch.finfo(DZ_DTYPE).max), BLOCK_N=block, BLOCK_M=q_rows,
-        num_warps=8 if fold is not None else 4, **pdl.launch_args(dy))
+        num_warps=8 if fold is not None else CAST_WARPS, **pdl.launch_args(dy))
     return q, s, (qt, st) if fold is not None else None
 
 
@@ -357,7 +383,7 @@ def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block
     M, N = dy.shape
     dy = rows_contiguous(dy)
     dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)  # written either way: the cast reads it
-    rows = _rows_per_program(block)
+    rows = _launch_shape(dy, block)[0]
     q, s, folded = DZ_FP8[granularity][1](dz_kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
                                           (from_z, z_row_scale, z_col_scale), fold_sx)
     return q, s, (dz if write_bf16 else None), folded

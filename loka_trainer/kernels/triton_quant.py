@@ -80,13 +80,14 @@ def _kernel():
 SINGLE_PASS_MAX_COLS = 8192
 
 
-def _tile(R: int, C: int, row_major: bool) -> tuple[int, int, bool]:
-    """(ROWS, COLS, single_pass) per program, ~4K+ elements a tile.
+def _tile(R: int, C: int, row_major: bool) -> tuple[int, int, bool, int]:
+    """(ROWS, COLS, single_pass, warps) per program.
 
-    Row-major t with C <= SINGLE_PASS_MAX_COLS: whole rows, ROWS = 4096 // C' (at least 1, C' = C rounded up
-    to a power of two), one read. On the H200 the earlier two-pass 8 x 512 tile took 16.2 µs for a (1024,
-    7680) bf16 t and 9.6 µs for (1024, 4096) (only R / 8 = 128 programs: latency-bound).
-    Longer rows: 512 wide, two passes.
+    Row-major t with C <= SINGLE_PASS_MAX_COLS: whole rows, ROWS = 2048 // C' (at least 1, C' = C rounded up
+    to a power of two), one read, 4 warps. On the H200 (M = 1024, r29) this took 2.2-3.0 µs at C = 2048-4096
+    and 1.0-1.1 µs at C = 256-512, against 2.4-3.3 and 1.25-1.33 µs with ~4K-element tiles on 8 warps; the
+    earlier two-pass 8 x 512 tile took 16.2 µs for a (1024, 7680) bf16 t and 9.6 µs for (1024, 4096) (only
+    R / 8 = 128 programs: latency-bound). Longer rows: 512 wide, two passes.
     A transposed view (t = a.t(), contiguous along R): 16 rows (one 32-byte sector of each row of ``a``) by
     256 along C, so (R / 16) programs fill the GPU. On the H200 this took quant(a.t()) for a (1024, C) bf16
     from 16.4 / 16.7 / 19.2 µs (64 x 64 tiles) to 5.5 / 8.2 / 12.3 µs at C = 2048 / 4096 / 7680.
@@ -95,10 +96,11 @@ def _tile(R: int, C: int, row_major: bool) -> tuple[int, int, bool]:
     if row_major:
         whole = triton.next_power_of_2(C)
         if whole <= SINGLE_PASS_MAX_COLS:
-            return max(1, min(triton.next_power_of_2(R), 4096 // whole)), whole, True
-        cols = 512
-        return max(1, min(triton.next_power_of_2(R), 4096 // cols)), cols, False
-    return min(triton.next_power_of_2(R), 16), min(triton.next_power_of_2(C), 256), False
+            return max(1, min(triton.next_power_of_2(R), 2048 // whole)), whole, True, 4
+        rows, cols = max(1, min(triton.next_power_of_2(R), 4096 // 512)), 512
+    else:
+        rows, cols = min(triton.next_power_of_2(R), 16), min(triton.next_power_of_2(C), 256)
+    return rows, cols, False, 8 if rows * cols >= 4096 else 4
 
 
 def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
@@ -112,10 +114,10 @@ def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4
     R, C = t.shape
     q = torch.empty((R, C), dtype=dtype, device=t.device)
     s = torch.empty((R, 1), dtype=torch.float32, device=t.device)
-    rows, cols, single_pass = _tile(R, C, row_major=t.stride(1) == 1)
+    rows, cols, single_pass, warps = _tile(R, C, row_major=t.stride(1) == 1)
     kernel[(triton.cdiv(R, rows),)](t, q, s, R, C, t.stride(0), t.stride(1), q.stride(0),
                                    FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, COLS=cols,
-                                   SINGLE_PASS=single_pass, num_warps=8 if rows * cols >= 4096 else 4,
+                                   SINGLE_PASS=single_pass, num_warps=warps,
                                    **pdl.launch_args(t))
     return q, s
 

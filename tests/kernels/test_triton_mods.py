@@ -25,6 +25,27 @@ def test_split_k_for(M, N, K, num_sms, split):
     assert split_k_for(M, N, K, 256, num_sms) == split
 
 
+@pytest.mark.parametrize("M, N, num_sms, shape", [
+    (1024, 256, 132, (8, 8)),    # 64 programs of 16 rows: under two a SM, so 8 rows on 8 warps
+    (1024, 512, 132, (8, 8)),    # 128
+    (1024, 2560, 132, (16, 4)),  # 640: the full-grid shape
+    (1024, 512, 32, (16, 4)),    # the same layer on a GPU of 32 SMs fills it
+    (1024, 256, None, (16, 4)),  # not a GPU (the interpreter)
+])
+def test_launch_shape_halves_the_rows_of_a_small_grid(M, N, num_sms, shape):
+    assert triton_mods.launch_shape(M, N, 256, num_sms) == shape
+
+
+@pytest.mark.parametrize("C, rows, cols, single_pass, warps", [
+    (256, 8, 256, True, 4), (512, 4, 512, True, 4), (4096, 1, 4096, True, 4), (7680, 1, 8192, True, 4),
+    (9000, 8, 512, False, 8)])  # longer rows than SINGLE_PASS_MAX_COLS: two passes over 512-wide chunks
+def test_rowwise_quantizer_tiles_row_major_rows(C, rows, cols, single_pass, warps):
+    pytest.importorskip("triton")
+    from loka_trainer.kernels.triton_quant import _tile
+    assert _tile(1024, C, row_major=True) == (rows, cols, single_pass, warps)
+    assert _tile(1024, C, row_major=False) == (16, min(256, cols), False, 8)  # a transposed view
+
+
 def test_cublas_split_k_slices_sum_to_the_product():
     import torch
     g = torch.Generator().manual_seed(0)
