@@ -223,6 +223,13 @@ def _launch_shape(t: torch.Tensor, block: int) -> tuple[int, int]:
     return launch_shape(*t.shape, block, sm_count(t.device.index or 0) if t.is_cuda else None)
 
 
+def _dz_grid(dy: torch.Tensor, block: int) -> tuple[tuple[int, int], int]:
+    """(grid, rows per program) of the dz kernel on dy (M, N): row tiles x norm blocks."""
+    M, N = dy.shape
+    rows = _launch_shape(dy, block)[0]
+    return (-(-M // rows), N // block), rows
+
+
 def norm_forward(z: torch.Tensor, *, block: int = DEFAULT_BLOCK, eps: float = DEFAULT_EPS,
                  write_fp8: bool = False, save: bool = True, row_scale: Optional[torch.Tensor] = None,
                  col_scale: Optional[torch.Tensor] = None, save_z: bool = False):
@@ -310,13 +317,11 @@ def backward_dz(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block: in
     """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16 (the gradient w.r.t. z = x·Wᵀ). ``from_z``: u
     holds z as ``norm_forward(save_z=True)`` kept it, u = z·r per norm block; with z_row_scale (M,)/(M, 1) and
     z_col_scale (N,)/(N, 1) fp32 (an FP8 GEMM run with unit scales) u = z·row·col·r."""
-    triton, _, _, kernel = _kernels()
-    M, N = dy.shape
+    kernel = _kernels()[3]
     dy = rows_contiguous(dy)
-    dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)
-    rows = _launch_shape(dy, block)[0]
-    _launch_dz(kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
-               (from_z, z_row_scale, z_col_scale))
+    dz = torch.empty(dy.shape, dtype=torch.bfloat16, device=dy.device)
+    grid, rows = _dz_grid(dy, block)
+    _launch_dz(kernel, grid, dy, u, r, dz, block, rows, (from_z, z_row_scale, z_col_scale))
     return dz
 
 
@@ -379,11 +384,10 @@ def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block
     x: also ``folded`` = (dzt (N, M) e5m2, scale_inv ()), the folded weight grad's dz operand
     (``wgrad_fold.fold_operands_ref``'s first two). ``from_z``, ``z_row_scale``, ``z_col_scale`` as
     ``backward_dz``'s."""
-    triton, _, _, dz_kernel = _kernels()
-    M, N = dy.shape
+    dz_kernel = _kernels()[3]
     dy = rows_contiguous(dy)
-    dz = torch.empty((M, N), dtype=torch.bfloat16, device=dy.device)  # written either way: the cast reads it
-    rows = _launch_shape(dy, block)[0]
-    q, s, folded = DZ_FP8[granularity][1](dz_kernel, (triton.cdiv(M, rows), N // block), dy, u, r, dz, block, rows,
+    dz = torch.empty(dy.shape, dtype=torch.bfloat16, device=dy.device)  # written either way: the cast reads it
+    grid, rows = _dz_grid(dy, block)
+    q, s, folded = DZ_FP8[granularity][1](dz_kernel, grid, dy, u, r, dz, block, rows,
                                           (from_z, z_row_scale, z_col_scale), fold_sx)
     return q, s, (dz if write_bf16 else None), folded
