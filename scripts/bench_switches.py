@@ -15,6 +15,8 @@ SWITCHES = {
     "rowwise_gemm": ("loka_trainer.kernels.mods_ops", "UNIT_SCALE_FP8_GEMM", False),
     # the split modes' epilogue writes u for the backward instead of the backward recomputing it from z
     "save_u": ("loka_trainer.kernels.mods_ops", "SAVE_Z", False),
+    # the split FP8 forward's GEMM with exact accumulation instead of cuBLASLt's fast accumulation
+    "exact_fwd_accum": ("loka_trainer.kernels.mods_ops", "FP8_FORWARD_FAST_ACCUM", False),
 }
 
 

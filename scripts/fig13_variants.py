@@ -43,6 +43,14 @@ FUSED_VARIANTS = {
     "split_fp8_dgrad_tw_wgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
     "split_fp8_tw_grads": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise", wgrad="scaled_mm_tensorwise"),
     "fused_fp8_dgrad_tw_wgrad": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
+    # the backward's FP8 GEMMs on cuBLASLt's fast accumulation (backends_scaled_mm), suffix "_fa"
+    "split_bf16_tw_dgrad_fa": dict(mode="split_bf16", dgrad="scaled_mm_tensorwise_fast_accum"),
+    "split_fp8_dgrad_fa": dict(mode="split_fp8", dgrad="scaled_mm_rowwise_fast_accum"),
+    "split_fp8_tw_dgrad_fa": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise_fast_accum"),
+    "split_fp8_dgrad_tw_wgrad_fa": dict(mode="split_fp8", dgrad="scaled_mm_rowwise_fast_accum",
+                                        wgrad="scaled_mm_tensorwise_fast_accum"),
+    "split_fp8_tw_grads_fa": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise_fast_accum",
+                                  wgrad="scaled_mm_tensorwise_fast_accum"),
 }
 
 # variants also timed with dx and dW computed one after the other (``<name>_serial_grads``; by default
@@ -53,7 +61,8 @@ SWITCHED_VARIANTS = {"serial_grads": SERIAL_GRADS_VARIANTS, "no_split_k": ("spli
                      "no_pdl": ("split_bf16", "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad"),
                      "no_grouped_grads": ("split_bf16", "fused_bf16", "fused_fp8_fwd"),
                      "rowwise_gemm": ("split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad"),
-                     "save_u": ("split_bf16", "split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad")}
+                     "save_u": ("split_bf16", "split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad"),
+                     "exact_fwd_accum": ("split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad")}
 COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
 ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
                       *(f"{n}_{switch}" for switch, names in SWITCHED_VARIANTS.items() for n in names))

@@ -17,8 +17,9 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity, fold_sx?) -> (dz_q, scale_inv, dz, dzt,
   s_dzt)`` (``mods_ops_fp8``): the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz
   kernel also writes the amaxes, one cast kernel follows; with ``fold_sx`` also the folded weight grad's dz operand.
-- ``loka::wgrad_fold(dz, xq, sx) -> dW`` (``wgrad_fold``): a tensorwise FP8 weight grad reading the forward's FP8 x;
-  ``loka::wgrad_folded_dz(dzt, s, xq) -> dW`` the same with its dz operand written by ``mods_bwd_dz_fp8``.
+- ``loka::wgrad_fold(dz, xq, sx, fast_accum) -> dW`` (``wgrad_fold``): a tensorwise FP8 weight grad reading the
+  forward's FP8 x; ``loka::wgrad_folded_dz(dzt, s, xq, fast_accum) -> dW`` the same with its dz operand written by
+  ``mods_bwd_dz_fp8``.
 
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x (or, for a folded weight grad, the FP8 x), w, u (bf16; in the split modes z instead, and the
@@ -59,6 +60,11 @@ UNIT_SCALE_FP8_GEMM = True
 # kernel writes one (M, N) tensor fewer (u = z·r is recomputed by the dz kernel). False: u is written and read
 # (the ``*_save_u`` benchmark variants).
 SAVE_Z = True
+# The FP8 forward GEMM of the split modes on cuBLASLt's fast-accumulation kernel, as torchao runs its forward
+# (output) GEMM by default (``backends_scaled_mm``): on the H200 2-22% faster at the figure-13 shapes, its output
+# within 3e-3 (relative) of the exact accumulation's (docs/kernels/README.md, r30a). False: exact accumulation
+# (the ``*_exact_fwd_accum`` benchmark variants).
+FP8_FORWARD_FAST_ACCUM = True
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 
 
@@ -83,9 +89,9 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
                 z = triton_mods.cublas_split_k(x, w, k_slices)
             elif sx is not None and UNIT_SCALE_FP8_GEMM:  # the rowwise scales applied by the epilogue kernel
                 one = unit_scale(x.device)
-                z = scaled_mm_nt(x, one, w, one)  # (M, N) bf16 of the e4m3 products
-            else:
-                z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw)  # (M, N) bf16
+                z = scaled_mm_nt(x, one, w, one, FP8_FORWARD_FAST_ACCUM)  # (M, N) bf16 of the e4m3 products
+            else:  # (M, N) bf16
+                z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw, FP8_FORWARD_FAST_ACCUM)
                 sx = sw = None
             h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8, save=save,
                                                   row_scale=sx, col_scale=sw, save_z=save_z)
@@ -217,9 +223,9 @@ def _grads_on_backends(ctx, saved: tuple, dh: Tensor, need_dx: bool, need_dw: bo
     if not need_dw:
         dw_fn = None
     elif folded is not None:
-        dw_fn = lambda: wgrad_folded_dz(*folded, xq)  # noqa: E731
+        dw_fn = lambda: wgrad_folded_dz(*folded, xq, FOLDED_WGRAD[wgrad])  # noqa: E731
     elif xq is not None:
-        dw_fn = lambda: wgrad_fold(dz, xq, sx)  # noqa: E731
+        dw_fn = lambda: wgrad_fold(dz, xq, sx, FOLDED_WGRAD[wgrad])  # noqa: E731
     else:
         dw_fn = lambda: _weight_grad(wgrad, dz, xb)  # noqa: E731
     return side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)

@@ -115,25 +115,25 @@ def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
 
 
 @torch.library.custom_op("loka::wgrad_fold", mutates_args=())
-def wgrad_fold(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
+def wgrad_fold(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor, fast_accum: bool = False) -> torch.Tensor:
     """dz (M, N) bf16, xq (M, K) e4m3, sx (M, 1) fp32 -> dW = dzᵀ·(xq·sx) (N, K) bf16 on tensorwise FP8 (module
-    docstring); M, K, N % 16 == 0 (``torch._scaled_mm``)."""
+    docstring), on the fast-accumulation GEMM when ``fast_accum``; M, K, N % 16 == 0 (``torch._scaled_mm``)."""
     dzt, s, xqt = fold_operands(dz, xq, sx)
-    return scaled_mm_nt(dzt, s, xqt, unit_scale(dz.device))
+    return scaled_mm_nt(dzt, s, xqt, unit_scale(dz.device), fast_accum)
 
 
 @wgrad_fold.register_fake
-def _(dz, xq, sx):
+def _(dz, xq, sx, fast_accum=False):
     return dz.new_empty((dz.shape[1], xq.shape[1]), dtype=torch.bfloat16)
 
 
 @torch.library.custom_op("loka::wgrad_folded_dz", mutates_args=())
-def wgrad_folded_dz(dzt: torch.Tensor, s: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
+def wgrad_folded_dz(dzt: torch.Tensor, s: torch.Tensor, xq: torch.Tensor, fast_accum: bool = False) -> torch.Tensor:
     """dzt (N, M) e5m2 = (dz·sx)ᵀ at scale_inv s () (written by the dz kernels, ``triton_mods.backward_dz_fp8``),
     xq (M, K) e4m3 -> dW (N, K) bf16: ``wgrad_fold`` with its dz operand already made."""
-    return scaled_mm_nt(dzt, s, transpose_fp8(xq), unit_scale(dzt.device))
+    return scaled_mm_nt(dzt, s, transpose_fp8(xq), unit_scale(dzt.device), fast_accum)
 
 
 @wgrad_folded_dz.register_fake
-def _(dzt, s, xq):
+def _(dzt, s, xq, fast_accum=False):
     return dzt.new_empty((dzt.shape[0], xq.shape[1]), dtype=torch.bfloat16)

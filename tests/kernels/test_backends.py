@@ -19,7 +19,7 @@ E4M3_BOUND, E5M2_BOUND = 0.06, 0.10
 def _bound(name: str, gemm: str) -> float:
     if name == "bf16" or (name.endswith("gw_hp") and gemm == "weight_grad"):
         return BOUND["bf16"]
-    uses_e5m2 = name.endswith("tensorwise") and gemm != "forward"
+    uses_e5m2 = name.removesuffix("_fast_accum").endswith("tensorwise") and gemm != "forward"
     return E5M2_BOUND if uses_e5m2 else E4M3_BOUND
 
 
@@ -63,6 +63,21 @@ def test_precomputed_weight_operand_gives_same_result(name):
     b = get_backend(name)
     assert torch.equal(b.forward(x, w), b.forward(x, w, w_q=b.quantize_weight_forward(w)))
     assert torch.equal(b.input_grad(dy, w), b.input_grad(dy, w, wt_q=b.quantize_weight_input_grad(w)))
+
+
+def test_fast_accum_twins_reach_scaled_mm_in_all_three_gemms(monkeypatch):
+    from loka_trainer.kernels.backends_scaled_mm import scaled_mm_backends
+    flags, scaled_mm = [], torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: flags.append(k["use_fast_accum"]) or scaled_mm(*a, **k))
+    x, w, dy = _operands(32, 64, 48, seed=4)
+    backends = scaled_mm_backends()
+    assert {n for n, b in backends.items() if b.fast_accum} == {f"{n}_fast_accum" for n, b in backends.items()
+                                                                 if not b.fast_accum}
+    for name, b in backends.items():
+        flags.clear()
+        b.forward(x, w), b.input_grad(dy, w), b.weight_grad(dy, x)
+        assert flags == [b.fast_accum] * 3, name
+        assert get_backend(name) is b or get_backend(name).fast_accum == b.fast_accum
 
 
 def test_supports_rejects_unaligned_shapes_for_fp8():

@@ -60,7 +60,10 @@ def test_backward_dz_fp8_matches_reference(M, N, block, write_bf16, granularity)
                                               ("split_bf16", "scaled_mm_tensorwise", "bf16"),
                                               ("fused_fp8", "scaled_mm_rowwise", "scaled_mm_rowwise"),
                                               ("split_fp8", "scaled_mm_rowwise", "scaled_mm_tensorwise"),
-                                              ("fused_fp8", "bf16", "scaled_mm_tensorwise")])
+                                              ("fused_fp8", "bf16", "scaled_mm_tensorwise"),
+                                              ("split_fp8", "scaled_mm_rowwise_fast_accum",
+                                               "scaled_mm_tensorwise_fast_accum"),
+                                              ("split_bf16", "scaled_mm_tensorwise_fast_accum", "bf16")])
 def test_linear_mods_fp8_modes_match_fp32(M, K, N, mode, dgrad, wgrad):
     from loka_trainer.kernels.mods_ops import linear_mods
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -75,7 +78,8 @@ def test_linear_mods_fp8_modes_match_fp32(M, K, N, mode, dgrad, wgrad):
     assert _rel(x.grad, xr.grad) < 0.08 and _rel(w.grad, wr.grad) < 0.08
 
 
-@pytest.mark.parametrize("backend", ["scaled_mm_rowwise", "scaled_mm_tensorwise"])
+@pytest.mark.parametrize("backend", ["scaled_mm_rowwise", "scaled_mm_tensorwise", "scaled_mm_rowwise_fast_accum",
+                                     "scaled_mm_tensorwise_fast_accum"])
 def test_fused_dgrad_equals_unfused_backend(backend):
     """Same numerics as the backend: fused dz-quant + _scaled_mm vs backend.input_grad on the bf16 dz."""
     from loka_trainer.kernels.backends import get_backend

@@ -115,7 +115,29 @@ def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, w
 
 
 @only_interpreted
-@pytest.mark.parametrize("backend", ["scaled_mm_rowwise", "scaled_mm_tensorwise"])
+@pytest.mark.parametrize("dgrad,wgrad", [("scaled_mm_rowwise_fast_accum", "scaled_mm_tensorwise"),
+                                         ("scaled_mm_tensorwise", "scaled_mm_tensorwise_fast_accum"),
+                                         ("scaled_mm_tensorwise_fast_accum", "bf16")])
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_fast_accumulation_reaches_each_fp8_gemm(interpret, monkeypatch, dgrad, wgrad, fast_forward):
+    from loka_trainer.kernels import mods_ops
+    from loka_trainer.kernels.backends import get_backend
+    monkeypatch.setattr(mods_ops, "FP8_FORWARD_FAST_ACCUM", fast_forward)
+    flags, scaled_mm = [], torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: flags.append(k["use_fast_accum"]) or scaled_mm(*a, **k))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+    y = mods_ops.linear_mods(x, w, block=B, mode="split_fp8", dgrad=dgrad, wgrad=wgrad)
+    assert flags == [fast_forward]
+    y.backward(torch.randn(M, N, generator=g).to(torch.bfloat16))
+    # off CUDA the dgrad runs before the weight grad (streams.side_by_side)
+    backward = [get_backend(dgrad).fast_accum] + ([get_backend(wgrad).fast_accum] if wgrad != "bf16" else [])
+    assert flags == [fast_forward, *backward]
+
+
+@only_interpreted
+@pytest.mark.parametrize("backend", ["scaled_mm_rowwise", "scaled_mm_tensorwise", "scaled_mm_tensorwise_fast_accum"])
 def test_fused_dgrad_equals_unfused_backend(interpret, backend):
     from loka_trainer.kernels.backends import get_backend
     from loka_trainer.kernels.linear import WeightCache
