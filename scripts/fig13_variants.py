@@ -68,11 +68,12 @@ ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compi
                       *(f"{n}_{switch}" for switch, names in SWITCHED_VARIANTS.items() for n in names))
 # what suite (b) times unless told otherwise: the issue's comparisons (base eager and compiled, the Mods and
 # torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
-# the H200 (r10-r15; split_fp8_dgrad_tw_wgrad: r26); ``--fig13-variants all`` adds the rest (modes never fastest,
-# the switched variants)
+# the H200 (r10-r15; split_fp8_dgrad_tw_wgrad: r26; the three "_fa" ones: r30); ``--fig13-variants all`` adds the
+# rest (modes never fastest, the switched variants)
 DEFAULT_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", "split_bf16",
                           "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad",
-                          "split_fp8_dgrad_tw_wgrad")
+                          "split_fp8_dgrad_tw_wgrad", "split_bf16_tw_dgrad_fa", "split_fp8_dgrad_tw_wgrad_fa",
+                          "split_fp8_tw_grads_fa")
 
 
 def fig13_variant_names(arg: Optional[str]) -> tuple[str, ...]:
