@@ -13,8 +13,8 @@ Any other dgrad backend runs unfused.
 The ``*_fast_accum`` twins of both backends run the same way on the fast-accumulation GEMM.
 
 Folded weight grad (``FOLDED_WGRAD``): when the forward is FP8 and the plan's wgrad backend is
-``scaled_mm_tensorwise`` (or its ``_fast_accum`` twin), dW comes from the forward's rowwise FP8 x with its row scales folded into dz
-(``wgrad_fold``): no quantization of x in the backward. Its x operand is finer (rowwise) than the backend's.
+``scaled_mm_tensorwise`` (or its ``_fast_accum`` twin), dW comes from the forward's rowwise FP8 x with its row
+scales folded into dz (``wgrad_fold``): no quantization of x in the backward. Its x operand is finer (rowwise) than the backend's.
 With a fused FP8 dgrad, the dz kernel finds the folded amax and the dgrad's cast kernel (rowwise) or one more
 pass (tensorwise) writes (dz·sx)ᵀ; otherwise ``wgrad_fold`` makes it from the bf16 dz.
 """
@@ -90,8 +90,8 @@ def _dgrad_fp8(granularity: str, backend: str, fast_accum: bool, dh: Tensor, u: 
     """dh (M, N) -> (dx thunk () -> (M, K) bf16, dz (M, N) bf16 or None, folded or None): the dz+quantization
     kernels run now, the GEMM (``torch._scaled_mm`` against Wᵀ (K, N) e4m3, cast once per weight version by
     ``backend``; with fast accumulation when ``fast_accum``) when the thunk is called, so the weight grad can run
-    beside it. ``fold_sx`` (M, 1): the same
-    kernels also write the folded weight grad's dz operand, ``folded`` = (dzt (N, M) e5m2, scale_inv ()).
+    beside it. ``fold_sx`` (M, 1): the same kernels also write the folded weight grad's dz operand, ``folded`` =
+    (dzt (N, M) e5m2, scale_inv ()).
     ``z_src`` (from_z, z_row_scale, z_col_scale): what u holds (``mods_bwd_dz_fp8``)."""
     dz_q, s_dz, dz, dzt, s_dzt = mods_bwd_dz_fp8(dh, u, r, block, need_dz, granularity, fold_sx, *z_src)
     wt_q, s_wt = cache.get(w, backend, "input_grad")
