@@ -14,9 +14,9 @@ The ``*_fast_accum`` twins of both backends run the same way on the fast-accumul
 
 Folded weight grad (``FOLDED_WGRAD``): when the forward is FP8 and the plan's wgrad backend is
 ``scaled_mm_tensorwise`` (or its ``_fast_accum`` twin), dW comes from the forward's rowwise FP8 x with its row
-scales folded into dz (``wgrad_fold``): no quantization of x in the backward. Its x operand is finer (rowwise) than the backend's.
-With a fused FP8 dgrad, the dz kernel finds the folded amax and the dgrad's cast kernel (rowwise) or one more
-pass (tensorwise) writes (dz·sx)ᵀ; otherwise ``wgrad_fold`` makes it from the bf16 dz.
+scales folded into dz (``wgrad_fold``): no quantization of x in the backward. Its x operand is finer (rowwise)
+than the backend's. With a fused FP8 dgrad, the dz kernel finds the folded amax and the dgrad's cast kernel
+(rowwise) or one more pass (tensorwise) writes (dz·sx)ᵀ; otherwise ``wgrad_fold`` makes it from the bf16 dz.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from loka_trainer.kernels import triton_mods
-from loka_trainer.kernels.backends_scaled_mm import scaled_mm_backends, scaled_mm_nt
+from loka_trainer.kernels.backends import BACKENDS
+from loka_trainer.kernels.backends_scaled_mm import ScaledMMBackend, scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.mods_ref import mods_backward_ref, u_from_z
 from loka_trainer.kernels.quant import quantize
@@ -83,29 +84,29 @@ def _(dh, u, r, block, write_bf16, granularity="rowwise", fold_sx=None, from_z=F
             dh.new_empty(() if fold_sx is not None else (0,), dtype=torch.float32))
 
 
-def _dgrad_fp8(granularity: str, backend: str, fast_accum: bool, dh: Tensor, u: Tensor, r: Tensor, block: int,
-               w: Tensor, cache: WeightCache, need_dz: bool, fold_sx: Optional[Tensor] = None,
-               z_src: tuple = (False, None, None)
+def _dgrad_fp8(backend: ScaledMMBackend, dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor,
+               cache: WeightCache, need_dz: bool, fold_sx: Optional[Tensor] = None, z_src: tuple = (False, None, None)
                ) -> tuple[Callable[[], Tensor], Optional[Tensor], Optional[tuple[Tensor, Tensor]]]:
     """dh (M, N) -> (dx thunk () -> (M, K) bf16, dz (M, N) bf16 or None, folded or None): the dz+quantization
-    kernels run now, the GEMM (``torch._scaled_mm`` against Wᵀ (K, N) e4m3, cast once per weight version by
-    ``backend``; with fast accumulation when ``fast_accum``) when the thunk is called, so the weight grad can run
-    beside it. ``fold_sx`` (M, 1): the same kernels also write the folded weight grad's dz operand, ``folded`` =
-    (dzt (N, M) e5m2, scale_inv ()).
-    ``z_src`` (from_z, z_row_scale, z_col_scale): what u holds (``mods_bwd_dz_fp8``)."""
-    dz_q, s_dz, dz, dzt, s_dzt = mods_bwd_dz_fp8(dh, u, r, block, need_dz, granularity, fold_sx, *z_src)
-    wt_q, s_wt = cache.get(w, backend, "input_grad")
-    return ((lambda: scaled_mm_nt(dz_q, s_dz, wt_q, s_wt, fast_accum)), (dz if need_dz else None),
+    kernels run now (dz quantized at ``backend``'s granularity), the GEMM (``torch._scaled_mm`` against Wᵀ (K, N)
+    e4m3, cast once per weight version by ``backend``; with its accumulation) when the thunk is called, so the
+    weight grad can run beside it. ``fold_sx`` (M, 1): the same kernels also write the folded weight grad's dz
+    operand, ``folded`` = (dzt (N, M) e5m2, scale_inv ()). ``z_src`` (from_z, z_row_scale, z_col_scale): what u
+    holds (``mods_bwd_dz_fp8``)."""
+    dz_q, s_dz, dz, dzt, s_dzt = mods_bwd_dz_fp8(dh, u, r, block, need_dz, backend.granularity, fold_sx, *z_src)
+    wt_q, s_wt = cache.get(w, backend.name, "input_grad")
+    return ((lambda: scaled_mm_nt(dz_q, s_dz, wt_q, s_wt, backend.fast_accum)), (dz if need_dz else None),
             ((dzt, s_dzt) if fold_sx is not None else None))
 
 
+_SCALED_MM = {name: b for name, b in BACKENDS.items() if isinstance(b, ScaledMMBackend)}
+
 # dgrad backend name -> the fused implementation of the same numerics (see the module docstring)
 FUSED_DGRAD: dict[str, Callable[..., tuple[Callable[[], Tensor], Optional[Tensor], Optional[tuple]]]] = {
-    name: functools.partial(_dgrad_fp8, b.granularity, name, b.fast_accum) for name, b in scaled_mm_backends().items()
+    name: functools.partial(_dgrad_fp8, b) for name, b in _SCALED_MM.items()
 }
 
 # wgrad backends that a layer with an FP8 forward runs folded (``wgrad_fold``): from the forward's FP8 x (xq, sx)
 # instead of x, x's row scales folded into dz. Its x operand is rowwise (the forward's) where the backend's is
 # tensorwise: ``wgrad_fold``'s docstring gives the numerics. Name -> whether its GEMM accumulates fast.
-FOLDED_WGRAD: dict[str, bool] = {name: b.fast_accum for name, b in scaled_mm_backends().items()
-                                 if b.granularity == "tensorwise"}
+FOLDED_WGRAD: dict[str, bool] = {name: b.fast_accum for name, b in _SCALED_MM.items() if b.granularity == "tensorwise"}
