@@ -48,7 +48,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loka_trainer.kernels.backends import available_backends  # noqa: E402
-from loka_trainer.kernels.triton_mods import autotune_picks  # noqa: E402
+from loka_trainer.mods.triton_mods import autotune_picks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_switches import with_switch  # noqa: E402
@@ -154,8 +154,7 @@ def _wukong(batch: int, *, loka_mods: bool) -> tuple[WukongDense, torch.Tensor]:
 
 def _wukong_variants(batch: int, log) -> dict:
     """name -> (module, dense input, compile?) for suite (c)."""
-    from loka_trainer.kernels.config import PrecisionConfig
-    from loka_trainer.kernels.convert import apply_precision
+    from loka_trainer.precision import PrecisionConfig, apply_precision
     v = {}
     m, d = _wukong(batch, loka_mods=False)
     v["bf16_eager"], v["bf16_compiled"] = (m, d, False), (m, d, True)

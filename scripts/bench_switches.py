@@ -7,16 +7,16 @@ import importlib
 
 # variant-name suffix -> (module, boolean attribute, its value while such a variant's step runs)
 SWITCHES = {
-    "serial_grads": ("loka_trainer.kernels.streams", "ENABLED", False),  # the backward's dx and dW GEMMs in order
-    "no_split_k": ("loka_trainer.kernels.triton_mods", "CUBLAS_SPLIT_K", False),  # the split modes' BF16 GEMM unsplit
+    "serial_grads": ("loka_trainer.mods.streams", "ENABLED", False),  # the backward's dx and dW GEMMs in order
+    "no_split_k": ("loka_trainer.mods.triton_mods", "CUBLAS_SPLIT_K", False),  # the split modes' BF16 GEMM unsplit
     "no_pdl": ("loka_trainer.kernels.pdl", "ENABLED", False),  # our kernels launched without programmatic dependence
-    "no_grouped_grads": ("loka_trainer.kernels.triton_grads", "ENABLED", False),  # a small layer's dx, dW on cuBLAS
+    "no_grouped_grads": ("loka_trainer.mods.triton_grads", "ENABLED", False),  # a small layer's dx, dW on cuBLAS
     # the split FP8 forward on cuBLASLt's rowwise-scaled GEMM instead of unit-scale tensorwise + epilogue scales
-    "rowwise_gemm": ("loka_trainer.kernels.mods_ops", "UNIT_SCALE_FP8_GEMM", False),
+    "rowwise_gemm": ("loka_trainer.mods.ops", "UNIT_SCALE_FP8_GEMM", False),
     # the split modes' epilogue writes u for the backward instead of the backward recomputing it from z
-    "save_u": ("loka_trainer.kernels.mods_ops", "SAVE_Z", False),
+    "save_u": ("loka_trainer.mods.ops", "SAVE_Z", False),
     # the split FP8 forward's GEMM with exact accumulation instead of cuBLASLt's fast accumulation
-    "exact_fwd_accum": ("loka_trainer.kernels.mods_ops", "FP8_FORWARD_FAST_ACCUM", False),
+    "exact_fwd_accum": ("loka_trainer.mods.ops", "FP8_FORWARD_FAST_ACCUM", False),
 }
 
 

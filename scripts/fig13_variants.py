@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loka_trainer.kernels.mods_ref import block_norm, hard_swish  # noqa: E402
+from loka_trainer.mods.reference import block_norm, hard_swish  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_switches import switched_variant  # noqa: E402
@@ -110,7 +110,7 @@ def build_fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[di
         if keep(name):  # dynamic=False: each shape gets its own specialized graph (no dynamic-shape kernels)
             v[name] = torch.compile(f, dynamic=False)
     from loka_trainer.kernels.linear import WeightCache
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.mods.ops import linear_mods
     if K % 16 == 0 and N % 256 == 0:
         for name, kw in FUSED_VARIANTS.items():
             v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)

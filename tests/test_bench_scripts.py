@@ -43,7 +43,7 @@ def test_mods_stack_variants_have_the_layers_they_claim():
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_mods_stack_gpu import build_variants
 
-    from loka_trainer.kernels.fused_linear import FusedLinearMods
+    from loka_trainer.mods.module import FusedLinearMods
     v = build_variants([256, 512, 256], "cpu", compile_=False)
     fused = {name: [m for m in v[name].modules() if isinstance(m, FusedLinearMods)] for name in v}
     assert fused["base"] == [] and len(fused["fused_bf16"]) == 2
@@ -160,7 +160,7 @@ def test_dispatch_bench_fused_variants_run_forward_and_backward_on_cpu():
     sys.path.insert(0, str(ROOT / "scripts"))
     from fig13_variants import FUSED_VARIANTS, SERIAL_GRADS_VARIANTS
 
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.mods.ops import linear_mods
     torch.manual_seed(0)
     x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(256, 64) / 8).to(torch.bfloat16).requires_grad_()
@@ -221,7 +221,7 @@ def test_dispatch_bench_serial_grads_variant_covers_the_backward():
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_switches import switched_variant, with_switch
 
-    from loka_trainer.kernels import streams
+    from loka_trainer.mods import streams
     seen = []
 
     class Probe(torch.autograd.Function):
@@ -247,7 +247,7 @@ def test_dispatch_bench_one_cublas_gemm_switch_is_off_for_the_whole_step_then_re
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_switches import with_switch
 
-    from loka_trainer.kernels import triton_mods
+    from loka_trainer.mods import triton_mods
     seen = []
 
     def step():

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from loka_trainer.kernels.triton_quant import interpreting
+from loka_trainer.kernels.triton_env import interpreting
 
 # False: plain launches (the ``*_no_pdl`` benchmark variants time that side by side)
 ENABLED = True

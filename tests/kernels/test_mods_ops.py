@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loka_trainer.kernels.mods_modes import FORWARD_MODES
-from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_forward_ref
-from loka_trainer.kernels.mods_ops_fp8 import mods_bwd_dz_fp8
-from loka_trainer.kernels.mods_ref import block_norm, hard_swish, linear_mods_ref
 from loka_trainer.kernels.quant import quantize
+from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.mods.ops import linear_mods, mods_backward_ref, mods_forward_ref
+from loka_trainer.mods.ops_fp8 import mods_bwd_dz_fp8
+from loka_trainer.mods.reference import block_norm, hard_swish, linear_mods_ref
 
 
 @pytest.mark.parametrize("block", [16, 64])
@@ -74,7 +74,7 @@ def test_ragged_batch_falls_back_from_fp8_gemms():
 @pytest.mark.parametrize("write_bf16", [True, False])
 @pytest.mark.parametrize("granularity,dtype", [("rowwise", torch.float8_e4m3fn), ("tensorwise", torch.float8_e5m2)])
 def test_bwd_dz_fp8_op_is_the_quantized_dz(write_bf16, granularity, dtype, fold):
-    from loka_trainer.kernels.wgrad_fold import fold_dz_ref
+    from loka_trainer.mods.wgrad_fold import fold_dz_ref
     g = torch.Generator().manual_seed(1)
     _, u, r = mods_forward_ref(torch.randn(32, 128, generator=g), 64, 1e-6)
     dh = torch.randn(32, 128, generator=g).to(torch.bfloat16)
@@ -107,7 +107,7 @@ def test_bwd_dz_fp8_op_rejects_an_unknown_granularity():
 
 @pytest.mark.parametrize("write_fp8,save", [(False, True), (True, True), (False, False), (True, False)])
 def test_mods_fwd_writes_only_what_is_asked(write_fp8, save):
-    from loka_trainer.kernels.mods_ops import mods_fwd
+    from loka_trainer.mods.ops import mods_fwd
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
     w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16)
@@ -121,8 +121,8 @@ def test_mods_fwd_writes_only_what_is_asked(write_fp8, save):
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_mods_fwd_keeps_z_for_the_backward_when_asked(fp8):
-    from loka_trainer.kernels.mods_ops import UNIT_SCALE_FP8_GEMM, mods_bwd_dz, mods_fwd
     from loka_trainer.kernels.quant import quantize_rowwise
+    from loka_trainer.mods.ops import UNIT_SCALE_FP8_GEMM, mods_bwd_dz, mods_fwd
     g = torch.Generator().manual_seed(2)
     x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
     w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16)
@@ -144,7 +144,7 @@ def test_mods_fwd_keeps_z_for_the_backward_when_asked(fp8):
 
 
 def test_inference_skips_the_autograd_function(monkeypatch):
-    from loka_trainer.kernels import mods_ops
+    from loka_trainer.mods import ops as mods_ops
     g = torch.Generator().manual_seed(1)
     x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
     w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16).requires_grad_()
@@ -161,7 +161,7 @@ def test_backward_makes_no_zero_gradient_for_the_fp8_output():
     """q (the FP8 copy for the next layer) gets no gradient; autograd must not build a zero e4m3 one for it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from loka_trainer.kernels.mods_ops import linear_mods_fp8_out
+    from loka_trainer.mods.ops import linear_mods_fp8_out
 
     class Fp8Outputs(TorchDispatchMode):
         def __init__(self):
@@ -183,7 +183,7 @@ def test_backward_makes_no_zero_gradient_for_the_fp8_output():
 
 
 def test_side_by_side_off_cuda_runs_both_in_order_and_skips_missing_ones():
-    from loka_trainer.kernels.streams import side_by_side
+    from loka_trainer.mods.streams import side_by_side
     calls = []
     main = lambda: calls.append("main") or torch.ones(2)  # noqa: E731
     side = lambda: calls.append("side") or torch.zeros(2)  # noqa: E731

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loka_trainer.kernels import triton_grads
+from loka_trainer.mods import triton_grads
 from tests.kernels.sm90 import SM90_SHARED_BYTES, compile_sm90
 
 
@@ -22,7 +22,7 @@ GRADS_TYPES = {n: "*bf16" for n in ("dz_ptr", "x_ptr", "w_ptr", "dx_ptr", "dw_pt
 
 def test_kernel_compiles_for_sm90_without_spills_and_waits_for_the_previous_grid():
     pytest.importorskip("triton")
-    from loka_trainer.kernels.triton_grads_kernels import configs, grads_kernel
+    from loka_trainer.mods.triton_grads_kernels import configs, grads_kernel
     for config in configs:
         compiled = compile_sm90(grads_kernel.fn, GRADS_TYPES, {"PDL": True, **config.kwargs},
                                 num_warps=config.num_warps, num_stages=config.num_stages)

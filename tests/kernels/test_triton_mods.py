@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from loka_trainer.kernels import triton_mods
+from loka_trainer.mods import triton_mods
 
 
 @pytest.mark.parametrize("K,N,block,ok", [(32, 512, 256, True), (30, 512, 256, False), (32, 500, 256, False),
@@ -21,7 +21,7 @@ def test_supports(K, N, block, ok):
     (16, 256, 7680, 132, 8),     # one row tile: capped at MAX_SPLIT_K
 ])
 def test_split_k_for(M, N, K, num_sms, split):
-    from loka_trainer.kernels.triton_mods import split_k_for
+    from loka_trainer.mods.triton_mods import split_k_for
     assert split_k_for(M, N, K, 256, num_sms) == split
 
 

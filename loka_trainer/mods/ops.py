@@ -15,7 +15,7 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
   backward in one pass (u recomputed from z where the split forward kept z instead, ``SAVE_Z``).
 - ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K).
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity, fold_sx?) -> (dz_q, scale_inv, dz, dzt,
-  s_dzt)`` (``mods_ops_fp8``): the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz
+  s_dzt)`` (``mods.ops_fp8``): the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz
   kernel also writes the amaxes, one cast kernel follows; with ``fold_sx`` also the folded weight grad's dz operand.
 - ``loka::wgrad_fold(dz, xq, sx, fast_accum) -> dW`` (``wgrad_fold``): a tensorwise FP8 weight grad reading the
   forward's FP8 x; ``loka::wgrad_folded_dz(dzt, s, xq, fast_accum) -> dW`` the same with its dz operand written by
@@ -26,9 +26,9 @@ mods_fwd, saving x (or, for a folded weight grad, the FP8 x), w, u (bf16; in the
 FP8 GEMM's row and column scales: ``SAVE_Z``) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
 directly), the two GEMMs on two CUDA streams (``streams.side_by_side``), or, for a small all-BF16 layer, in one
-launch (``loka::grads_bf16``, ``triton_grads``). Forward modes: ``mods_modes.FORWARD_MODES``.
+launch (``loka::grads_bf16``, ``triton_grads``). Forward modes: ``mods.modes.FORWARD_MODES``.
 
-FP8 backward (``mods_ops_fp8``): an FP8 dgrad runs fused with the dz kernels (``FUSED_DGRAD``, the backend's
+FP8 backward (``mods.ops_fp8``): an FP8 dgrad runs fused with the dz kernels (``FUSED_DGRAD``, the backend's
 numerics exactly), a tensorwise FP8 weight grad behind an FP8 forward runs folded (``FOLDED_WGRAD``).
 """
 from __future__ import annotations
@@ -38,17 +38,19 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from loka_trainer.kernels import triton_grads, triton_mods
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
-from loka_trainer.kernels.mods_ops_fp8 import FOLDED_WGRAD, FUSED_DGRAD
-from loka_trainer.kernels.mods_ref import (block_norm, hard_swish, mods_backward_ref, mods_forward_ref,
-                                           quantize_static, static_fp8_scale, u_from_z)
-from loka_trainer.kernels.streams import side_by_side
-from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
-from loka_trainer.kernels.wgrad_fold import unit_scale, wgrad_fold, wgrad_folded_dz
+from loka_trainer.kernels.triton_env import use_triton
+from loka_trainer.kernels.triton_quant import quant_rowwise
+from loka_trainer.mods import triton_grads, triton_mods
+from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
+from loka_trainer.mods.ops_fp8 import FOLDED_WGRAD, FUSED_DGRAD
+from loka_trainer.mods.reference import (
+    block_norm, hard_swish, mods_backward_ref, mods_forward_ref, quantize_static, static_fp8_scale, u_from_z,
+)
+from loka_trainer.mods.streams import side_by_side
+from loka_trainer.mods.wgrad_fold import unit_scale, wgrad_fold, wgrad_folded_dz
 
 FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
 # The split FP8 forward's GEMM: True runs cuBLASLt's tensorwise FP8 GEMM with unit scales and has the epilogue
@@ -74,7 +76,7 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """x (M, K), w (N, K) bf16 (or e4m3 with sx (M, 1), sw (N, 1)) -> (h, u, r, q); see module docstring.
 
-    q (M, N) e4m3 = h at the static scale ``mods_ref.static_fp8_scale(block)`` (the next layer's FP8 input,
+    q (M, N) e4m3 = h at the static scale ``mods.reference.static_fp8_scale(block)`` (the next layer's FP8 input,
     written by the same epilogue) when ``write_fp8``; u, r only when ``save`` (the backward's inputs;
     inference skips writing them). What is not written comes back as an empty (0, ...) tensor (custom ops
     cannot return None). ``split`` and ``save_z``: the second output is z = x·Wᵀ (M, N) bf16 instead of u (the

@@ -36,7 +36,7 @@ def applies(M: int, K: int, N: int) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _kernel():
-    from loka_trainer.kernels import triton_grads_kernels as k
+    from loka_trainer.mods import triton_grads_kernels as k
     return k.grads_kernel
 
 
