@@ -4,6 +4,9 @@ benchmark scripts.
 A ``Timer`` maps a callable to the median time (µs) of one call. ``wall_clock_timer`` for CPUs (and synchronized
 GPU work), ``cuda_timer`` (CUDA events via triton's ``do_bench``) and ``cuda_graph_timer`` (GPU time from
 CUDA-graph replay, without host cost) for GPUs; ``GPU_TIMERS`` names the GPU ones for configs.
+
+``BENCH_TIMERS`` (the Component Benchmark's ``bench.timer``): functions ``(fn, *, warmup, repeats, device) -> µs``,
+the median of ``repeats`` timed calls after ``warmup`` untimed ones (``do_bench`` sizes its own by time).
 """
 from __future__ import annotations
 
@@ -106,3 +109,59 @@ GPU_TIMERS: dict[str, Callable[[], Timer]] = {"cuda_events": cuda_timer, "cuda_g
 def default_timer(device: torch.device | str, gpu_timer: str = "cuda_events") -> Timer:
     """``GPU_TIMERS[gpu_timer]`` on CUDA, wall clock elsewhere."""
     return GPU_TIMERS[gpu_timer]() if torch.device(device).type == "cuda" else wall_clock_timer()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_wall(fn: Callable[[], object], *, warmup: int, repeats: int, device: torch.device) -> float:
+    """Median wall-clock µs of ``fn`` with a device synchronisation around every call."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    samples = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(samples)
+
+
+def time_cuda_events(fn: Callable[[], object], *, warmup: int, repeats: int, device: torch.device) -> float:
+    """Median µs of ``fn`` between CUDA events recorded on the current stream."""
+    for _ in range(warmup):
+        fn()
+    n = max(1, repeats)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize(device)
+    return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def time_do_bench(fn: Callable[[], object], *, warmup: int, repeats: int, device: torch.device) -> float:
+    """Median µs from ``triton.testing.do_bench`` (flushes L2 between calls); triton is imported lazily."""
+    from triton.testing import do_bench  # absent on CPU machines
+
+    del device, warmup, repeats  # do_bench sizes its own warm-up and repeats by time
+    return 1e3 * float(do_bench(fn, return_mode="median"))
+
+
+BENCH_TIMERS: dict[str, Callable[..., float]] = {
+    "wall": time_wall,
+    "cuda_events": time_cuda_events,
+    "do_bench": time_do_bench,
+}
+
+
+def default_bench_timer(device: torch.device) -> str:
+    """``do_bench`` on CUDA when triton imports, else CUDA events; wall clock elsewhere."""
+    if device.type != "cuda":
+        return "wall"
+    return "do_bench" if triton_importable() else "cuda_events"

@@ -22,6 +22,7 @@ from torch import nn
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.triton_env import interpreting
+from loka_trainer.mods.config import DEFAULT_KERNEL_CONFIG, ModsKernelConfig
 from loka_trainer.mods.layers import BlockNorm, block_rms_norm
 from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.mods.ops import linear_mods_fp8_out, static_scale_inv
@@ -41,18 +42,20 @@ class FusedLinearMods(nn.Module):
 
     ``mode`` is the forward kernel (``mods.modes.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
     dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; a ``torch._scaled_mm`` dgrad runs fused,
-    ``mods.ops_fp8.FUSED_DGRAD``).
+    ``mods.ops_fp8.FUSED_DGRAD``); ``config`` the ``ModsKernelConfig`` it passes to its op (a frozen value: assign a
+    new one to change it).
     """
 
     def __init__(self, in_features: int, out_features: int, *, block_size: int = 256, eps: float = 1e-6,
-                 mode: str = DEFAULT_FORWARD_MODE, dgrad: str = "bf16", wgrad: str = "bf16", device=None,
-                 dtype=None) -> None:
+                 mode: str = DEFAULT_FORWARD_MODE, dgrad: str = "bf16", wgrad: str = "bf16",
+                 config: ModsKernelConfig = DEFAULT_KERNEL_CONFIG, device=None, dtype=None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)  # nn.Linear's init
         self.block_size, self.eps = block_size, eps
         self.set_kernels(mode=mode, dgrad=dgrad, wgrad=wgrad)
+        self.config = config
         self._weight_cache = WeightCache()
         self._init_handoff()
 
@@ -64,7 +67,8 @@ class FusedLinearMods(nn.Module):
         self.mode, self.dgrad, self.wgrad = mode, dgrad, wgrad
 
     @classmethod
-    def from_linear(cls, linear: nn.Module, norm: BlockNorm, **kernels: str) -> "FusedLinearMods":
+    def from_linear(cls, linear: nn.Module, norm: BlockNorm, *, config: ModsKernelConfig = DEFAULT_KERNEL_CONFIG,
+                    **kernels: str) -> "FusedLinearMods":
         """Replacement sharing ``linear.weight`` (the Parameter object itself)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
@@ -72,6 +76,7 @@ class FusedLinearMods(nn.Module):
         new.weight = linear.weight
         new.block_size, new.eps = norm.block_size, norm.eps
         new.set_kernels(**{"mode": DEFAULT_FORWARD_MODE, "dgrad": "bf16", "wgrad": "bf16", **kernels})
+        new.config = config
         new._weight_cache = WeightCache()
         new._init_handoff()
         return new
@@ -111,7 +116,7 @@ class FusedLinearMods(nn.Module):
                                        dgrad=self.dgrad, wgrad=self.wgrad, cache=self._weight_cache,
                                        x_fp8=None if x_fp8 is None else x_fp8[0],
                                        x_fp8_scale_inv=1.0 if x_fp8 is None else x_fp8[1],
-                                       emit_fp8=self.emit_fp8 and eager)
+                                       emit_fp8=self.emit_fp8 and eager, config=self.config)
             out = y.reshape(*x.shape[:-1], self.out_features)
             if eager:
                 self._handoff = None if q is None else (out, q)
@@ -120,4 +125,5 @@ class FusedLinearMods(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, block_size={self.block_size}, mode={self.mode}, "
-                f"dgrad={self.dgrad}, wgrad={self.wgrad}" + (", emit_fp8=True" if self.emit_fp8 else ""))
+                f"dgrad={self.dgrad}, wgrad={self.wgrad}" + (", emit_fp8=True" if self.emit_fp8 else "")
+                + ("" if self.config == DEFAULT_KERNEL_CONFIG else f", config={self.config}"))

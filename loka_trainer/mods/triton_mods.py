@@ -112,14 +112,10 @@ def split_k_for(M: int, N: int, K: int, block: int, num_sms: int) -> int:
     return split
 
 
-# False: the split modes' BF16 GEMM is always one cuBLAS call (what the benchmarks' ``*_no_split_k`` variants time)
-CUBLAS_SPLIT_K = True
-
-
 def cublas_split_k_for(x: torch.Tensor, N: int, block: int) -> int:
-    """How many K slices the split modes' BF16 GEMM x (M, K) · Wᵀ runs as: ``split_k_for`` on CUDA (when
-    ``CUBLAS_SPLIT_K``), halved until it divides K; 1 elsewhere."""
-    if not (x.is_cuda and CUBLAS_SPLIT_K):
+    """How many K slices the split modes' BF16 GEMM x (M, K) · Wᵀ runs as: ``split_k_for`` on CUDA, halved
+    until it divides K; 1 elsewhere."""
+    if not x.is_cuda:
         return 1
     M, K = x.shape
     split = split_k_for(M, N, K, block, sm_count(x.device.index or 0))

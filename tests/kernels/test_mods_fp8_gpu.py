@@ -195,19 +195,16 @@ def test_plan_times_the_forward_modes_and_input_grads_of_fused_layers():
 
 
 def _assert_two_streams_equal_in_order(step, leaves):
-    """``step()`` (forward + backward) gives bit-equal grads of ``leaves`` with the backward's two GEMMs on two
-    streams and in order, and the same again when captured in a CUDA graph (fork/join as graph edges) and replayed."""
-    from loka_trainer.mods import streams
+    """``step(config)`` (forward + backward with that ``ModsKernelConfig``) gives bit-equal grads of ``leaves`` with the
+    backward's two GEMMs on two streams and in order, and the same again when captured in a CUDA graph (fork/join as
+    graph edges) and replayed."""
+    from loka_trainer.mods.config import ModsKernelConfig
 
     def grads(enabled: bool):
-        streams.ENABLED = enabled
-        try:
-            for t in leaves:
-                t.grad = None
-            step()
-            return [t.grad.clone() for t in leaves]
-        finally:
-            streams.ENABLED = True
+        for t in leaves:
+            t.grad = None
+        step(ModsKernelConfig(backward_streams=enabled))
+        return [t.grad.clone() for t in leaves]
     concurrent, serial = grads(True), grads(False)
     assert all(torch.equal(a, b) for a, b in zip(concurrent, serial))  # same kernels, only the streams differ
     side = torch.cuda.Stream()
@@ -219,7 +216,7 @@ def _assert_two_streams_equal_in_order(step, leaves):
     for t in leaves:
         t.grad = None
     with torch.cuda.graph(g):
-        step()
+        step(ModsKernelConfig())
     for t in leaves:
         t.grad.zero_()
     g.replay()
@@ -238,7 +235,8 @@ def test_grads_on_two_streams_equal_grads_in_order_also_under_graph_replay(kw):
     w = (torch.randn(768, 512, device="cuda") / 23).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
     cache = WeightCache()
-    _assert_two_streams_equal_in_order(lambda: linear_mods(x, w, cache=cache, **kw).backward(dy), [x, w])
+    _assert_two_streams_equal_in_order(lambda config: linear_mods(x, w, cache=cache, config=config, **kw).backward(dy),
+                                       [x, w])
 
 
 @pytest.mark.parametrize("M,N,K", [(1024, 2048, 4096), (1000, 256, 7680), (64, 320, 96)])
