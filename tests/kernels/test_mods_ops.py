@@ -2,6 +2,8 @@
 mode and the fused FP8 dgrad on their plain-torch (CPU) paths."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -189,3 +191,19 @@ def test_side_by_side_off_cuda_runs_both_in_order_and_skips_missing_ones():
     assert calls == ["main", "side"] and torch.equal(a, torch.ones(2)) and torch.equal(b, torch.zeros(2))
     assert side_by_side(None, side, torch.device("cpu"))[0] is None
     assert side_by_side(main, None, torch.device("cpu"))[1] is None
+
+
+@pytest.mark.parametrize("streams", [True, False])
+def test_the_layers_kernel_config_reaches_its_backward(monkeypatch, streams):
+    from loka_trainer.mods import ops
+    from loka_trainer.mods.config import ModsKernelConfig
+    from loka_trainer.mods.module import FusedLinearMods
+    seen = []
+    real = ops.side_by_side
+    monkeypatch.setattr(ops, "side_by_side", lambda *a, concurrent: seen.append(concurrent) or real(*a))
+    layer = FusedLinearMods(64, 128, block_size=64, config=ModsKernelConfig(backward_streams=streams))
+    x = torch.randn(32, 64, requires_grad=True)
+    ops.linear_mods(x, layer.weight, block=64, config=layer.config).sum().backward()
+    assert seen == [streams] and x.grad is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layer.config.backward_streams = not streams
