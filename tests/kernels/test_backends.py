@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loka_trainer.dispatch.measure import fp32_reference
 from loka_trainer.kernels.backend_base import GemmBackend
 from loka_trainer.kernels.backends import BACKENDS, available_backends, get_backend
-from loka_trainer.kernels.dispatch import fp32_reference
 from loka_trainer.kernels.error import mere
 
 CPU_BACKENDS = sorted(available_backends("cpu"))

@@ -6,7 +6,7 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
 - ``fused_forward``: GEMM -> BlockNorm -> HardSwish in one kernel. The N tile is the norm block, so the
   (BLOCK_M, B) accumulator is normalized on chip. Inputs bf16, or fp8 e4m3 with rowwise scales (applied to
   the fp32 accumulator). Writes h (M, N) bf16, and what backward needs: u (M, N) bf16 and r (M, NB) fp32;
-  optionally the next layer's FP8 input q = sat(h · fp8_max / sqrt(B)) (|h| <= sqrt(B), see mods_ref).
+  optionally the next layer's FP8 input q = sat(h · fp8_max / sqrt(B)) (|h| <= sqrt(B), see mods.reference).
   Split-K where (M / 64) · NB programs leave most SMs idle and K is long (``split_k_for``): each K slice's
   programs write an fp32 partial z, and the ``norm_forward`` kernel sums the slices before its epilogue.
 - ``norm_forward``: the same epilogue on a z computed elsewhere (cuBLAS): for shapes where one fused
@@ -37,10 +37,10 @@ from typing import Optional
 import torch
 
 from loka_trainer.kernels import pdl
-from loka_trainer.kernels.mods_ref import DEFAULT_BLOCK, DEFAULT_EPS, static_fp8_scale
 from loka_trainer.kernels.quant import EPS
 from loka_trainer.kernels.triton_quant import fixed_or_autotuned, rows_contiguous, scale_vector
-from loka_trainer.kernels.wgrad_fold import DZ_DTYPE, fold_dz_with_amax
+from loka_trainer.mods.reference import DEFAULT_BLOCK, DEFAULT_EPS, static_fp8_scale
+from loka_trainer.mods.wgrad_fold import DZ_DTYPE, fold_dz_with_amax
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
@@ -56,7 +56,7 @@ def _kernels():
     """Import the kernels once (importing triton there, never at this module's import)."""
     import triton
 
-    from loka_trainer.kernels import triton_mods_kernels as k
+    from loka_trainer.mods import triton_mods_kernels as k
     return triton, k.fused_fwd_eager_tuned, k.norm_fwd_kernel, k.bwd_dz_kernel
 
 
@@ -67,7 +67,7 @@ REPLAY_TUNED_MAX_K = 512
 @functools.lru_cache(maxsize=1)
 def _replay_tuned_forward():
     """``fused_fwd_kernel`` autotuned by graph replay (imported lazily, like ``_kernels``)."""
-    from loka_trainer.kernels import triton_mods_kernels as k
+    from loka_trainer.mods import triton_mods_kernels as k
     return k.fused_fwd_replay_tuned
 
 
@@ -79,7 +79,7 @@ def _forward_kernel(K: int):
 @functools.lru_cache(maxsize=1)
 def _quant_kernel():
     """The FP8 cast kernel of ``backward_dz_fp8`` (imported lazily, like ``_kernels``)."""
-    from loka_trainer.kernels import triton_mods_kernels as k
+    from loka_trainer.mods import triton_mods_kernels as k
     return k.quant_rows_kernel
 
 
@@ -112,14 +112,10 @@ def split_k_for(M: int, N: int, K: int, block: int, num_sms: int) -> int:
     return split
 
 
-# False: the split modes' BF16 GEMM is always one cuBLAS call (what the benchmarks' ``*_no_split_k`` variants time)
-CUBLAS_SPLIT_K = True
-
-
 def cublas_split_k_for(x: torch.Tensor, N: int, block: int) -> int:
-    """How many K slices the split modes' BF16 GEMM x (M, K) · Wᵀ runs as: ``split_k_for`` on CUDA (when
-    ``CUBLAS_SPLIT_K``), halved until it divides K; 1 elsewhere."""
-    if not (x.is_cuda and CUBLAS_SPLIT_K):
+    """How many K slices the split modes' BF16 GEMM x (M, K) · Wᵀ runs as: ``split_k_for`` on CUDA, halved
+    until it divides K; 1 elsewhere."""
+    if not x.is_cuda:
         return 1
     M, K = x.shape
     split = split_k_for(M, N, K, block, sm_count(x.device.index or 0))
@@ -380,7 +376,7 @@ def backward_dz_fp8(dy: torch.Tensor, u: torch.Tensor, r: torch.Tensor, *, block
     """dy (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16 or None,
     folded or None): dz as ``backward_dz``, quantized exactly as ``quant.quantize(dz_bf16, granularity,
     DZ_FP8[granularity][0])``: rowwise e4m3 with scale_inv (M, 1), or tensorwise e5m2 with scale_inv ()
-    (``mods_ops_fp8.mods_bwd_dz_fp8`` validates ``granularity``). ``fold_sx`` (M, 1) fp32, the forward's row scales of
+    (``mods.ops_fp8.mods_bwd_dz_fp8`` validates ``granularity``). ``fold_sx`` (M, 1) fp32, the forward's row scales of
     x: also ``folded`` = (dzt (N, M) e5m2, scale_inv ()), the folded weight grad's dz operand
     (``wgrad_fold.fold_operands_ref``'s first two). ``from_z``, ``z_row_scale``, ``z_col_scale`` as
     ``backward_dz``'s."""

@@ -23,20 +23,18 @@ import torch
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.triton_quant import fixed_or_autotuned, rows_contiguous
 
-# False: the two GEMMs always run on cuBLAS (the ``*_no_grouped_grads`` benchmark variants time that side by side)
-ENABLED = True
 MAX_WEIGHT_ELEMENTS = 512 * 512  # where N·K is larger, cuBLAS on two streams was faster (module docstring)
 INTERPRETER_CONFIG = {"BM_X": 16, "BK_X": 32, "BR_X": 32, "BN_W": 32, "BK_W": 16, "BR_W": 32}
 
 
 def applies(M: int, K: int, N: int) -> bool:
-    """True if a layer's BF16 dx and dW GEMMs run as one launch here (``ENABLED``, N·K small)."""
-    return ENABLED and M > 0 and N * K <= MAX_WEIGHT_ELEMENTS
+    """True if a layer's BF16 dx and dW GEMMs run as one launch here (N·K small)."""
+    return M > 0 and N * K <= MAX_WEIGHT_ELEMENTS
 
 
 @functools.lru_cache(maxsize=1)
 def _kernel():
-    from loka_trainer.kernels import triton_grads_kernels as k
+    from loka_trainer.mods import triton_grads_kernels as k
     return k.grads_kernel
 
 

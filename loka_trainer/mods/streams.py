@@ -16,9 +16,6 @@ import torch
 T = TypeVar("T")
 U = TypeVar("U")
 
-# False: run the two in order everywhere (what the benchmarks' ``*_serial_grads`` variants measure against)
-ENABLED = True
-
 _SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
@@ -30,17 +27,17 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[index]
 
 
-def side_by_side(main: Optional[Callable[[], T]], side: Optional[Callable[[], U]], device: torch.device
-                 ) -> tuple[Optional[T], Optional[U]]:
+def side_by_side(main: Optional[Callable[[], T]], side: Optional[Callable[[], U]], device: torch.device, *,
+                 concurrent: bool = True) -> tuple[Optional[T], Optional[U]]:
     """(main(), side()) with ``side`` on a second CUDA stream while ``main`` runs on the current one; either may
     be None (not run). Concurrent only when both are given, ``device`` is CUDA, torch.compile is not tracing
-    and ``ENABLED``.
+    and ``concurrent`` (``ModsKernelConfig.backward_streams``).
 
     ``side``'s inputs must be ready on the current stream (the side stream waits for it first) and its result
     must be a tensor; the current stream waits for the side stream before returning, so everything after
     this call sees both results.
     """
-    if not ENABLED or main is None or side is None or device.type != "cuda" or torch.compiler.is_compiling():
+    if not concurrent or main is None or side is None or device.type != "cuda" or torch.compiler.is_compiling():
         return (main() if main is not None else None), (side() if side is not None else None)
     current = torch.cuda.current_stream(device)
     stream = _side_stream(device)

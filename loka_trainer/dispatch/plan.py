@@ -10,13 +10,13 @@ A plan is a JSON file a user can read, edit by hand (change ``"backend"``), chec
                                 "input_grad": {...}, "weight_grad": {...}}}}
 
 Only ``backend`` is required per GEMM; the rest is evidence (null when unknown). A layer that LoKA fuses with
-its BlockNorm and HardSwish (``fused_linear.FusedLinearMods``) may also carry
+its BlockNorm and HardSwish (``mods.module.FusedLinearMods``) may also carry
 ``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel measured
-fastest (``mods_modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not). And
+fastest (``mods.modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not). And
 ``"mods_input_grad": {"mode": "scaled_mm_rowwise", "times_us": {"bf16": 82.6, "scaled_mm_rowwise": 77.6}}``:
 the input-grad backend the fused layer runs, chosen by timing the whole layer (forward + backward, µs) with
 each accurate candidate, because inside the layer an FP8 dgrad's quantization of dz is fused into the dz kernel
-(``mods_ops.FUSED_DGRAD``) and so costs less than the GEMM timed alone says; it replaces ``input_grad``'s
+(``mods.ops.FUSED_DGRAD``) and so costs less than the GEMM timed alone says; it replaces ``input_grad``'s
 backend for that layer.
 """
 from __future__ import annotations
@@ -26,10 +26,10 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from loka_trainer.kernels.mods_modes import FORWARD_MODES
+from loka_trainer.kernels.backend_base import GEMMS
+from loka_trainer.mods.modes import FORWARD_MODES
 
 PLAN_VERSION = 1
-GEMMS = ("forward", "input_grad", "weight_grad")
 MODS_CHOICES = ("mods_forward", "mods_input_grad")  # the optional per-layer ModsChoice fields
 
 

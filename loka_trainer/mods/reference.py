@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from loka_trainer.models.layers import block_rms_norm
+from loka_trainer.mods.layers import block_rms_norm
 
 DEFAULT_BLOCK = 256
 DEFAULT_EPS = 1e-6

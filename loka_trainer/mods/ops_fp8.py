@@ -1,5 +1,5 @@
 """The fused Mods layer's FP8 backward pieces: dz quantized by the dz kernels for an FP8 dgrad (a custom op), the
-fused dgrad (``FUSED_DGRAD``) and the folded weight grad (``FOLDED_WGRAD``) that ``mods_ops.LinearModsFn`` routes to.
+fused dgrad (``FUSED_DGRAD``) and the folded weight grad (``FOLDED_WGRAD``) that ``mods.ops.LinearModsFn`` routes to.
 
 Notation: M rows, K in-features, N out-features, B the BlockNorm block, NB = N / B.
 
@@ -26,14 +26,14 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from loka_trainer.kernels import triton_mods
 from loka_trainer.kernels.backends import BACKENDS
 from loka_trainer.kernels.backends_scaled_mm import ScaledMMBackend, scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_ref import mods_backward_ref, u_from_z
 from loka_trainer.kernels.quant import quantize
-from loka_trainer.kernels.triton_quant import use_triton
-from loka_trainer.kernels.wgrad_fold import DZ_DTYPE, fold_dz_ref
+from loka_trainer.kernels.triton_env import use_triton
+from loka_trainer.mods import triton_mods
+from loka_trainer.mods.reference import mods_backward_ref, u_from_z
+from loka_trainer.mods.wgrad_fold import DZ_DTYPE, fold_dz_ref
 
 
 @torch.no_grad()
@@ -41,7 +41,7 @@ def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int, granular
                           fold_sx: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Optional[tuple]]:
     """dh (M, N), u (M, N), r (M, NB) -> (dz_q (M, N) fp8, scale_inv fp32 ((M, 1) rowwise, () tensorwise),
     dz (M, N) bf16, folded): ``folded`` = (dzt (N, M) e5m2, scale_inv ()) of (dz·fold_sx)ᵀ when ``fold_sx``
-    (M, 1) is given (``wgrad_fold``), else None. (A forward that kept z: ``mods_ref.u_from_z`` gives u.)"""
+    (M, 1) is given (``wgrad_fold``), else None. (A forward that kept z: ``mods.reference.u_from_z`` gives u.)"""
     dz = mods_backward_ref(dh, u, r, block)
     dz_q, scale_inv = quantize(dz, granularity, triton_mods.DZ_FP8[granularity][0])
     folded = fold_dz_ref(dz, fold_sx) if fold_sx is not None else None
@@ -55,7 +55,7 @@ def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bo
     """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16, dzt (N, M)
     e5m2, dzt's scale_inv ()) as ``mods_backward_fp8_ref``; dz is an empty (0, N) tensor unless ``write_bf16``,
     dzt an empty (0, M) one and its scale an empty (0,) one unless ``fold_sx`` (custom ops cannot return None).
-    ``from_z``, ``z_row_scale``, ``z_col_scale``: u holds z, as for ``mods_ops.mods_bwd_dz``."""
+    ``from_z``, ``z_row_scale``, ``z_col_scale``: u holds z, as for ``mods.ops.mods_bwd_dz``."""
     if granularity not in triton_mods.DZ_FP8:
         raise ValueError(f"mods_bwd_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(triton_mods.DZ_FP8)}")
     if use_triton(dh):

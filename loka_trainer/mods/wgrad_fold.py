@@ -33,7 +33,8 @@ import torch
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.quant import EPS, quantize_tensorwise
-from loka_trainer.kernels.triton_quant import rows_contiguous, scale_vector, use_triton
+from loka_trainer.kernels.triton_env import use_triton
+from loka_trainer.kernels.triton_quant import rows_contiguous, scale_vector
 
 DZ_DTYPE = torch.float8_e5m2  # a gradient operand, as the tensorwise backend's
 BLOCK_R, BLOCK_C = 64, 64  # a transposed store writes 64 contiguous bytes of each output row
@@ -65,7 +66,7 @@ def _launch_fold_transpose(dz: Optional[torch.Tensor], sx: Optional[torch.Tensor
     xqt from xq (M, K) (when xq is given): ((dzt, s) or None, xqt or None)."""
     import triton
 
-    from loka_trainer.kernels import triton_wgrad_fold_kernels as k
+    from loka_trainer.mods import triton_wgrad_fold_kernels as k
     ref = dz if dz is not None else xq
     M, dev = ref.shape[0], ref.device
     N, K = (dz.shape[1] if dz is not None else 0), (xq.shape[1] if xq is not None else 0)
@@ -104,7 +105,7 @@ def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
         return fold_operands_ref(dz, xq, sx)
     import triton
 
-    from loka_trainer.kernels import triton_wgrad_fold_kernels as k
+    from loka_trainer.mods import triton_wgrad_fold_kernels as k
     M, N = dz.shape
     dz, sx = rows_contiguous(dz), scale_vector(sx)
     amax = torch.zeros((), dtype=torch.float32, device=dz.device)

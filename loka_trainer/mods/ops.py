@@ -8,14 +8,14 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 - ``loka::quant_rowwise`` (``triton_quant``): rowwise e4m3 quantization in one fused Triton kernel.
 - ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split, write_fp8) -> (h, u, r, q)``: GEMM -> BlockNorm ->
   HardSwish (``split``: cuBLAS GEMM — ``torch._scaled_mm`` for e4m3 inputs, tensorwise with unit scales and the
-  rowwise scales applied by the epilogue (``UNIT_SCALE_FP8_GEMM``); a bf16 one split over K where few
+  rowwise scales applied by the epilogue (``FP8_FORWARD_FAST_ACCUM`` says why); a bf16 one split over K where few
   output tiles meet a long K, ``triton_mods.cublas_split_k`` — + one Triton epilogue kernel
   instead of the single fused kernel; q: the output also in FP8 at the static scale, for the next layer).
 - ``loka::mods_bwd_dz(dh, u, r, block, from_z?, z_row_scale?, z_col_scale?) -> dz``: HardSwish' and BlockNorm
-  backward in one pass (u recomputed from z where the split forward kept z instead, ``SAVE_Z``).
+  backward in one pass (u recomputed from z where the split forward kept z instead).
 - ``loka::grads_bf16(dz, x, w) -> (dx, dW)``: dx = dz·W and dW = dzᵀ·x in one Triton launch (small N·K).
 - ``loka::mods_bwd_dz_fp8(dh, u, r, block, write_bf16, granularity, fold_sx?) -> (dz_q, scale_inv, dz, dzt,
-  s_dzt)`` (``mods_ops_fp8``): the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz
+  s_dzt)`` (``mods.ops_fp8``): the same dz quantized for an FP8 dgrad (rowwise e4m3 or tensorwise e5m2): the dz
   kernel also writes the amaxes, one cast kernel follows; with ``fold_sx`` also the folded weight grad's dz operand.
 - ``loka::wgrad_fold(dz, xq, sx, fast_accum) -> dW`` (``wgrad_fold``): a tensorwise FP8 weight grad reading the
   forward's FP8 x; ``loka::wgrad_folded_dz(dzt, s, xq, fast_accum) -> dW`` the same with its dz operand written by
@@ -23,12 +23,12 @@ has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up t
 
 ``LinearModsFn``: forward = (quant_rowwise on x if FP8, unless the previous layer handed x over in FP8) +
 mods_fwd, saving x (or, for a folded weight grad, the FP8 x), w, u (bf16; in the split modes z instead, and the
-FP8 GEMM's row and column scales: ``SAVE_Z``) and r (fp32);
+FP8 GEMM's row and column scales) and r (fp32);
 backward = dz then dx = dz·W and dW = dzᵀ·x on the backends the Dispatch plan chose (bf16 -> cuBLAS
 directly), the two GEMMs on two CUDA streams (``streams.side_by_side``), or, for a small all-BF16 layer, in one
-launch (``loka::grads_bf16``, ``triton_grads``). Forward modes: ``mods_modes.FORWARD_MODES``.
+launch (``loka::grads_bf16``, ``triton_grads``). Forward modes: ``mods.modes.FORWARD_MODES``.
 
-FP8 backward (``mods_ops_fp8``): an FP8 dgrad runs fused with the dz kernels (``FUSED_DGRAD``, the backend's
+FP8 backward (``mods.ops_fp8``): an FP8 dgrad runs fused with the dz kernels (``FUSED_DGRAD``, the backend's
 numerics exactly), a tensorwise FP8 weight grad behind an FP8 forward runs folded (``FOLDED_WGRAD``).
 """
 from __future__ import annotations
@@ -38,32 +38,29 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from loka_trainer.kernels import triton_grads, triton_mods
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.kernels.mods_modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
-from loka_trainer.kernels.mods_ops_fp8 import FOLDED_WGRAD, FUSED_DGRAD
-from loka_trainer.kernels.mods_ref import (block_norm, hard_swish, mods_backward_ref, mods_forward_ref,
-                                           quantize_static, static_fp8_scale, u_from_z)
-from loka_trainer.kernels.streams import side_by_side
-from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
-from loka_trainer.kernels.wgrad_fold import unit_scale, wgrad_fold, wgrad_folded_dz
+from loka_trainer.kernels.triton_env import use_triton
+from loka_trainer.kernels.triton_quant import quant_rowwise
+from loka_trainer.mods import triton_grads, triton_mods
+from loka_trainer.mods.config import DEFAULT_KERNEL_CONFIG, ModsKernelConfig
+from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
+from loka_trainer.mods.ops_fp8 import FOLDED_WGRAD, FUSED_DGRAD
+from loka_trainer.mods.reference import (
+    block_norm, hard_swish, mods_backward_ref, mods_forward_ref, quantize_static, static_fp8_scale, u_from_z,
+)
+from loka_trainer.mods.streams import side_by_side
+from loka_trainer.mods.wgrad_fold import unit_scale, wgrad_fold, wgrad_folded_dz
 
 FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are what the FP8 paths read
-# The split FP8 forward's GEMM: True runs cuBLASLt's tensorwise FP8 GEMM with unit scales and has the epilogue
-# kernel apply x's and W's rowwise scales (z = sx·(xq·wqᵀ)·sw, one bf16 rounding either way); on the H200 the
-# tensorwise GEMM was up to 2.2x faster than the rowwise one at the figure-13 shapes (bench_fig13_gemms_gpu).
-# False: torch._scaled_mm with the rowwise scales (the ``*_rowwise_gemm`` benchmark variants).
-UNIT_SCALE_FP8_GEMM = True
-# The split modes' backward reads z (the GEMM's output, in memory anyway) and r instead of u and r, so the epilogue
-# kernel writes one (M, N) tensor fewer (u = z·r is recomputed by the dz kernel). False: u is written and read
-# (the ``*_save_u`` benchmark variants).
-SAVE_Z = True
-# The FP8 forward GEMM of the split modes on cuBLASLt's fast-accumulation kernel, as torchao runs its forward
-# (output) GEMM by default (``backends_scaled_mm``): on the H200 2-22% faster at the figure-13 shapes, its output
-# within 3e-3 (relative) of the exact accumulation's (docs/kernels/README.md, r30a). False: exact accumulation
-# (the ``*_exact_fwd_accum`` benchmark variants).
+# The split FP8 forward's GEMM is cuBLASLt's tensorwise FP8 GEMM with unit scales; the epilogue kernel applies x's
+# and W's rowwise scales (z = sx·(xq·wqᵀ)·sw, one bf16 rounding). On the H200 it took the split FP8 layer from
+# 1.56x to 1.65x geomean over the rowwise-scaled GEMM (faster at 6 of 9 figure-13 shapes by up to 10.7 µs, within
+# 1.2 µs at the other 3; docs/kernels/README.md, r24d). It runs on the fast-accumulation kernel, as torchao runs
+# its forward GEMM: never more than 0.03 µs slower, up to 1.3x faster, output within 3e-3 of exact accumulation
+# (r30a). The split modes' backward reads z (the GEMM's output, in memory anyway) instead of u: one (M, N) tensor
+# fewer to write, faster at all 9 shapes for split_fp8_dgrad (r26).
 FP8_FORWARD_FAST_ACCUM = True
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 
@@ -74,11 +71,11 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """x (M, K), w (N, K) bf16 (or e4m3 with sx (M, 1), sw (N, 1)) -> (h, u, r, q); see module docstring.
 
-    q (M, N) e4m3 = h at the static scale ``mods_ref.static_fp8_scale(block)`` (the next layer's FP8 input,
+    q (M, N) e4m3 = h at the static scale ``mods.reference.static_fp8_scale(block)`` (the next layer's FP8 input,
     written by the same epilogue) when ``write_fp8``; u, r only when ``save`` (the backward's inputs;
     inference skips writing them). What is not written comes back as an empty (0, ...) tensor (custom ops
     cannot return None). ``split`` and ``save_z``: the second output is z = x·Wᵀ (M, N) bf16 instead of u (the
-    GEMM's output, kept: no u to write), before sx, sw when ``UNIT_SCALE_FP8_GEMM``.
+    GEMM's output, kept: no u to write), before the scales sx, sw.
     """
     N = w.shape[0]
     save_z = save_z and split and save
@@ -87,12 +84,11 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
             k_slices = triton_mods.cublas_split_k_for(x, N, block) if sx is None else 1
             if k_slices > 1:  # (k_slices, M, N) fp32 partials; the epilogue kernel adds them
                 z = triton_mods.cublas_split_k(x, w, k_slices)
-            elif sx is not None and UNIT_SCALE_FP8_GEMM:  # the rowwise scales applied by the epilogue kernel
+            elif sx is not None:  # the rowwise scales applied by the epilogue kernel
                 one = unit_scale(x.device)
                 z = scaled_mm_nt(x, one, w, one, FP8_FORWARD_FAST_ACCUM)  # (M, N) bf16 of the e4m3 products
             else:  # (M, N) bf16
-                z = x @ w.t() if sx is None else scaled_mm_nt(x, sx, w, sw, FP8_FORWARD_FAST_ACCUM)
-                sx = sw = None
+                z = x @ w.t()
             h, u, r, q = triton_mods.norm_forward(z, block=block, eps=eps, write_fp8=write_fp8, save=save,
                                                   row_scale=sx, col_scale=sw, save_z=save_z)
         else:
@@ -103,8 +99,8 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
         wf = w.float() if sw is None else w.float() * sw.reshape(-1, 1)
         z = xf @ wf.t()
         h, u, r = mods_forward_ref(z, block, eps)
-        if save_z:  # z as the Triton path keeps it: before the scales with the unit-scale FP8 GEMM
-            u = (x.float() @ w.float().t() if sx is not None and UNIT_SCALE_FP8_GEMM else z).to(torch.bfloat16)
+        if save_z:  # z as the Triton path keeps it: before the scales of the unit-scale FP8 GEMM
+            u = (x.float() @ w.float().t() if sx is not None else z).to(torch.bfloat16)
         q = quantize_static(h, block)[0] if write_fp8 else None
         u, r = (u, r) if save else (None, None)
     empty = lambda *shape, dtype: x.new_empty(shape, dtype=dtype)  # noqa: E731
@@ -191,14 +187,14 @@ def _mods_forward(xb: Tensor, wb: Tensor, block: int, eps: float, mode: str, cac
     fwd = FORWARD_MODES[mode]
     M = xb.shape[0]
     if not fwd.fp8:
-        save_z = SAVE_Z and save and fwd.split
+        save_z = save and fwd.split
         return (mods_fwd(xb.to(torch.bfloat16), wb.to(torch.bfloat16), None, None, block, eps, fwd.split,
                          emit_fp8, save, save_z), None, (save_z, None, None))
     xq, sx = _fp8_input(xb, x_q, x_q_scale_inv)
     wq, sw = cache.get(wb if w_for_cache is None else w_for_cache, FP8_WEIGHT_BACKEND, "forward")
     split = fwd.split and M % FP8_MULTIPLE == 0  # torch._scaled_mm needs M % 16; the fused kernel has no limit
-    save_z = SAVE_Z and save and split
-    z_scales = (sx, sw) if save_z and UNIT_SCALE_FP8_GEMM else (None, None)
+    save_z = save and split
+    z_scales = (sx, sw) if save_z else (None, None)
     return (mods_fwd(xq, wq, sx, sw, block, eps, split, emit_fp8, save, save_z), (xq, sx),
             (save_z, *z_scales))
 
@@ -228,7 +224,8 @@ def _grads_on_backends(ctx, saved: tuple, dh: Tensor, need_dx: bool, need_dw: bo
         dw_fn = lambda: wgrad_fold(dz, xq, sx, FOLDED_WGRAD[wgrad])  # noqa: E731
     else:
         dw_fn = lambda: _weight_grad(wgrad, dz, xb)  # noqa: E731
-    return side_by_side(dx_fn, dw_fn, dh.device)  # the two GEMMs on two streams (CUDA, eager)
+    # the two GEMMs on two streams (CUDA, eager) unless the layer's config says in order
+    return side_by_side(dx_fn, dw_fn, dh.device, concurrent=ctx.backward_streams)
 
 
 class LinearModsFn(torch.autograd.Function):
@@ -238,12 +235,13 @@ class LinearModsFn(torch.autograd.Function):
     ``cache`` a ``linear.WeightCache`` (FP8 weight operands cast once per weight version, i.e. per step).
     ``x_q`` (M, K) e4m3 with the scalar ``x_q_scale_inv``: x already in FP8 from the previous Mods layer's
     epilogue (static scale), used instead of quantizing x when the forward is FP8. ``emit_fp8``: also write this
-    layer's output in FP8 at the static scale (q, not differentiable; empty otherwise).
+    layer's output in FP8 at the static scale (q, not differentiable; empty otherwise). ``backward_streams``:
+    ``ModsKernelConfig.backward_streams`` (a plain bool, a constant for torch.compile).
     """
 
     @staticmethod
     def forward(ctx, x, w, block: int, eps: float, mode: str, dgrad: str, wgrad: str, cache,
-                x_q: Optional[Tensor], x_q_scale_inv: float, emit_fp8: bool):
+                x_q: Optional[Tensor], x_q_scale_inv: float, emit_fp8: bool, backward_streams: bool = True):
         (M, K), N = x.shape, w.shape[0]
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
         (h, u, r, q), x_fp8, (from_z, *z_scales) = _mods_forward(xb, wb, block, eps, mode, cache, x_q,
@@ -253,7 +251,7 @@ class LinearModsFn(torch.autograd.Function):
         fold = x_fp8 is not None and ctx.names[1] in FOLDED_WGRAD
         ctx.save_for_backward(*((None, *x_fp8) if fold else (xb, None, None)), wb, u, r, *z_scales)
         ctx.from_z = from_z
-        ctx.block, ctx.cache = block, cache
+        ctx.block, ctx.cache, ctx.backward_streams = block, cache, backward_streams
         ctx.dtypes = (x.dtype, w.dtype)
         ctx.mark_non_differentiable(q)
         # q never gets a gradient: without this autograd passes backward a zero-filled (M, N) e4m3 tensor for
@@ -264,7 +262,7 @@ class LinearModsFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh, _dq):
         if dh is None:  # h was not used in the loss
-            return (None,) * 11
+            return (None,) * 12
         saved = ctx.saved_tensors
         xb, _, _, wb, u, r, zs_row, zs_col = saved
         dgrad, wgrad = ctx.names
@@ -277,19 +275,20 @@ class LinearModsFn(torch.autograd.Function):
             dx, dw = _grads_on_backends(ctx, saved, dh, need_dx, need_dw)
         dx = dx.to(ctx.dtypes[0]) if dx is not None else None
         dw = dw.to(ctx.dtypes[1]) if dw is not None else None
-        return dx, dw, None, None, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None, None, None
 
 
 def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6,
                         mode: str = DEFAULT_FORWARD_MODE, dgrad: str = "bf16", wgrad: str = "bf16", cache=None,
                         x_fp8: Optional[Tensor] = None, x_fp8_scale_inv: float = 1.0,
-                        emit_fp8: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+                        emit_fp8: bool = False, config: ModsKernelConfig = DEFAULT_KERNEL_CONFIG
+                        ) -> tuple[Tensor, Optional[Tensor]]:
     """``linear_mods`` that can take its input already in FP8 and hand its output on in FP8:
     x (M, K) -> (h (M, N) bf16, q (M, N) e4m3 at ``static_fp8_scale(block)`` or None).
 
     ``x_fp8`` (M, K) e4m3 with scalar ``x_fp8_scale_inv`` (x ≈ x_fp8 · x_fp8_scale_inv) replaces the
-    quantization of x when ``mode`` is an FP8 forward (ignored otherwise). Shapes the kernels do not support run
-    the differentiable reference (q is None then).
+    quantization of x when ``mode`` is an FP8 forward (ignored otherwise). ``config``: the layer's
+    ``ModsKernelConfig``. Shapes the kernels do not support run the differentiable reference (q is None then).
     """
     if mode not in FORWARD_MODES:
         raise ValueError(f"linear_mods mode: unknown {mode!r}; valid: {sorted(FORWARD_MODES)}")
@@ -301,17 +300,20 @@ def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 
         (h, _, _, q), _, _ = _mods_forward(x, w, block, eps, mode, cache, x_fp8, x_fp8_scale_inv, emit_fp8,
                                            save=False)
     else:
-        h, q = LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache, x_fp8, x_fp8_scale_inv, emit_fp8)
+        h, q = LinearModsFn.apply(x, w, block, eps, mode, dgrad, wgrad, cache, x_fp8, x_fp8_scale_inv, emit_fp8,
+                                  config.backward_streams)
     return h, (q if emit_fp8 else None)
 
 
 def linear_mods(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 1e-6, mode: str = DEFAULT_FORWARD_MODE,
-                dgrad: str = "bf16", wgrad: str = "bf16", cache=None) -> Tensor:
+                dgrad: str = "bf16", wgrad: str = "bf16", cache=None,
+                config: ModsKernelConfig = DEFAULT_KERNEL_CONFIG) -> Tensor:
     """HardSwish(BlockNorm(x·Wᵀ)) with fused forward and backward: x (M, K), w (N, K) -> (M, N) bf16.
 
     Shapes the kernels do not support (N % block, K % 16) run the differentiable reference instead.
     """
-    return linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad, cache=cache)[0]
+    return linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad, cache=cache,
+                               config=config)[0]
 
 
 def static_scale_inv(block: int) -> float:
