@@ -40,7 +40,7 @@ from torch import nn
 from loka_trainer.callbacks.base import Callback, TrainState
 from loka_trainer.probe.activation import STATS_DTYPES, ActivationTracker
 from loka_trainer.probe.distributed import all_reduce_moments
-from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, to_cpu
+from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, seal_stats, to_cpu
 from loka_trainer.probe.targets import ModuleFilter, select_linears
 from loka_trainer.probe.weight import WeightTracker
 from loka_trainer.probe.worker import SerialWorker
@@ -311,7 +311,7 @@ class ProbeCallback(Callback):
             return
         if self._saver is None:
             self._saver = AsyncSaver()
-        self._saver.submit(lambda: to_cpu(snapshot), self.stats_path)
+        self._saver.submit(lambda: seal_stats(to_cpu(snapshot)), self.stats_path)
 
     def on_train_end(self, state: TrainState) -> None:
         if self._last_saved_step != state.step and self._last_observed_step is not None:

@@ -1,7 +1,7 @@
 """Dispatch: measure each candidate backend per layer and GEMM, then pick by the LoKA rule.
 
 Rule (paper III-C): keep candidates with MERE < threshold and speedup over BF16 > min_speedup at the layer's
-real shape on this device; the fastest wins; otherwise BF16. MERE is ``kernels.error.mere`` (the Probe's too). ``select_backend`` is that rule alone,
+real shape on this device; the fastest wins; otherwise BF16. MERE is ``probe.mere.mere`` (the Probe's too). ``select_backend`` is that rule alone,
 a pure function of injected numbers; ``measure_gemm`` produces the numbers; ``build_layer_plan`` joins them.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from loka_trainer.kernels.backend_base import GemmBackend
 from loka_trainer.kernels.backends import BASELINE
-from loka_trainer.kernels.error import mere
+from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, mere
 from loka_trainer.kernels.plan import GEMMS, GemmChoice, LayerPlan
 from loka_trainer.kernels.triton_quant import triton_importable
 
@@ -171,12 +171,13 @@ def fp32_reference(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
 @torch.no_grad()
 def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
                  backends: dict[str, GemmBackend], *, timer: Timer,
-                 known_mere: Optional[dict[str, float]] = None,
-                 timing_cache: Optional[TimingCache] = None) -> dict[str, dict[str, Optional[float]]]:
+                 known_mere: Optional[dict[str, float]] = None, timing_cache: Optional[TimingCache] = None,
+                 zero_floor: float = DEFAULT_ZERO_FLOOR) -> dict[str, dict[str, Optional[float]]]:
     """MERE vs fp32 and time (µs) of one GEMM for each backend that supports the shape.
 
     x (M, K), w (N, K), dy (M, N). ``known_mere`` (e.g. from LoKA Probe statistics) replaces the measured
-    MERE for the backends it names; ``timing_cache`` reuses (and collects) times by shape. Returns
+    MERE for the backends it names; ``timing_cache`` reuses (and collects) times by shape; ``zero_floor``: see
+    ``probe.mere``. Returns
     name -> {"mere", "time_us"}; bf16 is always included.
     """
     M, K = x.shape
@@ -190,7 +191,7 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
         call = _gemm_call(backend, gemm, x, w, dy)
         err = (known_mere or {}).get(name)
         try:
-            err = float(err) if err is not None else float(mere(call(), ref))
+            err = float(err) if err is not None else float(mere(call(), ref, zero_floor=zero_floor))
             key = (name, gemm, M, K, N, str(x.dtype))
             if key not in times:
                 times[key] = timer(call)
@@ -205,7 +206,7 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
 def build_layer_plan(x: torch.Tensor, w: torch.Tensor, backends: dict[str, GemmBackend], *, timer: Timer,
                      mere_threshold: float, min_speedup: float,
                      forward_mere: Optional[dict[str, float]] = None, seed: int = 0,
-                     timing_cache: Optional[TimingCache] = None) -> LayerPlan:
+                     timing_cache: Optional[TimingCache] = None, zero_floor: float = DEFAULT_ZERO_FLOOR) -> LayerPlan:
     """Measure and choose all three GEMMs of one Linear: x (M, K) its real input, w (N, K) its weight.
 
     The output gradient dy (M, N) is not known before training: it is drawn N(0, 1) with a fixed seed, so
@@ -217,7 +218,8 @@ def build_layer_plan(x: torch.Tensor, w: torch.Tensor, backends: dict[str, GemmB
     plan = LayerPlan(M=x.shape[0], K=x.shape[1], N=w.shape[0])
     for gemm in GEMMS:
         cands = measure_gemm(gemm, x, w, dy, backends, timer=timer,
-                             known_mere=forward_mere if gemm == "forward" else None, timing_cache=timing_cache)
+                             known_mere=forward_mere if gemm == "forward" else None, timing_cache=timing_cache,
+                             zero_floor=zero_floor)
         bf16_t = cands.get(BASELINE, {}).get("time_us")
         choice = select_backend(cands, bf16_t, mere_threshold=mere_threshold, min_speedup=min_speedup)
         setattr(plan, gemm, GemmChoice(backend=choice, mere=cands.get(choice, {}).get("mere"),

@@ -7,7 +7,7 @@ import torch
 
 from loka_trainer.kernels.backends import available_backends, get_backend
 from loka_trainer.kernels.dispatch import build_layer_plan, measure_gemm, select_backend
-from loka_trainer.kernels.error import mere
+from loka_trainer.probe.mere import mere
 
 RULE = dict(mere_threshold=0.2, min_speedup=1.05)
 
