@@ -60,7 +60,8 @@ def mere(out: torch.Tensor, ref: torch.Tensor, *, zero_floor: float = DEFAULT_ZE
     return ((out - ref).abs() / torch.maximum(abs_ref, floor)).mean()
 
 
-def operands(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+def operands(x: torch.Tensor, w: torch.Tensor,
+             dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K), w (N, K) rounded to the training's operand dtype: what both the kernel and the reference get."""
     return x.to(dtype), w.to(dtype)
 

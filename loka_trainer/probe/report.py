@@ -169,12 +169,15 @@ def build_report(stats: dict, backends: dict, *, device: torch.device, num_sampl
                  timing: bool = True) -> dict:
     """The whole report.json dict (format fixed by the Dispatch contract, version 1)."""
     layers = {}
-    for index, (fqn, layer) in enumerate(tqdm(stats["layers"].items(), desc="probe report", unit="layer")):
+    bar = tqdm(stats["layers"].items(), desc="probe report", unit="layer", disable=None)  # on a terminal only
+    for index, (fqn, layer) in enumerate(bar):
         layers[fqn] = analyze_layer(layer, backends, num_samples=num_samples, threshold=threshold,
                                     min_speedup=min_speedup, device=device, rows=rows, seed=seed + index,
                                     zero_floor=zero_floor, operand_dtype=operand_dtype, timing=timing)
+    dtype_name = next(n for n, d in OPERAND_DTYPES.items() if d == operand_dtype)
     return {"version": REPORT_VERSION, "device": describe_device(device), "num_samples": num_samples,
-            "threshold": threshold, "min_speedup": min_speedup, "layers": layers}
+            "threshold": threshold, "min_speedup": min_speedup, "zero_floor": zero_floor,
+            "operand_dtype": dtype_name, "layers": layers}
 
 
 def describe_device(device: torch.device) -> str:
@@ -183,7 +186,7 @@ def describe_device(device: torch.device) -> str:
     return str(device)
 
 
-def write_report(report: dict, out_dir: Path, *, zero_floor: float = DEFAULT_ZERO_FLOOR) -> list[Path]:
+def write_report(report: dict, out_dir: Path) -> list[Path]:
     """report.json, report.md, report.png in out_dir; returns the paths written."""
     from loka_trainer.probe.report_render import render_markdown, render_plot
 
@@ -191,7 +194,7 @@ def write_report(report: dict, out_dir: Path, *, zero_floor: float = DEFAULT_ZER
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.png"]
     paths[0].write_text(json.dumps(report, indent=2) + "\n")
-    paths[1].write_text(render_markdown(report, zero_floor=zero_floor))
+    paths[1].write_text(render_markdown(report))
     render_plot(report, paths[2])
     return paths
 
@@ -268,7 +271,7 @@ def _run(args: argparse.Namespace) -> tuple[dict, list[Path]]:
                           min_speedup=args.min_speedup, rows=args.rows, seed=args.seed, zero_floor=args.zero_floor,
                           operand_dtype=OPERAND_DTYPES[args.operand_dtype])
     try:
-        paths = write_report(report, args.out_dir or args.stats_dir, zero_floor=args.zero_floor)
+        paths = write_report(report, args.out_dir or args.stats_dir)
     except OSError as exc:  # e.g. --out-dir not writable
         raise ReportInputError(f"cannot write the report: {type(exc).__name__}: {exc}") from None
     return report, paths
