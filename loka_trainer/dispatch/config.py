@@ -1,13 +1,14 @@
 """LoKAConfig: what ``convert_to_loka`` does to a model (Mods fusion, Dispatch and how Dispatch measures).
 
-Importing this module imports neither torch nor the kernels (the Hydra schema ``precision.PrecisionConfig``
-extends it).
+The Hydra schema ``precision.PrecisionConfig`` extends it.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 from typing import ClassVar, List, Optional
+
+from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -21,6 +22,8 @@ class LoKAConfig:
     plan: Optional[str] = None  # path of a plan file to reuse (no re-measurement)
     probe_stats: Optional[str] = None  # LoKA Probe statistics dir holding report.json
     mere_threshold: float = 0.2
+    # MERE's denominator floor, a fraction of mean |ref| (``probe.mere``; the report's ``--zero-floor``)
+    mere_zero_floor: float = DEFAULT_ZERO_FLOOR
     min_speedup: float = 1.05
     min_features: int = 64  # only Linears with K and N >= this (and multiples of 16) are targets
     backends: Optional[List[str]] = None  # restrict Dispatch candidates to these names (None: all available)
@@ -46,6 +49,8 @@ class LoKAConfig:
                              f"(run `python -m loka_trainer.probe.report {self.probe_stats}`)")
         if not 0.0 < self.mere_threshold:
             raise ValueError(f"{at}.mere_threshold: must be > 0, got {self.mere_threshold}")
+        if not 0.0 <= self.mere_zero_floor < float("inf"):
+            raise ValueError(f"{at}.mere_zero_floor: must be a finite number >= 0, got {self.mere_zero_floor}")
         if not self.min_speedup > 0.0:
             raise ValueError(f"{at}.min_speedup: must be > 0, got {self.min_speedup}")
         if self.min_features < 16 or self.timing_repeats < 1:

@@ -1,7 +1,7 @@
 """Dispatch's measurements of one Linear: each candidate backend's MERE and time (µs) per GEMM at the layer's real
 shape, and the layer's plan from them.
 
-MERE is ``kernels.error.mere`` (the Probe's too); times come from a ``loka_trainer.timing`` timer.
+MERE is ``probe.mere.mere`` (the Probe's too); times come from a ``loka_trainer.timing`` timer.
 ``measure_gemm`` produces the numbers; ``select.select_backend`` is the rule; ``build_layer_plan`` joins them.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from loka_trainer.dispatch.plan import GemmChoice, LayerPlan
 from loka_trainer.dispatch.select import select_backend
 from loka_trainer.kernels.backend_base import GEMMS, GemmBackend
 from loka_trainer.kernels.backends import BASELINE
-from loka_trainer.kernels.error import mere
+from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, mere
 from loka_trainer.timing import Timer
 
 # (backend, gemm, M, K, N, dtype) -> µs: a GEMM's time depends on its shape, not its values, so layers of one
@@ -47,12 +47,13 @@ def fp32_reference(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
 @torch.no_grad()
 def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
                  backends: dict[str, GemmBackend], *, timer: Timer,
-                 known_mere: Optional[dict[str, float]] = None,
-                 timing_cache: Optional[TimingCache] = None) -> dict[str, dict[str, Optional[float]]]:
+                 known_mere: Optional[dict[str, float]] = None, timing_cache: Optional[TimingCache] = None,
+                 zero_floor: float = DEFAULT_ZERO_FLOOR) -> dict[str, dict[str, Optional[float]]]:
     """MERE vs fp32 and time (µs) of one GEMM for each backend that supports the shape.
 
     x (M, K), w (N, K), dy (M, N). ``known_mere`` (e.g. from LoKA Probe statistics) replaces the measured
-    MERE for the backends it names; ``timing_cache`` reuses (and collects) times by shape. Returns
+    MERE for the backends it names; ``timing_cache`` reuses (and collects) times by shape; ``zero_floor``: see
+    ``probe.mere``. Returns
     name -> {"mere", "time_us"}; bf16 is always included.
     """
     M, K = x.shape
@@ -66,7 +67,7 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
         call = _gemm_call(backend, gemm, x, w, dy)
         err = (known_mere or {}).get(name)
         try:
-            err = float(err) if err is not None else float(mere(call(), ref))
+            err = float(err) if err is not None else float(mere(call(), ref, zero_floor=zero_floor))
             key = (name, gemm, M, K, N, str(x.dtype))
             if key not in times:
                 times[key] = timer(call)
@@ -81,7 +82,8 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
 def build_layer_plan(x: torch.Tensor, w: torch.Tensor, backends: dict[str, GemmBackend], *, timer: Timer,
                      mere_threshold: float, min_speedup: float,
                      forward_mere: Optional[dict[str, float]] = None, seed: int = 0,
-                     timing_cache: Optional[TimingCache] = None) -> LayerPlan:
+                     timing_cache: Optional[TimingCache] = None,
+                     zero_floor: float = DEFAULT_ZERO_FLOOR) -> LayerPlan:
     """Measure and choose all three GEMMs of one Linear: x (M, K) its real input, w (N, K) its weight.
 
     The output gradient dy (M, N) is not known before training: it is drawn N(0, 1) with a fixed seed, so
@@ -93,7 +95,8 @@ def build_layer_plan(x: torch.Tensor, w: torch.Tensor, backends: dict[str, GemmB
     plan = LayerPlan(M=x.shape[0], K=x.shape[1], N=w.shape[0])
     for gemm in GEMMS:
         cands = measure_gemm(gemm, x, w, dy, backends, timer=timer,
-                             known_mere=forward_mere if gemm == "forward" else None, timing_cache=timing_cache)
+                             known_mere=forward_mere if gemm == "forward" else None, timing_cache=timing_cache,
+                             zero_floor=zero_floor)
         bf16_t = cands.get(BASELINE, {}).get("time_us")
         choice = select_backend(cands, bf16_t, mere_threshold=mere_threshold, min_speedup=min_speedup)
         setattr(plan, gemm, GemmChoice(backend=choice, mere=cands.get(choice, {}).get("mere"),

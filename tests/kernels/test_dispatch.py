@@ -8,7 +8,7 @@ import torch
 from loka_trainer.dispatch.measure import build_layer_plan, measure_gemm
 from loka_trainer.dispatch.select import select_backend
 from loka_trainer.kernels.backends import available_backends, get_backend
-from loka_trainer.kernels.error import mere
+from loka_trainer.probe.mere import mere
 
 RULE = dict(mere_threshold=0.2, min_speedup=1.05)
 
