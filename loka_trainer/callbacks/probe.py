@@ -204,6 +204,7 @@ class ProbeCallback(Callback):
         self.layers: dict[str, _LayerProbe] = {}
         self.rank, self.world_size = 0, 1
         self._handles: list = []
+        self._stance = None  # torch.compiler.set_stance of an observed step, restored at its end
         self._saver: Optional[AsyncSaver] = None
         self._weights = _WeightWorker()
         self._pending_state: Optional[dict] = None
@@ -272,12 +273,17 @@ class ProbeCallback(Callback):
         for layer in self.layers.values():
             hook = (lambda lp: lambda module, args: lp.observe(args[0], step, self._weights))(layer)
             self._handles.append(layer.module.register_forward_pre_hook(hook))
+        # A compiled model guards on its modules' hooks: adding hooks would recompile every observed unit (and
+        # soon exhaust dynamo's cache). The observed step runs eagerly instead; the next one reuses the graphs.
+        self._stance = torch.compiler.set_stance("force_eager")
 
     def on_step_end(self, state: TrainState) -> None:
         if self._handles:
             for handle in self._handles:
                 handle.remove()
             self._handles = []
+            self._stance.__exit__(None, None, None)  # back to the stance before the observed step
+            self._stance = None
             self._last_observed_step = state.step
             self._log_scalars(state.step)
         if (state.step + 1) % self.config.save_interval == 0:
@@ -327,6 +333,9 @@ class ProbeCallback(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._stance is not None:
+            self._stance.__exit__(None, None, None)
+            self._stance = None
         # Join the weight thread rather than leave it idle until interpreter exit (where an idle worker next to
         # torch.distributed teardown is one less thing to race); a fresh worker starts no thread until used.
         weights, self._weights = self._weights, _WeightWorker()
