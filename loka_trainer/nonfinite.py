@@ -61,6 +61,7 @@ class NonFiniteGuard:
         """Record whether this rank's part of the dense gradient holds a NaN or inf (its max-norm: a 2-norm
         would overflow for large finite gradients; no host sync)."""
         local = [g.to_local() if isinstance(g, DTensor) else g for g in grads if g is not None]
+        local = [g for g in local if g.numel()]  # an FSDP2 shard can be empty on some ranks
         if local:
             norm = torch.nn.utils.get_total_norm(local, norm_type=float("inf"), error_if_nonfinite=False)
             self._record(1, ~torch.isfinite(norm), step)
