@@ -48,6 +48,7 @@ def test_skip_policy_skips_only_non_finite_losses_and_counts_them():
     assert guard.first_bad() == ("gradient", 6)
 
 
+@pytest.mark.slow
 def test_lr_1e6_stops_at_the_first_nan_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path):
     """Default data sizes: trainer.lr=1e6 turns the loss NaN at step 2."""
     run_dir = tmp_path / "run"
