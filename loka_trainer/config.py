@@ -9,17 +9,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from loka_trainer.callbacks.probe import ProbeConfig
 from loka_trainer.data.config import DataConfig
-from loka_trainer.kernels.config import PrecisionConfig
 from loka_trainer.models.configs import MODEL_CONFIGS
 from loka_trainer.nonfinite import NONFINITE_POLICIES
+from loka_trainer.precision import PrecisionConfig
 from loka_trainer.sharding.config import ShardingConfig
 
-DENSE_OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
+# trainer.dense_optimizer -> the torch optimizer of the dense part (embeddings use TorchRec's fused optimizer)
+DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+}
 DEVICES = ("auto", "cpu", "cuda")
 
 

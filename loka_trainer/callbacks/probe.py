@@ -40,7 +40,7 @@ from torch import nn
 from loka_trainer.callbacks.base import Callback, TrainState
 from loka_trainer.probe.activation import STATS_DTYPES, ActivationTracker
 from loka_trainer.probe.distributed import all_reduce_moments
-from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, to_cpu
+from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, seal_stats, to_cpu
 from loka_trainer.probe.targets import ModuleFilter, select_linears
 from loka_trainer.probe.weight import WeightTracker
 from loka_trainer.probe.worker import SerialWorker
@@ -61,7 +61,7 @@ class ProbeConfig:
     min_features: int = 1  # skip layers with min(in_features, out_features) below this
     max_full_covariance: int = 4096  # wider inputs use a block-diagonal scatter (and diagonal weight factors)
     covariance_block: int = 256  # block width of the block-diagonal representation
-    momentum: float = 0.99  # weight (U, V, M) EMA momentum, paper: 0.9 to 0.99
+    momentum: float = 0.99  # weight (M, U, V) EMA momentum, paper: 0.9 to 0.99 (see probe.weight)
     stats_dtype: str = "float64"  # accumulator dtype: float64 | float32
     tensorboard: bool = True
     out_dir: Optional[str] = None  # default: <run_dir>/probe
@@ -75,8 +75,9 @@ def validate_config(cfg: ProbeConfig) -> None:
     for name in ("interval", "save_interval", "min_features", "max_full_covariance", "covariance_block"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"callbacks.probe.{name}={getattr(cfg, name)}; valid values: integers >= 1")
-    if not 0.0 <= cfg.momentum < 1.0:
-        raise ValueError(f"callbacks.probe.momentum={cfg.momentum}; valid values: 0 <= momentum < 1")
+    if not 0.0 < cfg.momentum < 1.0:
+        raise ValueError(f"callbacks.probe.momentum={cfg.momentum}; valid values: 0 < momentum < 1 "
+                         "(paper: 0.9 to 0.99)")
     if cfg.stats_dtype not in STATS_DTYPES:
         raise ValueError(f"callbacks.probe.stats_dtype={cfg.stats_dtype!r}; valid values: {', '.join(STATS_DTYPES)}")
 
@@ -311,7 +312,7 @@ class ProbeCallback(Callback):
             return
         if self._saver is None:
             self._saver = AsyncSaver()
-        self._saver.submit(lambda: to_cpu(snapshot), self.stats_path)
+        self._saver.submit(lambda: seal_stats(to_cpu(snapshot)), self.stats_path)
 
     def on_train_end(self, state: TrainState) -> None:
         if self._last_saved_step != state.step and self._last_observed_step is not None:

@@ -95,6 +95,8 @@ def test_config_paths_and_errors(tmp_path):
         ProbeCallback(interval=0)
     with pytest.raises(ValueError, match="stats_dtype"):
         ProbeCallback(stats_dtype="float16")
+    with pytest.raises(ValueError, match="callbacks.probe.momentum"):  # m = 0 keeps no deviation at all
+        ProbeCallback(momentum=0.0)
 
 
 def test_save_does_not_block_the_step(tmp_path, monkeypatch):
