@@ -1,22 +1,24 @@
-"""r30 diagnostic: cuBLASLt's FP8 GEMMs of the fused Mods layer with and without fast accumulation
-(``torch._scaled_mm(use_fast_accum=)``), by graph replay, at the nine figure-13 shapes, batch 1024, next to cuBLAS
+"""cuBLASLt's FP8 GEMMs of the fused Mods layer with and without fast accumulation
+(``torch._scaled_mm(use_fast_accum=)``), by graph replay, at the nine Mods layer shapes, batch 1024, next to cuBLAS
 BF16: the forward z = x·Wᵀ (tensorwise unit-scale e4m3, as the split FP8 forward runs it; rowwise e4m3), the input
 grad dx = dz·W (tensorwise e5m2 x e4m3; rowwise e4m3) and the weight grad dW = dzᵀ·x (tensorwise e5m2 x e4m3 on
 transposed operands, as the folded weight grad runs it). Also each fast-accumulation GEMM's error against the
-other's output (relative Frobenius), on random normal operands. Usage: python fast_accum_gemms.py OUT.json
+other's output (relative Frobenius), on random normal operands.
+
+    python -m benchmarks.fast_accum_gemms OUT.json
 """
+import datetime
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
+from loka_trainer.timing import cuda_graph_us
+from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
-SHAPES = [(256, 256), (7680, 256), (512, 512), (7680, 512), (4096, 2048), (4096, 2560), (2048, 4096), (2560, 4096),
-          (256, 7680)]
-M = 1024
+SHAPES = MODS_LAYER_SHAPES
+M = BATCH
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
@@ -57,7 +59,8 @@ for K, N in SHAPES:
     print(K, N, {k: round(v, 2) if "err" not in k else f"{v:.1e}" for k, v in res.items() if k not in ("K", "N")},
           flush=True)
 
-meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "M": M}
+meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "command": "python -m benchmarks.fast_accum_gemms OUT.json", "M": M}
 Path(sys.argv[1]).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 print("\n(in, out)    " + "  ".join(f"{g:>16s}" for g in ["fwd tw slow/fast", "fwd rw slow/fast", "dgrad tw",
                                                             "dgrad rw", "wgrad tw", "bf16 f/d/w"]))

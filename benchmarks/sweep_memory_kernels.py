@@ -1,25 +1,27 @@
-"""r29 diagnostic: the memory-bound Triton kernels of the fused Mods layer alone, by graph replay, over their launch
-shapes (rows per program x warps) at the nine figure-13 shapes, batch 1024: x's rowwise quantizer, the split modes'
-epilogue kernel (norm_fwd_kernel as split_fp8 and split_bf16 launch it), the dz kernel (as split_fp8_dgrad and
-split_bf16 launch it) and the rowwise cast of dz (quant_rows_kernel). Usage: python sweep_memory_kernels.py OUT.json
+"""The memory-bound Triton kernels of the fused Mods layer alone, by graph replay, over their launch shapes (rows per
+program x warps) at the nine Mods layer shapes, batch 1024: x's rowwise quantizer, the split modes' epilogue kernel
+(norm_fwd_kernel as split_fp8 and split_bf16 launch it), the dz kernel (as split_fp8_dgrad and split_bf16 launch it)
+and the rowwise cast of dz (quant_rows_kernel). The launch shapes the layer ships with came from this sweep
+(docs/kernels/README.md, "Backward", Launch).
+
+    python -m benchmarks.sweep_memory_kernels OUT.json
 """
 import itertools
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from loka_trainer.kernels import pdl, triton_mods  # noqa: E402
-from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
-from loka_trainer.kernels.quant import EPS  # noqa: E402
-from loka_trainer.kernels.triton_mods_kernels import bwd_dz_kernel, norm_fwd_kernel, quant_rows_kernel  # noqa: E402
-from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel  # noqa: E402
+from loka_trainer.kernels import pdl
+from loka_trainer.kernels.quant import EPS
+from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel
+from loka_trainer.mods import triton_mods
+from loka_trainer.mods.triton_mods_kernels import bwd_dz_kernel, norm_fwd_kernel, quant_rows_kernel
+from loka_trainer.timing import cuda_graph_us
+from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
-SHAPES = [(256, 256), (7680, 256), (512, 512), (7680, 512), (4096, 2048), (4096, 2560), (2048, 4096), (2560, 4096),
-          (256, 7680)]
-M, B, E4M3 = 1024, 256, float(torch.finfo(torch.float8_e4m3fn).max)
+SHAPES = MODS_LAYER_SHAPES
+M, B, E4M3 = BATCH, 256, float(torch.finfo(torch.float8_e4m3fn).max)
 cdiv = lambda a, b: -(-a // b)  # noqa: E731
 
 
@@ -112,7 +114,7 @@ for K, N in SHAPES:
           flush=True)
 
 meta = {"date": __import__("datetime").date.today().isoformat(), "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__, "command": "python docs/kernels/r29_diag/sweep_memory_kernels.py OUT.json",
+        "torch": torch.__version__, "command": "python -m benchmarks.sweep_memory_kernels OUT.json",
         "batch": M, "note": "graph-replay µs of each kernel alone; config = rows per program x warps"}
 json.dump({"meta": meta, "rows": rows_out}, open(sys.argv[1], "w"), indent=1)
 print("\n(K,N) kernel: default -> best (µs)")
