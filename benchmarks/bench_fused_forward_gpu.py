@@ -7,7 +7,8 @@ The config sweep compiles and times ~30 kernels per shape and input dtype: over 
 minutes on an H200, so ``--config-shapes`` (default: none) picks where it runs; results are written after each
 shape (OUT_DIR/fused_forward.partial.json), so a cut run keeps what it measured.
 
-Per Mods layer shape (``MODS_LAYER_SHAPES``: K in, N out; batch M = 1024), bf16 and FP8 (rowwise e4m3 operands, quantized beforehand):
+Per Mods layer shape (``MODS_LAYER_SHAPES``: K in, N out; batch M = 1024), bf16 and FP8 (rowwise e4m3 operands,
+quantized beforehand):
 - ``splits``: cuBLAS GEMM (``x @ wᵀ`` / ``torch._scaled_mm``) + the epilogue kernel, against
   ``triton_mods.fused_forward`` at split_k 1, 2, 4, 8 and the default (``split_k_for``);
 - ``configs``: the fused kernel (split_k 1) at every tile config of a small grid (BLOCK_M 16-128, BLOCK_K

@@ -1,10 +1,10 @@
-"""How Dispatch's two GPU timers see a fused Mods layer's whole training step (``loka_trainer.dispatch.mods_timing.time_input_grads``).
+"""How Dispatch's two GPU timers see a fused Mods layer's whole training step (``mods_timing.time_input_grads``).
 
     python -m benchmarks.bench_layer_timer_gpu OUT_DIR [--shapes 4096x720x512 ...] [--repeats 3]
 
 Per shape (M×K×N, forward mode), the layer's forward + backward is timed with its BF16 input grad and with the
-fused rowwise-FP8 one, by CUDA events on eager calls (``loka_trainer.timing.cuda_timer``, Dispatch's GEMM default) and by
-CUDA-graph replay (``loka_trainer.timing.cuda_graph_timer``), ``--repeats`` times in each candidate order. The spread of
+fused rowwise-FP8 one, by CUDA events on eager calls (``timing.cuda_timer``, Dispatch's GEMM default) and by
+CUDA-graph replay (``timing.cuda_graph_timer``), ``--repeats`` times in each candidate order. The spread of
 the repeats says whether a timer can choose between the two (``precision.layer_timer``). Writes
 OUT_DIR/layer_timer.json and OUT_DIR/layer_timer.png; prints a table last.
 """

@@ -3,8 +3,8 @@ the quantization kernels of their operands.
 
     python -m benchmarks.bench_mods_layer_gemms_gpu OUT_DIR [--shapes 4096x2048 7680x256]
 
-Per Mods layer shape (``MODS_LAYER_SHAPES``: K in, N out; batch M = 1024) the three GEMMs of the layer, each as ``a (R, C) · b (P, C)ᵀ``:
-forward (M, K, N), input grad (M, N, K), weight grad (N, M, K). Recipes: ``bf16`` (cuBLAS), ``tw_e4m3``
+Per Mods layer shape (``MODS_LAYER_SHAPES``: K in, N out; batch M = 1024) the three GEMMs of the layer, each as
+``a (R, C) · b (P, C)ᵀ``: forward (M, K, N), input grad (M, N, K), weight grad (N, M, K). Recipes: ``bf16`` (cuBLAS), ``tw_e4m3``
 (``torch._scaled_mm`` tensorwise, both e4m3), ``tw_e5m2`` (tensorwise, e5m2 gradient operand · e4m3: the
 ``scaled_mm_tensorwise`` recipe's input/weight grads), ``rowwise`` (``torch._scaled_mm`` rowwise e4m3). Then the
 quantizers on x (M, K), dz (M, N) and their transposed views: ``quant_rowwise`` and ``quant_tensorwise``.

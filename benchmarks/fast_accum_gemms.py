@@ -42,30 +42,35 @@ def gemms(K, N):
     return out
 
 
-rows = []
-for K, N in SHAPES:
-    res = {"K": K, "N": N}
-    for name, (a, b, sa, sb) in gemms(K, N).items():
-        if sa is None:
-            res[name] = cuda_graph_us(lambda: a @ b.t())
-            continue
-        mm = lambda fast: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,  # noqa: E731
-                                           use_fast_accum=fast)
-        res[name] = cuda_graph_us(lambda: mm(False))
-        res[name + "_fast"] = cuda_graph_us(lambda: mm(True))
-        exact, fast = mm(False).float(), mm(True).float()
-        res[name + "_fast_rel_err"] = float((fast - exact).norm() / exact.norm())
-    rows.append(res)
-    print(K, N, {k: round(v, 2) if "err" not in k else f"{v:.1e}" for k, v in res.items() if k not in ("K", "N")},
-          flush=True)
+def main(out_json: str) -> None:
+    rows = []
+    for K, N in SHAPES:
+        res = {"K": K, "N": N}
+        for name, (a, b, sa, sb) in gemms(K, N).items():
+            if sa is None:
+                res[name] = cuda_graph_us(lambda: a @ b.t())
+                continue
+            mm = lambda fast: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,  # noqa: E731
+                                               use_fast_accum=fast)
+            res[name] = cuda_graph_us(lambda: mm(False))
+            res[name + "_fast"] = cuda_graph_us(lambda: mm(True))
+            exact, fast = mm(False).float(), mm(True).float()
+            res[name + "_fast_rel_err"] = float((fast - exact).norm() / exact.norm())
+        rows.append(res)
+        print(K, N, {k: round(v, 2) if "err" not in k else f"{v:.1e}" for k, v in res.items() if k not in ("K", "N")},
+              flush=True)
 
-meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "command": "python -m benchmarks.fast_accum_gemms OUT.json", "M": M}
-Path(sys.argv[1]).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-print("\n(in, out)    " + "  ".join(f"{g:>16s}" for g in ["fwd tw slow/fast", "fwd rw slow/fast", "dgrad tw",
-                                                            "dgrad rw", "wgrad tw", "bf16 f/d/w"]))
-for r in rows:
-    cells = [f"{r[g]:6.1f}/{r[g + '_fast']:6.1f}" for g in ["fwd_tensorwise", "fwd_rowwise", "dgrad_tensorwise",
-                                                            "dgrad_rowwise", "wgrad_tensorwise"]]
-    cells.append(f"{r['fwd_bf16']:.1f}/{r['dgrad_bf16']:.1f}/{r['wgrad_bf16']:.1f}")
-    print(f"({r['K']}, {r['N']})".ljust(13) + "  ".join(f"{c:>16s}" for c in cells))
+    meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "command": "python -m benchmarks.fast_accum_gemms OUT.json", "M": M}
+    Path(out_json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print("\n(in, out)    " + "  ".join(f"{g:>16s}" for g in ["fwd tw slow/fast", "fwd rw slow/fast", "dgrad tw",
+                                                                "dgrad rw", "wgrad tw", "bf16 f/d/w"]))
+    for r in rows:
+        cells = [f"{r[g]:6.1f}/{r[g + '_fast']:6.1f}" for g in ["fwd_tensorwise", "fwd_rowwise", "dgrad_tensorwise",
+                                                                "dgrad_rowwise", "wgrad_tensorwise"]]
+        cells.append(f"{r['fwd_bf16']:.1f}/{r['dgrad_bf16']:.1f}/{r['wgrad_bf16']:.1f}")
+        print(f"({r['K']}, {r['N']})".ljust(13) + "  ".join(f"{c:>16s}" for c in cells))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -13,6 +13,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.parametrize("module", sorted(f"{p.parent.name}.{p.stem}" for folder in ("scripts", "benchmarks")
+                                          for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"))
+def test_every_script_and_benchmark_imports_as_a_module_without_running(module):
+    # what `python -m scripts.<name>` / `python -m benchmarks.<name>` resolve first: the package's current module
+    # paths and the sibling modules; importing starts no measurement (no CUDA here: any GPU work would raise)
+    mod = importlib.import_module(module)
+    assert callable(getattr(mod, "main", None)) or module in {"scripts.bench_targets", "scripts.bench_timing",
+                                                              "scripts.mods_layer_variants"}
+
+
 def test_fsdp2_bench_runs_two_ranks_and_reports_every_variant(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "scripts.bench_fsdp2_gpu", str(tmp_path), "--device", "cpu", "--no-compile",
