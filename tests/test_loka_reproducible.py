@@ -45,3 +45,17 @@ def test_same_seed_and_plan_give_bitwise_identical_losses_fresh_and_resumed(tmp_
     log = (interrupted / "train.log").read_text()
     assert "resumed from" in log and "reuses the run's plan" in log
     assert _losses(interrupted) == fresh["fresh_a"]  # steps 1-6 measured-then-run, 7-8 resumed: all bitwise
+
+
+@pytest.mark.slow
+def test_resume_without_the_runs_plan_stops_with_one_line_and_changes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train([*COMMON, "trainer.steps=4", "trainer.stop_after=2", f"hydra.run.dir={run_dir}"])
+    (run_dir / "dispatch_plan.json").unlink()
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    proc = run_train([*COMMON, "trainer.steps=4", f"hydra.run.dir={run_dir}"], check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "needs the run's Dispatch plan" in line and "precision.plan=FILE" in line
+    assert "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
