@@ -5,13 +5,15 @@ start ranks and train.
     torchrun --nproc_per_node=2 train.py model=wukong ...
 
 Order, so that nothing in the run directory is overwritten before the resume decision (`loka_trainer.resume`):
-config -> resume decision (every rank reads the same files; no checkpoint usable: exit 2) -> a fresh start moves
+config -> resume decision (every rank reads the same files; no checkpoint usable: exit 2; a resumed LoKA run
+loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing) -> a fresh start moves
 an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
 `.hydra/` -> train. Exit status: 2 for a bad config or an unusable checkpoint, 3 for a non-finite loss or
 gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -48,13 +50,16 @@ def main(argv: Optional[list[str]] = None) -> None:
         start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size)
     except CheckpointError as exc:
         fail(exc)
+    plan_note = None
+    if start.checkpoint is not None and run.precision.dispatch:
+        run, plan_note = _with_resumed_plan(run, run_dir, start.checkpoint)
     notes = set_aside_previous_run(run_dir, ckpt_root) if rank == 0 and start.checkpoint is None else []
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank=rank)
     logger = logging.getLogger("loka_trainer")
     for line in (start.warnings() if rank == 0 else []):
         logger.warning(line)
-    for line in notes:
+    for line in notes + ([plan_note] if plan_note and rank == 0 else []):
         logger.info(line)
     if start.checkpoint is None:
         write_run_config(run_dir, cfg, argv, rank=rank)
@@ -82,6 +87,18 @@ def main(argv: Optional[list[str]] = None) -> None:
         _stop(exc, status=EXIT_NONFINITE, rank=rank)
     finally:
         shutdown_distributed(wait_for_all=finished)  # after an error another rank may never reach a barrier
+
+
+def _with_resumed_plan(run, run_dir: Path, checkpoint: Path):
+    """(``run`` whose ``precision.plan`` is the plan file the resumed run must load, a line to log); one
+    ``error:`` line and exit 2 when it cannot resume with the plan it was trained with (`dispatch.reuse`)."""
+    from loka_trainer.dispatch.reuse import resumed_plan_file  # lazy: imports torch and the kernels
+
+    try:
+        path, note = resumed_plan_file(run_dir, run.precision.plan, checkpoint=checkpoint)
+    except ValueError as exc:
+        fail(exc)
+    return dataclasses.replace(run, precision=dataclasses.replace(run.precision, plan=path)), note
 
 
 def _stop(exc: Exception, *, status: int, rank: int) -> None:

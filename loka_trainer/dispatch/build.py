@@ -54,7 +54,8 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: LoKAC
         w = lin.weight.detach().to(device=device, dtype=dtype)
         layers[fqn] = build_layer_plan(x, w, backends, timer=timer, mere_threshold=config.mere_threshold,
                                        min_speedup=config.min_speedup, forward_mere=probe.get(fqn),
-                                       timing_cache=times, zero_floor=config.mere_zero_floor)
+                                       timing_cache=times, zero_floor=config.mere_zero_floor,
+                                       rounds=config.timing_rounds, outlier_factor=config.timing_outlier_factor)
     if config.mods and torch.device(device).type == "cuda" and triton_importable():
         _choose_mods_modes(model, layers, timer=layer_timer, device=device, min_speedup=config.min_speedup,
                            mere_threshold=config.mere_threshold, compiled=config.compile)

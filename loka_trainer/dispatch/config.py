@@ -28,6 +28,10 @@ class LoKAConfig:
     min_features: int = 64  # only Linears with K and N >= this (and multiples of 16) are targets
     backends: Optional[List[str]] = None  # restrict Dispatch candidates to these names (None: all available)
     timing_repeats: int = 5  # wall-clock repeats per GEMM when measuring on CPU
+    # independent timing rounds per GEMM candidate, interleaved; a candidate must beat BF16 by min_speedup in every
+    # round (``dispatch.select``)
+    timing_rounds: int = 3
+    timing_outlier_factor: float = 3.0  # a round slower than this × the median of the others is timed again
     gpu_timer: str = "cuda_events"  # how Dispatch times GEMM candidates on a GPU (``timing.GPU_TIMERS``)
     # how Dispatch times a fused Mods layer's whole step (its forward modes, its fused input grads) on a GPU: such
     # an eager step is host-bound (see ``timing.GPU_TIMERS``), so GPU time from graph replay by default
@@ -56,6 +60,9 @@ class LoKAConfig:
         if self.min_features < 16 or self.timing_repeats < 1:
             raise ValueError(f"{at}.min_features must be >= 16 and timing_repeats >= 1, got "
                              f"{self.min_features}, {self.timing_repeats}")
+        if self.timing_rounds < 1 or not self.timing_outlier_factor > 1.0:
+            raise ValueError(f"{at}.timing_rounds must be >= 1 and timing_outlier_factor > 1, got "
+                             f"{self.timing_rounds}, {self.timing_outlier_factor}")
         from loka_trainer.timing import GPU_TIMERS  # lazy: keep the schema import-light
         for field in ("gpu_timer", "layer_timer"):
             if getattr(self, field) not in GPU_TIMERS:

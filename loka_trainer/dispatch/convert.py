@@ -3,12 +3,14 @@
 
 With ``config.dispatch``: build the plan on the calibration batch (or load ``config.plan``), swap each target
 Linear with an FP8 GEMM in the plan for a ``LoKALinear`` (all-BF16 ones stay ``nn.Linear``), log the plan table,
-write ``run_dir/dispatch_plan.json``. With ``config.mods``: each Linear -> BlockNorm -> HardSwish triple then
+write ``run_dir/dispatch_plan.json`` (a loaded plan file is copied byte for byte, and never rewritten when it
+is that file: a reused plan is reproduced exactly). With ``config.mods``: each Linear -> BlockNorm -> HardSwish triple then
 becomes one ``FusedLinearMods`` running the plan's choices (same state_dict keys). Targets: ``dispatch.targets``.
 The FP8 weight operands are cached per optimizer step: attach ``register_weight_cache_hook(model, optimizer)``.
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -109,5 +111,19 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     if config.mods:
         fuse_with_plan(model, plan, module_filter_fn=module_filter_fn, log=log)
     if config.dispatch and run_dir is not None and is_rank0():
-        log(f"dispatch plan written to {save_plan(plan, Path(run_dir) / PLAN_FILE)}")
+        log(record_plan(plan, Path(run_dir) / PLAN_FILE, source=config.plan))
     return plan
+
+
+def record_plan(plan: DispatchPlan, dest: Path, *, source: Optional[str]) -> str:
+    """Keep the run's plan at ``dest``: a measured plan is saved; a loaded one (``source``) is copied byte for
+    byte (atomically), or left alone when ``dest`` is that file. Returns the line to log."""
+    if source is None:
+        return f"dispatch plan written to {save_plan(plan, dest)}"
+    if dest.exists() and dest.resolve() == Path(source).resolve():
+        return f"dispatch plan {dest} reused as it is (not rewritten)"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".tmp")
+    shutil.copyfile(source, tmp)
+    tmp.replace(dest)
+    return f"dispatch plan {source} copied to {dest}"

@@ -27,9 +27,25 @@ from pathlib import Path
 from typing import Any, Optional
 
 from loka_trainer.kernels.backend_base import GEMMS
+from loka_trainer.kernels.backends import BACKENDS, BASELINE
 from loka_trainer.mods.modes import FORWARD_MODES
 
 PLAN_VERSION = 1
+
+
+def gemm_is_fp8(backend: str, gemm: str) -> bool:
+    """True if backend ``backend`` runs ``gemm`` in FP8 (``GemmBackend.is_fp8``): e.g. not the weight grad of
+    ``torchao_rowwise_with_gw_hp``, which is bitwise the BF16 one. A name outside the registry (rejected by
+    ``validate_plan``) counts as FP8 unless it is ``bf16``."""
+    known = BACKENDS.get(backend)
+    return known.is_fp8(gemm) if known is not None else backend != BASELINE
+
+
+def gemm_label(backend: str, gemm: str) -> str:
+    """How tables and logs name a GEMM's backend: ``bf16 (via NAME)`` when NAME runs that GEMM in BF16."""
+    if backend == BASELINE or gemm_is_fp8(backend, gemm):
+        return backend
+    return f"{BASELINE} (via {backend})"
 MODS_CHOICES = ("mods_forward", "mods_input_grad")  # the optional per-layer ModsChoice fields
 
 
@@ -83,14 +99,15 @@ class LayerPlan:
         return {g: getattr(self, g).backend for g in GEMMS}
 
     def runs_fp8(self) -> dict[str, bool]:
-        """GEMM name -> whether it runs in FP8: its backend is not BF16, except that a fused Mods layer's forward
-        runs in its recorded mode (``mods_forward``), which stays BF16 when a BF16 mode was timed faster, and
-        its input grad on the recorded ``mods_input_grad`` backend."""
-        fp8 = {g: b != "bf16" for g, b in self.backends().items()}
+        """GEMM name -> whether it runs in FP8: its backend runs that GEMM in FP8 (``gemm_is_fp8``; a
+        high-precision GEMM of an FP8 recipe is BF16), except that a fused Mods layer's forward runs in its
+        recorded mode (``mods_forward``), which stays BF16 when a BF16 mode was timed faster, and its input grad
+        on the recorded ``mods_input_grad`` backend."""
+        fp8 = {g: gemm_is_fp8(b, g) for g, b in self.backends().items()}
         if self.mods_forward is not None:
             fp8["forward"] = fp8["forward"] and FORWARD_MODES[self.mods_forward.mode].fp8
         if self.mods_input_grad is not None:
-            fp8["input_grad"] = self.mods_input_grad.mode != "bf16"
+            fp8["input_grad"] = gemm_is_fp8(self.mods_input_grad.mode, "input_grad")
         return fp8
 
 
@@ -217,14 +234,17 @@ def _fmt(v: Optional[float], spec: str) -> str:
 
 
 # Why a GEMM stayed BF16: every measured FP8 candidate failed the accuracy test / the accurate ones were not
-# fast enough / nothing was measured (e.g. a hand-written or probe-less plan entry).
-BF16_REASONS = ("MERE", "slow", "unmeasured")
+# fast enough / nothing was measured (e.g. a hand-written or probe-less plan entry) / its backend runs this GEMM
+# in high precision (e.g. torchao_rowwise_with_gw_hp's weight grad).
+BF16_REASONS = ("MERE", "slow", "unmeasured", "hp")
 
 
-def bf16_reason(choice: GemmChoice, *, mere_threshold: float, min_speedup: float) -> Optional[str]:
-    """For a GEMM left in BF16, which rule kept it there (one of ``BF16_REASONS``); None if it is not BF16."""
+def bf16_reason(choice: GemmChoice, *, mere_threshold: float, min_speedup: float,
+                gemm: Optional[str] = None) -> Optional[str]:
+    """For a GEMM left in BF16, which rule kept it there (one of ``BF16_REASONS``); None if it is not BF16.
+    ``gemm``: which GEMM ``choice`` is for, so a backend running it in high precision counts as BF16 ("hp")."""
     if choice.backend != "bf16":
-        return None
+        return "hp" if gemm is not None and not gemm_is_fp8(choice.backend, gemm) else None
     measured = [c for name, c in choice.candidates.items()
                 if name != "bf16" and c.get("mere") is not None and c.get("time_us") is not None]
     if not measured or choice.bf16_time_us is None:
@@ -242,7 +262,8 @@ def bf16_reason_counts(plan: DispatchPlan) -> dict[str, int]:
         for g in GEMMS:
             if runs_fp8[g]:  # e.g. a fused Mods layer's timed FP8 input grad over a BF16 per-GEMM choice
                 continue
-            why = bf16_reason(getattr(lp, g), mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup)
+            why = bf16_reason(getattr(lp, g), mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup,
+                              gemm=g)
             if why is not None:
                 counts[why] += 1
     return counts
@@ -255,26 +276,30 @@ def num_fp8_gemms(plan: DispatchPlan) -> int:
 
 def format_plan_table(plan: DispatchPlan) -> str:
     """The plan as a fixed-width text table: one row per layer and GEMM; a BF16 row says why it is BF16
-    (``bf16_reason``), and the last line counts FP8 GEMMs and the reasons for the rest."""
-    head = f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<26} {'MERE':>8} {'speedup':>8} {'bf16 why':<10}"
+    (``bf16_reason``; a backend running that GEMM in high precision reads ``bf16 (via NAME)``), and the last
+    line counts FP8 GEMMs and the reasons for the rest."""
+    w = 36  # the backend column: fits "bf16 (via torchao_rowwise_with_gw_hp)"
+    head = f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<{w}} {'MERE':>8} {'speedup':>8} {'bf16 why':<10}"
     rows = [f"LoKA Dispatch plan ({plan.device}; MERE < {plan.mere_threshold}, speedup > {plan.min_speedup}×)",
             head, "-" * len(head)]
     for fqn, lp in plan.layers.items():
         shape = f"{lp.M}×{lp.K}×{lp.N}"
         for g in GEMMS:
             c = getattr(lp, g)
-            why = bf16_reason(c, mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup) or ""
-            rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {c.backend:<26} "
+            why = bf16_reason(c, mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup, gemm=g) or ""
+            rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {gemm_label(c.backend, g):<{w}} "
                         f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8} {why:<10}".rstrip())
             fqn, shape = "", ""
-        for label, choice in (("mods fwd", lp.mods_forward), ("mods dgrad", lp.mods_input_grad)):
+        for label, gemm, choice in (("mods fwd", None, lp.mods_forward), ("mods dgrad", "input_grad", lp.mods_input_grad)):
             if choice is not None:
-                rows.append(f"{'':<32} {'':>18} {label:<11} {choice.mode:<26} {'-':>8} {_fmt(choice.speedup, '.2f'):>8}")
+                mode = gemm_label(choice.mode, gemm) if gemm else choice.mode
+                rows.append(f"{'':<32} {'':>18} {label:<11} {mode:<{w}} {'-':>8} {_fmt(choice.speedup, '.2f'):>8}")
     reasons = bf16_reason_counts(plan)
-    mods_bf16 = sum(getattr(lp, g).backend != "bf16" and not lp.runs_fp8()[g]
+    mods_bf16 = sum(gemm_is_fp8(getattr(lp, g).backend, g) and not lp.runs_fp8()[g]
                     for lp in plan.layers.values() for g in ("forward", "input_grad"))
+    hp = f", {reasons['hp']} (backend runs it in BF16)" if reasons["hp"] else ""
     rows.append(f"{num_fp8_gemms(plan)} of {3 * len(plan.layers)} GEMMs in FP8; BF16 kept for {reasons['MERE']} (no "
                 f"FP8 candidate with MERE < {plan.mere_threshold}), {reasons['slow']} (no accurate one > "
                 f"{plan.min_speedup}× faster), {reasons['unmeasured']} (not measured), {mods_bf16} (fused Mods "
-                f"layer timed faster in BF16)")
+                f"layer timed faster in BF16){hp}")
     return "\n".join(rows)

@@ -1,29 +1,72 @@
 """Dispatch's choice: the LoKA rule as pure functions of measured numbers (MERE, µs).
 
 Rule (paper III-C): keep candidates with MERE < threshold and speedup over BF16 > min_speedup at the layer's
-real shape on this device; the fastest wins; otherwise BF16.
+real shape on this device; the fastest wins; otherwise BF16. Times come in independent rounds (each round
+times every candidate once, interleaved, so drift hits all of them alike, ``measure.time_rounds``): a candidate
+passes ``min_speedup`` only if it does so in *every* round against that round's BF16 time, so one noisy
+repeat (a 7892 µs BF16 outlier among 36-70 µs neighbours) cannot put a GEMM on FP8. The fastest is the one with
+the lowest median.
 """
 from __future__ import annotations
 
-from typing import Optional
+import statistics
+from typing import Optional, Sequence, Union
 
 from loka_trainer.kernels.backends import BASELINE
 
+Times = Union[float, Sequence[float], None]  # one time (µs) or one per round
 
-def select_backend(candidates: dict[str, dict[str, Optional[float]]], bf16_time_us: Optional[float], *,
-                   mere_threshold: float, min_speedup: float) -> str:
-    """Pick one GEMM's backend: candidates maps name -> {"mere": float|None, "time_us": float|None}.
 
-    A candidate qualifies when its MERE < mere_threshold and bf16_time_us / time_us > min_speedup; unknown
-    numbers disqualify. The fastest qualifying candidate wins; none -> "bf16".
+def round_times(candidate: dict, key: str = "times_us") -> Optional[list[float]]:
+    """A candidate entry's per-round times (µs): its ``times_us`` list, else ``[time_us]``; None when unknown."""
+    rounds = candidate.get(key)
+    if rounds:
+        return [float(t) for t in rounds]
+    t = candidate.get("time_us")
+    return None if t is None else [float(t)]
+
+
+def outlier_rounds(times: Sequence[float], factor: float) -> list[int]:
+    """Indices of rounds whose time is more than ``factor`` × the median of the other rounds (a preempted or
+    interrupted repeat). Needs at least two rounds."""
+    if len(times) < 2:
+        return []
+    return [i for i, t in enumerate(times)
+            if t > factor * statistics.median([u for j, u in enumerate(times) if j != i])]
+
+
+def wins_every_round(times: Sequence[float], bf16_times: Sequence[float], min_speedup: float) -> bool:
+    """True if bf16 / candidate > ``min_speedup`` in every round (rounds paired by index when both were timed
+    in the same rounds; otherwise the candidate's slowest round against BF16's fastest)."""
+    if not times or not bf16_times or min(times) <= 0:
+        return False
+    if len(times) == len(bf16_times):
+        return all(b / t > min_speedup for t, b in zip(times, bf16_times))
+    return min(bf16_times) / max(times) > min_speedup
+
+
+def select_backend(candidates: dict[str, dict], bf16_time_us: Times, *, mere_threshold: float,
+                   min_speedup: float) -> str:
+    """Pick one GEMM's backend: candidates maps name -> {"mere": float|None, "time_us": median µs|None,
+    "times_us": [µs per round] (optional)}; ``bf16_time_us``: BF16's time, or its times per round.
+
+    A candidate qualifies when its MERE < mere_threshold and it beats BF16 by more than min_speedup in every
+    round (``wins_every_round``); unknown numbers disqualify. The qualifying candidate with the lowest median
+    time wins; none -> "bf16". Candidates given here must run the GEMM in FP8 (``measure_gemm`` leaves out a
+    backend whose GEMM is high precision: it is BF16).
     """
+    if bf16_time_us is None:
+        return BASELINE
+    bf16_rounds = [float(bf16_time_us)] if isinstance(bf16_time_us, (int, float)) else list(bf16_time_us)
     best, best_time = BASELINE, None
     for name, c in candidates.items():
-        err, t = c.get("mere"), c.get("time_us")
-        if name == BASELINE or err is None or t is None or bf16_time_us is None or t <= 0:
+        err, rounds = c.get("mere"), round_times(c)
+        if name == BASELINE or err is None or rounds is None:
             continue
-        if err < mere_threshold and bf16_time_us / t > min_speedup and (best_time is None or t < best_time):
-            best, best_time = name, t
+        median = statistics.median(rounds)
+        if err < mere_threshold and wins_every_round(rounds, bf16_rounds, min_speedup) and \
+                (best_time is None or median < best_time):
+            best, best_time = name, median
     return best
 
 

@@ -32,6 +32,13 @@ class GemmBackend:
 
     name: str = "abstract"
     min_multiple: int = 1  # every dim of every operand must be a multiple of this
+    # The GEMMs this backend runs in FP8; the others it runs in high precision (bitwise the BF16 baseline's
+    # result), so they count, print and are chosen as BF16 (``is_fp8``).
+    fp8_gemms: frozenset[str] = frozenset(GEMMS)
+
+    def is_fp8(self, gemm: str) -> bool:
+        """True if this backend runs ``gemm`` (one of ``GEMMS``) in FP8."""
+        return gemm in self.fp8_gemms
 
     def is_available(self, device: torch.device | str) -> bool:
         """True if this backend can run on ``device`` (libraries importable, hardware capable)."""
@@ -90,6 +97,7 @@ class BF16Backend(GemmBackend):
     """The baseline: a plain BF16 GEMM (cuBLAS on GPU, fp32 accumulation)."""
 
     name = "bf16"
+    fp8_gemms = frozenset()
 
     def is_available(self, device: torch.device | str) -> bool:
         return True

@@ -6,7 +6,9 @@ torchao ``Float8TrainingTensor``s with ``torch.mm`` (torchao's own ``_scaled_mm`
 
 - ``torchao_tensorwise``: y, dx, dW all FP8 with tensorwise scales (dy in e5m2).
 - ``torchao_rowwise``: all three GEMMs FP8 with axiswise scales along each GEMM's contraction dim.
-- ``torchao_rowwise_with_gw_hp``: y and dx rowwise FP8; dW in high precision (bf16).
+- ``torchao_rowwise_with_gw_hp``: y and dx rowwise FP8; dW in high precision (bf16, bitwise the BF16
+  backend's), so its ``weight_grad`` is not an FP8 GEMM (``HP_GEMMS``, checked against torchao's cast configs
+  by the tests).
 
 torchao is optional: when it does not import, these backends report unavailable.
 """
@@ -17,7 +19,11 @@ from typing import Optional
 
 import torch
 
-from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
+from loka_trainer.kernels.backend_base import GEMMS, GemmBackend, QuantOperand, cuda_capability_at_least
+
+# recipe -> the GEMMs whose two operand casts are ``ScalingType.DISABLED`` (run in high precision). A table, not
+# read from ``Float8LinearConfig``, because constructing a backend must not import torchao.
+HP_GEMMS = {"tensorwise": (), "rowwise": (), "rowwise_with_gw_hp": ("weight_grad",)}
 
 
 def torchao_importable() -> bool:
@@ -33,6 +39,7 @@ class TorchaoBackend(GemmBackend):
     def __init__(self, recipe: str) -> None:
         self.recipe = recipe
         self.name = f"torchao_{recipe}"
+        self.fp8_gemms = frozenset(g for g in GEMMS if g not in HP_GEMMS[recipe])
         self._cfg = None
 
     def is_available(self, device: torch.device | str) -> bool:
@@ -100,5 +107,5 @@ class TorchaoBackend(GemmBackend):
 
 def torchao_backends() -> dict[str, GemmBackend]:
     """The three torchao recipes, keyed by backend name."""
-    backends = [TorchaoBackend(r) for r in ("tensorwise", "rowwise", "rowwise_with_gw_hp")]
+    backends = [TorchaoBackend(r) for r in HP_GEMMS]
     return {b.name: b for b in backends}

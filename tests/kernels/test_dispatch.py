@@ -103,15 +103,16 @@ def test_layers_of_one_shape_are_timed_once_per_plan():
 
     cache = {}
     x, w = torch.randn(64, 128), torch.randn(32, 128)
-    first = build_layer_plan(x, w, backends, timer=counting, timing_cache=cache, **RULE)
-    assert len(calls) == 2 * 3  # two backends, three GEMMs
+    first = build_layer_plan(x, w, backends, timer=counting, timing_cache=cache, rounds=2, **RULE)
+    assert len(calls) == 2 * 3 * 2  # two backends, three GEMMs, two rounds
     second = build_layer_plan(torch.randn(64, 128), torch.randn(32, 128), backends, timer=counting,
-                              timing_cache=cache, **RULE)
-    assert len(calls) == 6 and second.forward.candidates["bf16"]["time_us"] == 100.0  # reused, MERE re-measured
+                              timing_cache=cache, rounds=2, **RULE)
+    assert len(calls) == 12 and second.forward.candidates["bf16"]["times_us"] == [100.0, 100.0]  # reused
     rowwise = "scaled_mm_rowwise"
-    assert second.forward.candidates[rowwise]["mere"] != first.forward.candidates[rowwise]["mere"]
-    build_layer_plan(torch.randn(32, 128), torch.randn(32, 128), backends, timer=counting, timing_cache=cache, **RULE)
-    assert len(calls) == 12  # another M: timed again
+    assert second.forward.candidates[rowwise]["mere"] != first.forward.candidates[rowwise]["mere"]  # re-measured
+    build_layer_plan(torch.randn(32, 128), torch.randn(32, 128), backends, timer=counting, timing_cache=cache,
+                     rounds=2, **RULE)
+    assert len(calls) == 24  # another M: timed again
 
 
 @pytest.mark.parametrize("times,expected", [

@@ -91,7 +91,7 @@ def test_bf16_rows_say_why():
     assert bf16_reason(GemmChoice("bf16"), **kw) == "unmeasured"
     assert bf16_reason(GemmChoice("scaled_mm_rowwise", candidates=slow.candidates), **kw) is None
     plan = DispatchPlan(device="cpu", layers={"a": LayerPlan(M=16, K=16, N=16, forward=inaccurate, input_grad=slow)})
-    assert bf16_reason_counts(plan) == {"MERE": 1, "slow": 1, "unmeasured": 1}
+    assert bf16_reason_counts(plan) == {"MERE": 1, "slow": 1, "unmeasured": 1, "hp": 0}
     assert "0 of 3 GEMMs in FP8; BF16 kept for 1 (no FP8 candidate with MERE < 0.2), 1 (no accurate one" in \
         format_plan_table(plan)
 
