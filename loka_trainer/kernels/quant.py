@@ -17,10 +17,13 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torchao.float8.float8_utils import EPS as _TORCHAO_EPS
+from torchao.float8.float8_utils import amax_to_scale as _torchao_amax_to_scale
+from torchao.float8.float8_utils import to_fp8_saturated
 
 # NOTE: amax is clamped below by EPS before dividing, so an all-zero group gets a finite (large) scale and
-# quantizes to exact zeros; subnormal-only groups likewise. torchao uses the same guard.
-EPS = 1e-12
+# quantizes to exact zeros; subnormal-only groups likewise. The Triton kernels clamp by this value.
+EPS = _TORCHAO_EPS
 BLOCK = 128
 
 FP8_DTYPES: dict[str, torch.dtype] = {
@@ -40,19 +43,16 @@ def fp8_dtype(name: str) -> torch.dtype:
 def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """amax (any shape, >= 0) -> fp32 scale of the same shape with ``x * scale`` filling the FP8 range.
 
-    Finite for every finite amax: amax is clamped to [EPS, fp32 max], so the scale lies in
-    [fp8_max / 3.4e38, fp8_max / 1e-12], both finite and non-zero in fp32.
+    torchao's ``amax_to_scale`` (the quotient in fp64, rounded once to fp32: what an exact fp32 division gives),
+    with amax also clamped to the fp32 max so that an inf amax gets a finite scale (torchao's would be 0).
     """
-    fp8_max = torch.finfo(dtype).max
-    amax = amax.to(torch.float32).clamp(min=EPS, max=torch.finfo(torch.float32).max)
-    return fp8_max / amax
+    return _torchao_amax_to_scale(amax.to(torch.float32).clamp(max=torch.finfo(torch.float32).max), dtype)
 
 
 @torch.no_grad()
 def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Saturating cast: (x * scale) clamped to the FP8 range, so rounding can never produce inf/NaN."""
-    fp8_max = torch.finfo(dtype).max
-    return (x.to(torch.float32) * scale).clamp(-fp8_max, fp8_max).to(dtype)
+    return to_fp8_saturated(x.to(torch.float32) * scale, dtype)
 
 
 def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
