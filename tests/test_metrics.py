@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
-from loka_trainer.metrics import auc, ctr_metrics, log_loss, normalized_entropy
+from loka_trainer.metrics import CTRMetrics, auc, ctr_metrics, log_loss, normalized_entropy
+from tests.spawn import run_on_ranks
 
 
 def test_auc_hand_computed_with_a_tie():
@@ -60,7 +62,6 @@ def test_distinct_large_logits_stay_distinct():
 
 
 def _two_rank_metrics(rank: int, logits: torch.Tensor, labels: torch.Tensor, split: int, out) -> None:
-    from loka_trainer.metrics import CTRMetrics
     mine = slice(0, split) if rank == 0 else slice(split, None)
     metrics = CTRMetrics()
     for chunk_logits, chunk_labels in zip(logits[mine].split(7), labels[mine].split(7)):
@@ -70,8 +71,6 @@ def _two_rank_metrics(rank: int, logits: torch.Tensor, labels: torch.Tensor, spl
 
 @pytest.mark.slow
 def test_two_ranks_with_uneven_shares_match_one_process():
-    from tests.spawn import run_on_ranks
-    import torch.multiprocessing as mp
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(101, generator=g).to(torch.bfloat16).float()  # ties across ranks
     labels = (torch.rand(101, generator=g) < torch.sigmoid(logits)).float()
