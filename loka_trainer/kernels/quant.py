@@ -17,13 +17,11 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torchao.float8.float8_utils import EPS as _TORCHAO_EPS
-from torchao.float8.float8_utils import amax_to_scale as _torchao_amax_to_scale
-from torchao.float8.float8_utils import to_fp8_saturated
 
 # NOTE: amax is clamped below by EPS before dividing, so an all-zero group gets a finite (large) scale and
-# quantizes to exact zeros; subnormal-only groups likewise. The Triton kernels clamp by this value.
-EPS = _TORCHAO_EPS
+# quantizes to exact zeros; subnormal-only groups likewise. torchao's float8 utilities and our Triton kernels use
+# this value.
+EPS = 1e-12
 BLOCK = 128
 
 FP8_DTYPES: dict[str, torch.dtype] = {
@@ -46,12 +44,17 @@ def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     torchao's ``amax_to_scale`` (the quotient in fp64, rounded once to fp32: what an exact fp32 division gives),
     with amax also clamped to the fp32 max so that an inf amax gets a finite scale (torchao's would be 0).
     """
-    return _torchao_amax_to_scale(amax.to(torch.float32).clamp(max=torch.finfo(torch.float32).max), dtype)
+    # NOTE: torchao is imported on first use: its import takes seconds, and the CLI's config check imports this module.
+    from torchao.float8.float8_utils import amax_to_scale as torchao_amax_to_scale  # noqa: PLC0415
+
+    return torchao_amax_to_scale(amax.to(torch.float32).clamp(max=torch.finfo(torch.float32).max), dtype)
 
 
 @torch.no_grad()
 def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Saturating cast: (x * scale) clamped to the FP8 range, so rounding can never produce inf/NaN."""
+    """Saturating cast: (x * scale) clamped to the FP8 range, so rounding can never produce inf/NaN (torchao's)."""
+    from torchao.float8.float8_utils import to_fp8_saturated  # noqa: PLC0415 -- imported on first use, as above
+
     return to_fp8_saturated(x.to(torch.float32) * scale, dtype)
 
 

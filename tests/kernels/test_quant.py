@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torchao.float8 import float8_utils
 
 from loka_trainer.kernels.quant import (
-    FP8_DTYPES, QUANTIZERS, amax_to_scale, dequantize, fake_quantize, fp8_dtype, quantize,
+    EPS, FP8_DTYPES, QUANTIZERS, amax_to_scale, dequantize, fake_quantize, fp8_dtype, quantize,
 )
 
 GRANULARITIES = sorted(QUANTIZERS)
@@ -95,3 +96,4 @@ def test_amax_to_scale_is_the_correctly_rounded_quotient(dtype):
     exact = torch.full_like(amax, torch.finfo(dtype).max) / amax
     assert torch.equal(amax_to_scale(amax, dtype), exact)
     assert amax_to_scale(torch.tensor(float("inf")), dtype) > 0  # finite and non-zero for an inf amax
+    assert EPS == float8_utils.EPS  # the Triton kernels clamp by ours
