@@ -34,12 +34,13 @@ class CTRMetrics:
         distributed = sync and torch.distributed.is_initialized()
         world_size = torch.distributed.get_world_size() if distributed else 1
         rank = torch.distributed.get_rank() if distributed else 0
-        self.sync = sync
+        self._distributed = distributed
         # The window metric is unused (we read the lifetime values, reset by the caller); its size is the least
         # torchrec accepts (one example per rank).
         self._ne = NEMetric(world_size=world_size, my_rank=rank, batch_size=1, window_size=world_size,
                             tasks=[_TASK], compute_on_all_ranks=True, include_logloss=True).to(device)
         self._auc = BinaryAUROC(sync_on_compute=distributed).to(device)
+        self._class_counts = torch.zeros(2, dtype=torch.float64, device=device)  # [positives, negatives]
 
     @torch.no_grad()
     def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -49,24 +50,25 @@ class CTRMetrics:
         self._ne.update(predictions={_TASK.name: probabilities}, labels={_TASK.name: labels.double()},
                         weights={_TASK.name: torch.ones_like(probabilities)})
         self._auc.update(probabilities, labels.long())
+        positives = labels.double().sum()
+        self._class_counts += torch.stack([positives, labels.numel() - positives])
 
     @torch.no_grad()
     def compute(self) -> dict[str, float]:
         """{"logloss": nats per example, "ne", "auc" (NaN when only one class is present), "examples"}."""
-        ne_states = self._ne.compute() if self.sync else self._ne.local_compute()
+        ne_states = self._ne.compute() if self._distributed else self._ne.local_compute()
         ne_states = {k.replace("|local_", "|"): v for k, v in ne_states.items()}
-        counts = self._class_counts()
+        counts = self._class_counts_over_ranks()
         one_class = counts.min().item() == 0
         return {"logloss": ne_states[_LOGLOSS_KEY].item() * math.log(2),  # torchrec's log loss is in bits
                 "ne": ne_states[_NE_KEY].item(),
                 "auc": float("nan") if one_class else self._auc.compute().item(),
                 "examples": int(counts.sum().item())}
 
-    def _class_counts(self) -> torch.Tensor:
-        """(2,) float64: [positives, negatives] over the ranks this metric covers."""
-        computation = self._ne._metrics_computations[0]
-        counts = torch.cat([computation.pos_labels, computation.neg_labels])
-        if self.sync and torch.distributed.is_initialized():
+    def _class_counts_over_ranks(self) -> torch.Tensor:
+        """(2,) float64: [positives, negatives] over the ranks this metric covers (NaN AUC needs both)."""
+        counts = self._class_counts
+        if self._distributed:
             counts = counts.clone()
             torch.distributed.all_reduce(counts)
         return counts
@@ -74,6 +76,7 @@ class CTRMetrics:
     def reset(self) -> None:
         self._ne.reset()
         self._auc.reset()
+        self._class_counts.zero_()
 
 
 def ctr_metrics(logits: torch.Tensor, labels: torch.Tensor, prefix: str = "") -> dict[str, float]:

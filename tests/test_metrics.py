@@ -61,6 +61,16 @@ def test_distinct_large_logits_stay_distinct():
     assert auc(logits, torch.tensor([0.0, 0.0, 1.0, 1.0])) == pytest.approx(1.0)
 
 
+def test_reset_starts_a_new_window():
+    metrics = CTRMetrics()
+    metrics.update(torch.tensor([3.0, -3.0]), torch.tensor([0.0, 1.0]))  # AUC 0
+    metrics.reset()
+    metrics.update(torch.tensor([2.0, -1.0, 0.5]), torch.tensor([1.0, 0.0, 0.0]))
+    values = metrics.compute()
+    assert values["examples"] == 3 and values["auc"] == pytest.approx(1.0)
+    assert values["logloss"] == pytest.approx(log_loss(torch.tensor([2.0, -1.0, 0.5]), torch.tensor([1.0, 0.0, 0.0])))
+
+
 def _two_rank_metrics(rank: int, logits: torch.Tensor, labels: torch.Tensor, split: int, out) -> None:
     mine = slice(0, split) if rank == 0 else slice(split, None)
     metrics = CTRMetrics()
