@@ -16,28 +16,13 @@ interpreter, used by the tests). Otherwise callers fall back to the plain-torch 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 from typing import Any, Optional
 
 import torch
 
+from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS, quantize_rowwise
-
-
-# NOTE: checked once at import (without importing triton): ``use_triton`` runs inside torch.compile'd code, and
-# dynamo cannot trace ``importlib.util.find_spec`` (each call was a graph break, 67 per Wukong training step).
-_TRITON_IMPORTABLE = importlib.util.find_spec("triton") is not None
-
-
-def triton_importable() -> bool:
-    """True if triton can be imported."""
-    return _TRITON_IMPORTABLE
-
-
-def interpreting() -> bool:
-    """True when Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``): kernels accept CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from loka_trainer.kernels.triton_env import interpreting, use_triton
 
 
 def fixed_or_autotuned(kernel, config: Optional[dict], interpreter_config: dict) -> tuple[Any, dict]:
@@ -58,14 +43,6 @@ def scale_vector(s: torch.Tensor) -> torch.Tensor:
     return s.reshape(-1).float().contiguous()
 
 
-def use_triton(t: torch.Tensor) -> bool:
-    """True if Triton kernels can run on ``t``'s device in this process."""
-    if t.is_cuda:
-        return _TRITON_IMPORTABLE
-    # is_compiling first: compiled code never traces the environment lookup of interpreting()
-    return _TRITON_IMPORTABLE and not torch.compiler.is_compiling() and interpreting()
-
-
 @functools.lru_cache(maxsize=1)
 def _kernel():
     """Import the kernel once (importing triton there, never at this module's import)."""
@@ -84,10 +61,10 @@ def _tile(R: int, C: int, row_major: bool) -> tuple[int, int, bool, int]:
     """(ROWS, COLS, single_pass, warps) per program.
 
     Row-major t with C <= SINGLE_PASS_MAX_COLS: whole rows, ROWS = 2048 // C' (at least 1, C' = C rounded up
-    to a power of two), one read, 4 warps. On the H200 (M = 1024, r29) this took 2.2-3.0 µs at C = 2048-4096
-    and 1.0-1.2 µs at C = 256-512, against 2.4-3.3 and 1.23-1.33 µs with ~4K-element tiles on 8 warps; the
-    earlier two-pass 8 x 512 tile took 16.2 µs for a (1024, 7680) bf16 t and 9.6 µs for (1024, 4096) (only
-    R / 8 = 128 programs: latency-bound). Longer rows: 512 wide, two passes.
+    to a power of two), one read, 4 warps. On the H200 (M = 1024, ``benchmarks/sweep_memory_kernels.py``) this
+    took 2.2-3.0 µs at C = 2048-4096 and 1.0-1.2 µs at C = 256-512, against 2.4-3.3 and 1.23-1.33 µs with
+    ~4K-element tiles on 8 warps; a two-pass 8 x 512 tile took 16.2 µs for a (1024, 7680) bf16 t and 9.6 µs for
+    (1024, 4096) (only R / 8 = 128 programs: latency-bound). Longer rows: 512 wide, two passes.
     A transposed view (t = a.t(), contiguous along R): 16 rows (one 32-byte sector of each row of ``a``) by
     256 along C, so (R / 16) programs fill the GPU. On the H200 this took quant(a.t()) for a (1024, C) bf16
     from 16.4 / 16.7 / 19.2 µs (64 x 64 tiles) to 5.5 / 8.2 / 12.3 µs at C = 2048 / 4096 / 7680.
@@ -109,7 +86,6 @@ def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4
     if not use_triton(t):
         q, s = quantize_rowwise(t, dtype)
         return q.contiguous(), s
-    from loka_trainer.kernels import pdl  # imports this module: not at the top
     triton, kernel = _kernel()
     R, C = t.shape
     q = torch.empty((R, C), dtype=dtype, device=t.device)

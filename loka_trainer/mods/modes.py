@@ -1,0 +1,30 @@
+"""The forward kernels a fused Linear -> BlockNorm -> HardSwish layer can run (``FusedLinearMods.mode``).
+
+A registry with no kernel imports, so plan files can be read and counted without triton or CUDA.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardMode:
+    """``fp8``: x and W rowwise e4m3 (x by ``quant_rowwise``, W from the WeightCache), else bf16.
+    ``split``: a cuBLAS GEMM (bf16 or ``torch._scaled_mm``) + the Triton epilogue kernel, else one fused
+    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs)."""
+
+    fp8: bool
+    split: bool
+
+
+FORWARD_MODES: dict[str, ForwardMode] = {
+    "fused_bf16": ForwardMode(fp8=False, split=False),
+    "split_bf16": ForwardMode(fp8=False, split=True),
+    "fused_fp8": ForwardMode(fp8=True, split=False),
+    "split_fp8": ForwardMode(fp8=True, split=True),
+}
+
+# Without a Dispatch plan (or a plan built off-GPU): cuBLAS + the epilogue kernel. On the H200 it was faster than
+# the single fused kernel at 8 of 9 figure-13 shapes and within 1.5% at the ninth (CHANGELOG.md, 2026-11-30; in
+# the current layer table, docs/kernels/README.md, a split mode is the fastest at eight shapes).
+DEFAULT_FORWARD_MODE = "split_bf16"
