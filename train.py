@@ -1,4 +1,5 @@
-"""Train a model from the zoo: `python train.py [overrides]` or `torchrun --nproc_per_node=N train.py [overrides]`."""
+"""Train from a source checkout: `python train.py [overrides]` or `torchrun --nproc_per_node=N train.py [overrides]`
+(the same as ``python -m loka_trainer.train``)."""
 from loka_trainer.launch import main
 
 if __name__ == "__main__":

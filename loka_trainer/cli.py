@@ -21,7 +21,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONF_DIR = Path(os.environ.get("LOKA_CONF_DIR", Path(__file__).resolve().parents[1] / "conf"))
+# The configs ship inside the package; LOKA_CONF_DIR points at another tree of them (tests use a throwaway one).
+CONF_DIR = Path(os.environ.get("LOKA_CONF_DIR", Path(__file__).resolve().parent / "conf"))
 T = TypeVar("T")
 
 

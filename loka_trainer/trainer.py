@@ -27,7 +27,7 @@ from loka_trainer.builders import (
 from loka_trainer.callbacks.base import Callback, CallbackList, TrainState
 from loka_trainer.config import RunConfig
 from loka_trainer.data.batch import Batch
-from loka_trainer.metrics import ctr_metrics
+from loka_trainer.metrics import CTRMetrics
 from loka_trainer.nonfinite import NonFiniteError, NonFiniteGuard
 from loka_trainer.resume import checkpoint_root
 from loka_trainer.sharding.dist import DistInfo
@@ -121,10 +121,11 @@ class Trainer:
     def _window_metrics(self) -> dict[str, float]:
         """Train metrics over the steps since the last log, over all ranks."""
         losses = torch.stack([w[0] for w in self._window])
-        logits, labels = _gather(torch.cat([w[1] for w in self._window]), torch.cat([w[2] for w in self._window]))
         elapsed = time.perf_counter() - self._window_start
-        metrics = ctr_metrics(logits, labels)
-        out = {"loss": _mean_over_ranks(losses.mean()), "examples_per_s": len(labels) / elapsed,
+        metrics = CTRMetrics(device=self.dist.device)
+        metrics.update(torch.cat([w[1] for w in self._window]), torch.cat([w[2] for w in self._window]))
+        metrics = metrics.compute()
+        out = {"loss": _mean_over_ranks(losses.mean()), "examples_per_s": metrics["examples"] / elapsed,
                "ne": metrics["ne"], "auc": metrics["auc"]}
         self._window, self._window_start = [], time.perf_counter()
         return out
@@ -132,15 +133,13 @@ class Trainer:
     @torch.no_grad()
     def _evaluate(self) -> None:
         self.model.eval()
-        logits, labels = [], []
+        metrics = CTRMetrics(device=self.dist.device)
         for batch in self.streams.eval:
             batch = batch.to(self.dist.device)
             with self._autocast():
-                logits.append(self.model(batch).float())
-            labels.append(batch.labels)
-        all_logits, all_labels = _gather(torch.cat(logits), torch.cat(labels))
-        self.state.eval_metrics = ctr_metrics(all_logits, all_labels, prefix="eval_")
-        m = self.state.eval_metrics
+                metrics.update(self.model(batch).float(), batch.labels)
+        m = metrics.compute()
+        self.state.eval_metrics = m = {f"eval_{k}": m[k] for k in ("logloss", "ne", "auc")}
         self.log(f"eval @ step {self.state.step + 1}: auc {m['eval_auc']:.4f}  logloss {m['eval_logloss']:.4f}  "
                  f"ne {m['eval_ne']:.4f}")
         self.callbacks.fire("on_eval_end", self.state)
@@ -201,15 +200,6 @@ class Trainer:
 def _saved_at(t, done: int) -> bool:
     """Whether the loop already checkpointed after `done` steps."""
     return bool(t.checkpoint_interval and done % t.checkpoint_interval == 0) or done == t.stop_after
-
-
-def _gather(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate (N_r,) tensors from every rank on every rank (sizes may differ per rank)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return logits.cpu(), labels.cpu()
-    parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (logits.cpu(), labels.cpu()))
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:

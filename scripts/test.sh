@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Sets up what is missing, then runs the whole test suite (CPU; GPU tests skip without CUDA).
-#   bash scripts/test.sh [pytest args]
+# Sets up what is missing, then runs the tests (CPU; GPU tests skip without CUDA).
+#   bash scripts/test.sh                  the whole suite (what CI runs, after `ruff check .`)
+#   bash scripts/test.sh -m "not slow"    the fast tier (under 3 min on 2 cores): leaves out the tests marked slow
+#                                         (train.py subprocesses, several ranks, Triton-interpreter runs,
+#                                         the package install)
+#   bash scripts/test.sh [pytest args]    any other selection, e.g. tests/test_metrics.py -x
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

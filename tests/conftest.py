@@ -13,7 +13,3 @@ def _one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than ~10 s (deselect with -m 'not slow')")

@@ -23,6 +23,7 @@ def test_every_script_and_benchmark_imports_as_a_module_without_running(module):
                                                               "scripts.mods_layer_variants"}
 
 
+@pytest.mark.slow
 def test_fsdp2_bench_runs_two_ranks_and_reports_every_variant(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "scripts.bench_fsdp2_gpu", str(tmp_path), "--device", "cpu", "--no-compile",
@@ -40,6 +41,7 @@ def test_fsdp2_bench_runs_two_ranks_and_reports_every_variant(tmp_path):
     assert "loka" in proc.stdout.splitlines()[-1]  # the table is printed last
 
 
+@pytest.mark.slow
 def test_mods_stack_bench_builds_and_steps_every_variant():
     cmd = [sys.executable, "-m", "benchmarks.bench_mods_stack_gpu", "unused", "--device", "cpu",
            "--widths", "256", "512", "256", "--batch", "32"]
@@ -76,6 +78,7 @@ def _quality_json(path: Path) -> Path:
     return path / "quality.json"
 
 
+@pytest.mark.slow
 def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     quality = _quality_json(tmp_path / "q")
     e2e = tmp_path / "e" / "bench_e2e.json"
@@ -151,6 +154,7 @@ def test_e2e_precision_variants_apply_their_suffixes_and_reject_unknown_ones():
         precision_config("loka+turbo")
 
 
+@pytest.mark.slow
 def test_e2e_bench_rejects_bad_names_before_touching_a_device():
     cmd = [sys.executable, "-m", "scripts.bench_e2e_gpu", "unused", "--models", "wukong",
            "--precisions", "bf16", "loka+turbo"]
@@ -235,6 +239,7 @@ def test_fused_forward_bench_sweeps_the_autotune_list_and_finds_the_fastest_conf
     assert (tmp_path / "c.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_dispatch_bench_variant_names_default_all_and_unknown():
     from scripts.mods_layer_variants import (
         ALL_MODS_LAYER_VARIANTS, DEFAULT_MODS_LAYER_VARIANTS, mods_layer_variant_names,

@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
-from loka_trainer.metrics import auc, base_rate_entropy, ctr_metrics, log_loss, normalized_entropy
+from loka_trainer.metrics import CTRMetrics, auc, ctr_metrics, log_loss, normalized_entropy
+from tests.spawn import run_on_ranks
 
 
 def test_auc_hand_computed_with_a_tie():
@@ -38,9 +40,56 @@ def test_ne_of_base_rate_predictor_is_one():
     p = 0.3
     logits = torch.full((100,), math.log(p / (1 - p)))
     assert normalized_entropy(logits, labels) == pytest.approx(1.0, rel=1e-9)
-    assert base_rate_entropy(0.0) > 0  # clamped, no division by zero
+    assert math.isfinite(normalized_entropy(logits, torch.zeros(100)))  # base rate clamped: no division by zero
 
 
 def test_ctr_metrics_prefix():
     m = ctr_metrics(torch.tensor([1.0, -1.0]), torch.tensor([1.0, 0.0]), prefix="eval_")
     assert set(m) == {"eval_logloss", "eval_ne", "eval_auc"} and m["eval_auc"] == 1.0
+
+
+def test_auc_counts_ties_between_classes_as_one_half():
+    # bf16 logits tie often; every positive ties with one negative: AUC = 1/2 exactly, whatever the sort order.
+    scores = torch.tensor([0.5, 0.5, -1.0, -1.0, 2.0, 2.0])
+    labels = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    assert auc(scores, labels) == pytest.approx(0.5)
+
+
+def test_distinct_large_logits_stay_distinct():
+    # sigmoid in fp32 rounds all of these to 1.0 (an AUC of 1/2); the metric must still rank them.
+    logits = torch.tensor([17.0, 18.0, 19.0, 20.0])
+    assert auc(logits, torch.tensor([0.0, 0.0, 1.0, 1.0])) == pytest.approx(1.0)
+
+
+def test_reset_starts_a_new_window():
+    metrics = CTRMetrics()
+    metrics.update(torch.tensor([3.0, -3.0]), torch.tensor([0.0, 1.0]))  # AUC 0
+    metrics.reset()
+    metrics.update(torch.tensor([2.0, -1.0, 0.5]), torch.tensor([1.0, 0.0, 0.0]))
+    values = metrics.compute()
+    assert values["examples"] == 3 and values["auc"] == pytest.approx(1.0)
+    assert values["logloss"] == pytest.approx(log_loss(torch.tensor([2.0, -1.0, 0.5]), torch.tensor([1.0, 0.0, 0.0])))
+
+
+def _two_rank_metrics(rank: int, logits: torch.Tensor, labels: torch.Tensor, split: int, out) -> None:
+    mine = slice(0, split) if rank == 0 else slice(split, None)
+    metrics = CTRMetrics()
+    for chunk_logits, chunk_labels in zip(logits[mine].split(7), labels[mine].split(7)):
+        metrics.update(chunk_logits, chunk_labels)
+    out[rank] = metrics.compute()
+
+
+@pytest.mark.slow
+def test_two_ranks_with_uneven_shares_match_one_process():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(101, generator=g).to(torch.bfloat16).float()  # ties across ranks
+    labels = (torch.rand(101, generator=g) < torch.sigmoid(logits)).float()
+    with mp.Manager() as manager:
+        out = manager.dict()
+        run_on_ranks(_two_rank_metrics, 2, logits, labels, 30, out)
+        results = dict(out)
+    expected = ctr_metrics(logits, labels)
+    for rank in (0, 1):
+        assert results[rank]["examples"] == 101
+        for key in ("logloss", "ne", "auc"):
+            assert results[rank][key] == pytest.approx(expected[key], rel=1e-9), (rank, key)

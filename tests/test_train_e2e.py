@@ -13,6 +13,8 @@ import pytest
 
 from tests.launch import SMALL, run_train
 
+pytestmark = pytest.mark.slow  # every test here runs train.py in a subprocess
+
 
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

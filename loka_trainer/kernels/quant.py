@@ -19,7 +19,8 @@ from typing import Callable
 import torch
 
 # NOTE: amax is clamped below by EPS before dividing, so an all-zero group gets a finite (large) scale and
-# quantizes to exact zeros; subnormal-only groups likewise. torchao uses the same guard.
+# quantizes to exact zeros; subnormal-only groups likewise. torchao's float8 utilities and our Triton kernels use
+# this value.
 EPS = 1e-12
 BLOCK = 128
 
@@ -40,19 +41,21 @@ def fp8_dtype(name: str) -> torch.dtype:
 def amax_to_scale(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """amax (any shape, >= 0) -> fp32 scale of the same shape with ``x * scale`` filling the FP8 range.
 
-    Finite for every finite amax: amax is clamped to [EPS, fp32 max], so the scale lies in
-    [fp8_max / 3.4e38, fp8_max / 1e-12], both finite and non-zero in fp32.
+    torchao's ``amax_to_scale`` (the quotient in fp64, rounded once to fp32: what an exact fp32 division gives),
+    with amax also clamped to the fp32 max so that an inf amax gets a finite scale (torchao's would be 0).
     """
-    fp8_max = torch.finfo(dtype).max
-    amax = amax.to(torch.float32).clamp(min=EPS, max=torch.finfo(torch.float32).max)
-    return fp8_max / amax
+    # NOTE: torchao is imported on first use: its import takes seconds, and the CLI's config check imports this module.
+    from torchao.float8.float8_utils import amax_to_scale as torchao_amax_to_scale  # noqa: PLC0415
+
+    return torchao_amax_to_scale(amax.to(torch.float32).clamp(max=torch.finfo(torch.float32).max), dtype)
 
 
 @torch.no_grad()
 def cast_to_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Saturating cast: (x * scale) clamped to the FP8 range, so rounding can never produce inf/NaN."""
-    fp8_max = torch.finfo(dtype).max
-    return (x.to(torch.float32) * scale).clamp(-fp8_max, fp8_max).to(dtype)
+    """Saturating cast: (x * scale) clamped to the FP8 range, so rounding can never produce inf/NaN (torchao's)."""
+    from torchao.float8.float8_utils import to_fp8_saturated  # noqa: PLC0415 -- imported on first use, as above
+
+    return to_fp8_saturated(x.to(torch.float32) * scale, dtype)
 
 
 def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:

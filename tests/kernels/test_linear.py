@@ -77,6 +77,7 @@ def test_bad_routing_rejected():
         LoKALinear(16, 16, backends={"forward": "nope"})
 
 
+@pytest.mark.slow
 def test_autocast_output_dtype_and_compile():
     torch.manual_seed(3)
     layer = LoKALinear(64, 32, backends={"forward": "scaled_mm_rowwise", "input_grad": "scaled_mm_tensorwise"})

@@ -40,6 +40,7 @@ def _worker(rank: int) -> None:
         opt.zero_grad()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_cached_fp8_weight_follows_optimizer_steps_under_fsdp2():
     run_on_ranks(_worker, WORLD)

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 M, K, N, B = 48, 32, 64, 32  # M % 16 == 0: torch._scaled_mm (CPU) takes the FP8 GEMMs
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.skipif(INTERPRETING, reason="this is the runner")
 def test_fp8_cases_under_interpreter():

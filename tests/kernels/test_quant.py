@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torchao.float8 import float8_utils
 
 from loka_trainer.kernels.quant import (
-    FP8_DTYPES, QUANTIZERS, amax_to_scale, dequantize, fake_quantize, fp8_dtype, quantize,
+    EPS, FP8_DTYPES, QUANTIZERS, amax_to_scale, dequantize, fake_quantize, fp8_dtype, quantize,
 )
 
 GRANULARITIES = sorted(QUANTIZERS)
@@ -85,3 +86,14 @@ def test_unknown_names_raise():
     with pytest.raises(ValueError, match="e4m3"):
         fp8_dtype("e3m4")
     assert set(FP8_DTYPES) == {"e4m3", "e5m2"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_amax_to_scale_is_the_correctly_rounded_quotient(dtype):
+    # The Triton kernels divide fp8_max / amax in fp32 (exactly rounded in the interpreter); the reference must
+    # give the same bits, not fp8_max * (1 / amax) with its second rounding.
+    amax = torch.exp(torch.rand(10_000, generator=torch.Generator().manual_seed(0)) * 100 - 25)  # 1e-11 .. 2e32
+    exact = torch.full_like(amax, torch.finfo(dtype).max) / amax
+    assert torch.equal(amax_to_scale(amax, dtype), exact)
+    assert amax_to_scale(torch.tensor(float("inf")), dtype) > 0  # finite and non-zero for an inf amax
+    assert EPS == float8_utils.EPS  # the Triton kernels clamp by ours

@@ -18,6 +18,7 @@ def test_applies_only_to_small_layers():
 GRADS_TYPES = {n: "*bf16" for n in ("dz_ptr", "x_ptr", "w_ptr", "dx_ptr", "dw_ptr")}
 
 
+@pytest.mark.slow
 def test_kernel_compiles_for_sm90_without_spills_and_waits_for_the_previous_grid():
     pytest.importorskip("triton")
     from loka_trainer.mods.triton_grads_kernels import configs, grads_kernel

@@ -12,11 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.kernels.triton_interp import needs_triton
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @needs_triton
 def test_triton_kernels_under_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -45,6 +45,7 @@ def _worker(rank: int, out_dir: str) -> None:
     torch.testing.assert_close(merged.mean, expected.mean)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_probe_under_fsdp2_with_two_ranks(tmp_path):
     run_on_ranks(_worker, WORLD, str(tmp_path))
