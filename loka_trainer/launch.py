@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from loka_trainer.cli import compose_config, parse_argv, typed_config, write_run_config
+from omegaconf import DictConfig
+
+from loka_trainer.cli import parse_argv, run_app, typed_config, write_run_config
 from loka_trainer.config import register_schemas, to_run_config
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
 
@@ -26,9 +28,13 @@ def setup_logging(run_dir: Path, *, rank: int) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    argv = parse_argv(argv)
+    """Hydra's command line (``--help``, ``--cfg job``, ``-m``...); every run is checked before the first starts."""
     register_schemas()
-    cfg, run_dir = compose_config("config", argv)
+    run_app("config", parse_argv(argv), train_run, validate=to_run_config)
+
+
+def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
+    """One run: ``cfg`` composed and resolved, ``argv`` its overrides (one sweep point's under ``-m``)."""
     run = typed_config(cfg, to_run_config)  # every bad input fails here, before any process group or data
     rank = launch_env()[0]
     run_dir.mkdir(parents=True, exist_ok=True)
