@@ -4,7 +4,7 @@ Run-directory contract (other tools and tests rely on it):
 - ``metrics.jsonl``: one JSON object per logged step (``step, loss, examples_per_s`` and train ``ne, auc``)
   and per evaluation (``step, eval_auc, eval_logloss, eval_ne``); appended across resumes.
 - ``summary.json``: written at the end (model, precision, world_size, steps, final eval metrics, mean
-  examples_per_s over logged steps).
+  examples_per_s over logged steps, and the run totals in ``TrainState.counts`` such as ``malformed_rows``).
 - ``tensorboard/``: event files (scalars under ``train/`` and ``eval/``).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ class MetricsLogger(Callback):
             return
         mean_throughput = sum(self.throughputs) / len(self.throughputs) if self.throughputs else float("nan")
         summary = {**self.run_info, "world_size": state.world_size, "steps": state.step + 1,
-                   **self.last_eval, "examples_per_s": mean_throughput}
+                   **self.last_eval, "examples_per_s": mean_throughput, **state.counts}
         self.summary_path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
 
     def _append(self, record: dict[str, Any]) -> None:
