@@ -159,13 +159,14 @@ def check_plan_file(run: RunConfig) -> None:
     """
     if run.precision.plan is None or not run.precision.dispatch:
         return
-    from loka_trainer.kernels.backends import available_backends  # lazy: these import torch, TorchRec, kernels
-    from loka_trainer.kernels.convert import target_linears
-    from loka_trainer.kernels.mods_modes import FORWARD_MODES
-    from loka_trainer.kernels.plan import load_plan, validate_plan
-    from loka_trainer.sharding.dist import resolve_device
+    from loka_trainer.kernels.plan import load_plan, validate_plan  # lazy: the file's checks first, then the model's
 
     plan = load_plan(run.precision.plan)
+    from loka_trainer.kernels.backends import available_backends  # lazy: these import TorchRec and the kernels
+    from loka_trainer.kernels.convert import target_linears
+    from loka_trainer.kernels.mods_modes import FORWARD_MODES
+    from loka_trainer.sharding.dist import resolve_device
+
     device = resolve_device(run.trainer.device, local_rank=launch_env()[2])
     linears = target_linears(build_small_model(run), min_features=run.precision.min_features)
     validate_plan(plan, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()},

@@ -13,3 +13,7 @@ def _one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a test over ~10 s (end-to-end runs through train.py)")
