@@ -101,9 +101,16 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[Di
     """Compose (and, for a run, validate) every run the command line asks for; fail in one line otherwise."""
     if args.hydra_help or args.shell_completion:
         return
+    if args.config_path is not None:
+        fail("--config-path is not supported: train.py's configs live in conf/; add yours with --config-dir DIR")
+    search = []
+    if args.config_dir is not None:
+        if not os.path.isdir(args.config_dir):
+            fail(f"--config-dir {args.config_dir!r} is not a directory")
+        search = [f"hydra.searchpath=[file://{os.path.abspath(args.config_dir)}]"]
     showing = any(getattr(args, flag) for flag in SHOW_FLAGS)
     for point in sweep_points(args.overrides) if args.multirun else [args.overrides]:
-        cfg, _ = compose_config(args.config_name or config_name, point)
+        cfg, _ = compose_config(args.config_name or config_name, [*search, *point])
         if not showing:
             typed_config(cfg, validate)
     GlobalHydra.instance().clear()

@@ -152,19 +152,22 @@ def check_model_mods(model: Any) -> None:
 
 
 def check_plan_file(run: RunConfig) -> None:
-    """``precision.plan``: readable JSON of the plan's layout whose layers and shapes are the model's targets.
-
-    The target Linears' shapes depend on the model's widths and feature counts, not on the embedding tables'
-    row counts, so the model is built here with tiny tables (cheap on CPU) and thrown away.
-    """
+    """``precision.plan``: readable JSON of the plan's layout (checked first, cheaply), whose layers and shapes
+    are the model's Dispatch targets and whose backends run on this rank's device."""
     if run.precision.plan is None or not run.precision.dispatch:
         return
-    from loka_trainer.kernels.plan import load_plan, validate_plan  # lazy: the file's checks first, then the model's
+    from loka_trainer.kernels.plan import load_plan  # lazy: keep validation import-light until needed
 
-    plan = load_plan(run.precision.plan)
-    from loka_trainer.kernels.backends import available_backends  # lazy: these import TorchRec and the kernels
+    check_plan_against_model(load_plan(run.precision.plan), run)
+
+
+def check_plan_against_model(plan: Any, run: RunConfig) -> None:
+    """``plan`` (a ``DispatchPlan``) against the run's model, built with tiny embedding tables: the target
+    Linears' shapes depend on the model's widths and feature counts, not on the tables' row counts."""
+    from loka_trainer.kernels.backends import available_backends  # lazy: TorchRec and the kernels
     from loka_trainer.kernels.convert import target_linears
     from loka_trainer.kernels.mods_modes import FORWARD_MODES
+    from loka_trainer.kernels.plan import validate_plan
     from loka_trainer.sharding.dist import resolve_device
 
     device = resolve_device(run.trainer.device, local_rank=launch_env()[2])

@@ -54,6 +54,16 @@ def test_cfg_job_prints_the_composed_config_and_runs_nothing(tmp_path):
     assert not run_dir.exists()
 
 
+def test_config_dir_adds_options_to_the_groups(tmp_path):
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "narrow.yaml").write_text(
+        "defaults:\n  - /dlrm_schema@_here_\n  - _self_\nname: dlrm\nembedding_dim: 8\ndense_arch_widths: [32, 8]\n")
+    proc = run_train(["--config-dir", str(tmp_path / "conf"), "--cfg", "job", "model=narrow"], check=False,
+                     timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["model"]["dense_arch_widths"] == [32, 8]
+
+
 @pytest.mark.parametrize("args, needles", [
     (["+trainer.nonexistent=1"], ["unknown key trainer.nonexistent", "TrainerConfig"]),
     (["+callbacks.profiler.every=3"], ["unknown key callbacks.profiler.every"]),
