@@ -16,22 +16,16 @@ from loka_trainer.callbacks.base import Callback
 from loka_trainer.callbacks.logging import MetricsLogger, ProgressBar, TensorBoardLogger
 from loka_trainer.callbacks.probe import ProbeCallback
 from loka_trainer.callbacks.profiler import ProfilerCallback
-from loka_trainer.config import RunConfig
+from loka_trainer.config import DENSE_OPTIMIZERS, RunConfig
 from loka_trainer.data import build_stream, data_schema
 from loka_trainer.data.batch import Batch
-from loka_trainer.kernels.convert import apply_precision
+from loka_trainer.dispatch.compile import reserve_compile_cache
+from loka_trainer.kernels.linear import register_weight_cache_hook
 from loka_trainer.models.summary import count_parameters, dense_flops_per_example
 from loka_trainer.models.zoo import build_model
+from loka_trainer.precision import apply_precision
 from loka_trainer.sharding.dist import DistInfo
 from loka_trainer.sharding.parallelize import ParallelModel, parallelize
-
-DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
-    "sgd": torch.optim.SGD,
-    "adagrad": torch.optim.Adagrad,
-}
-
 
 @dataclasses.dataclass
 class Streams:
@@ -55,7 +49,7 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
         f"{flops / 1e6:.2f} MFLOP dense forward per example")
     # Collective under Dispatch: rank 0 measures the plan and broadcasts it, so every rank shards the same model.
     apply_precision(model, config=run.precision, device=dist_info.device, calibration_batch=sample_batch,
-                    run_dir=run_dir, log=log)
+                    run_dir=run_dir, compile=run.trainer.compile, log=log)
     parallel = parallelize(model, config=run.sharding, dist_info=dist_info, embedding_lr=run.trainer.embedding_lr)
     fwd, bwd = parallel.comm_precision
     if (fwd, bwd) != (run.sharding.qcomm_forward, run.sharding.qcomm_backward):
@@ -66,6 +60,7 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
     log(f"dense part: {parallel.num_fsdp_units} FSDP2 units, reduce dtype {run.sharding.fsdp_reduce_dtype}")
     if run.trainer.compile:
         units = parallel.model.module.dense_units()
+        reserve_compile_cache(parallel.model, log)  # one compiled graph per distinct LoKA layer plan
         for unit in units:  # compile after fully_shard: FSDP2's hooks stay outside the compiled graphs
             unit.compile()
         log(f"trainer.compile: {len(units)} dense units compiled with torch.compile")
@@ -73,12 +68,15 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
 
 
 def build_dense_optimizer(model: nn.Module, run: RunConfig) -> torch.optim.Optimizer:
-    """Optimizer over the dense units' parameters (FSDP2 DTensor shards); embeddings use their fused optimizer."""
+    """Optimizer over the dense units' parameters (FSDP2 DTensor shards); embeddings use their fused optimizer. Its
+    steps clear the LoKA layers' cached FP8 weights (``register_weight_cache_hook``)."""
     params = [p for unit in model.dense_units() for p in unit.parameters()]
     kwargs = {"lr": run.trainer.lr}
     if run.trainer.weight_decay:
         kwargs["weight_decay"] = run.trainer.weight_decay
-    return DENSE_OPTIMIZERS[run.trainer.dense_optimizer](params, **kwargs)
+    optimizer = DENSE_OPTIMIZERS[run.trainer.dense_optimizer](params, **kwargs)
+    register_weight_cache_hook(model, optimizer)
+    return optimizer
 
 
 def build_callbacks(run: RunConfig, run_dir: Path, *, extra: Optional[list[Callback]] = None) -> list[Callback]:

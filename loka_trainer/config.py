@@ -9,17 +9,29 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, List, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from loka_trainer.callbacks.probe import ProbeConfig
 from loka_trainer.data.config import DataConfig, check_data_files
-from loka_trainer.kernels.config import PrecisionConfig
+from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan
+from loka_trainer.dispatch.targets import target_linears
+from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
+from loka_trainer.models.mods import LOKA_MODS, resolve_mods
+from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.precision import PrecisionConfig
 from loka_trainer.sharding.config import ShardingConfig
-from loka_trainer.sharding.dist import launch_env
+from loka_trainer.sharding.dist import launch_env, resolve_device
 
-DENSE_OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
+# trainer.dense_optimizer -> the torch optimizer of the dense part (embeddings use TorchRec's fused optimizer)
+DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+}
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -145,8 +157,6 @@ def check_known_keys(node: Any, path: str = "") -> None:
 
 def check_model_mods(model: Any) -> None:
     """``model.mods``'s switches and BlockNorm block size, as the model builder resolves them (a pure check)."""
-    from loka_trainer.models.mods import LOKA_MODS, resolve_mods  # lazy: torch
-
     if getattr(model, "mods", None) is not None:
         resolve_mods(model.mods, published=LOKA_MODS, loka_mods=True)
 
@@ -156,20 +166,12 @@ def check_plan_file(run: RunConfig) -> None:
     are the model's Dispatch targets and whose backends run on this rank's device."""
     if run.precision.plan is None or not run.precision.dispatch:
         return
-    from loka_trainer.kernels.plan import load_plan  # lazy: keep validation import-light until needed
-
     check_plan_against_model(load_plan(run.precision.plan), run)
 
 
-def check_plan_against_model(plan: Any, run: RunConfig) -> None:
-    """``plan`` (a ``DispatchPlan``) against the run's model, built with tiny embedding tables: the target
+def check_plan_against_model(plan: DispatchPlan, run: RunConfig) -> None:
+    """``plan`` against the run's model, built with tiny embedding tables: the target
     Linears' shapes depend on the model's widths and feature counts, not on the tables' row counts."""
-    from loka_trainer.kernels.backends import available_backends  # lazy: TorchRec and the kernels
-    from loka_trainer.kernels.convert import target_linears
-    from loka_trainer.kernels.mods_modes import FORWARD_MODES
-    from loka_trainer.kernels.plan import validate_plan
-    from loka_trainer.sharding.dist import resolve_device
-
     device = resolve_device(run.trainer.device, local_rank=launch_env()[2])
     linears = target_linears(build_small_model(run), min_features=run.precision.min_features)
     validate_plan(plan, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()},

@@ -15,11 +15,8 @@ timed call unless ``--accumulate-grads``; see ``bench_timing``):
     split (``_scaled_mm`` + epilogue kernel), FP8 dgrad (rowwise or tensorwise) with dz's amax from the dz
     kernel, FP8 all three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
     ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring). ``*_serial_grads``:
-    the backward's two GEMMs in order instead of on two streams; ``split_bf16_no_split_k``: the forward GEMM as
-    one cuBLAS call where ``split_bf16`` splits it over K; ``*_no_pdl``: our kernels launched without
-    programmatic dependent launch; ``*_rowwise_gemm``: the split FP8 forward on the rowwise-scaled FP8 GEMM;
-    ``*_save_u``: the split modes' epilogue writes u for the backward instead of it recomputing u from z (all:
-    ``bench_switches``, ``SWITCHED_VARIANTS``; not candidates for fused_best).
+    the backward's two GEMMs in order instead of on two streams (``ModsKernelConfig(backward_streams=False)``;
+    not candidates for fused_best).
     ``--fig13-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
     ``fig13_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
@@ -48,10 +45,9 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loka_trainer.kernels.backends import available_backends  # noqa: E402
-from loka_trainer.kernels.triton_mods import autotune_picks  # noqa: E402
+from loka_trainer.mods.triton_mods import autotune_picks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_switches import with_switch  # noqa: E402
 from bench_targets import target_lines  # noqa: E402
 from bench_timing import both_ends, time_row  # noqa: E402
 from fig13_variants import (  # noqa: E402
@@ -105,7 +101,6 @@ def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool 
             progress.set_postfix_str(f"{suite} ({K},{N}) {name}")
             row = {"suite": suite, "M": BATCH, "K": K, "N": N, "variant": name}
             step = _inference(f, x) if forward_only else (lambda f=f: f(x).backward(dy))
-            step = with_switch(step, f.switch) if hasattr(f, "switch") else step
             time_row(row, step, [x, *params] if reset_grads and not forward_only else None)
             rows.append(row)
         progress.update(1)
@@ -154,8 +149,7 @@ def _wukong(batch: int, *, loka_mods: bool) -> tuple[WukongDense, torch.Tensor]:
 
 def _wukong_variants(batch: int, log) -> dict:
     """name -> (module, dense input, compile?) for suite (c)."""
-    from loka_trainer.kernels.config import PrecisionConfig
-    from loka_trainer.kernels.convert import apply_precision
+    from loka_trainer.precision import PrecisionConfig, apply_precision
     v = {}
     m, d = _wukong(batch, loka_mods=False)
     v["bf16_eager"], v["bf16_compiled"] = (m, d, False), (m, d, True)

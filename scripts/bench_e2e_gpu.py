@@ -41,10 +41,11 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loka_trainer import register_weight_cache_hook  # noqa: E402
 from loka_trainer.data import DataConfig, build_stream, data_schema  # noqa: E402
-from loka_trainer.kernels.config import PrecisionConfig  # noqa: E402
-from loka_trainer.kernels.convert import apply_precision  # noqa: E402
+from loka_trainer.dispatch.compile import reserve_compile_cache  # noqa: E402
 from loka_trainer.models.zoo import MODELS, build_model  # noqa: E402
+from loka_trainer.precision import PrecisionConfig, apply_precision  # noqa: E402
 from loka_trainer.sharding.parallelize import embedding_modules  # noqa: E402
 
 # Kernel name markers per category, checked in this order (first match wins). Attention first: cuDNN's and
@@ -131,12 +132,14 @@ def build_variant(model_name: str, precision: str, *, batch: int, device: torch.
     if shard_dense is not None:
         shard_dense(model)
     if compile_dense:
+        reserve_compile_cache(model, logs.append)  # one compiled graph per distinct LoKA layer plan
         for unit in model.dense_units():
             unit.compile(mode=compile_mode)
     sparse = [p for _, m in embedding_modules(model) for p in m.parameters()]
     sparse_ids = {id(p) for p in sparse}
     dense = [p for p in model.parameters() if id(p) not in sparse_ids]
     opts = [torch.optim.Adam(dense, lr=1e-3, fused=True), torch.optim.SGD(sparse, lr=0.01)]
+    register_weight_cache_hook(model, opts[0])  # the cached FP8 weights follow the dense optimizer's steps
     return model, sample, opts, logs
 
 

@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fig13_variants import BATCH, FIG13_SHAPES  # noqa: E402
 from bench_timing import time_row  # noqa: E402
 
-from loka_trainer.kernels import triton_mods  # noqa: E402
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt  # noqa: E402
-from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
 from loka_trainer.kernels.triton_quant import quant_rowwise  # noqa: E402
+from loka_trainer.mods import triton_mods  # noqa: E402
+from loka_trainer.timing import cuda_graph_us  # noqa: E402
 
 SPLITS = (1, 2, 4, 8)
 GRID_STAGES = (3, 4)
@@ -80,7 +80,7 @@ def bench_splits(K: int, N: int, fp8: bool) -> list[dict]:
 
 def autotune_list() -> set[tuple[int, int, int, int]]:
     """The fused kernel's autotune configs as (BLOCK_M, BLOCK_K, num_warps, num_stages) (imports triton)."""
-    from loka_trainer.kernels.triton_mods_kernels import configs
+    from loka_trainer.mods.triton_mods_kernels import configs
     return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in configs}
 
 

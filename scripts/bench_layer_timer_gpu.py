@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loka_trainer.kernels.dispatch import GPU_TIMERS  # noqa: E402
-from loka_trainer.kernels.fused_linear import time_input_grads  # noqa: E402
+from loka_trainer.dispatch.mods_timing import time_input_grads  # noqa: E402
+from loka_trainer.timing import GPU_TIMERS  # noqa: E402
 
 # the Wukong dense arch's fused layers at batch 4096 (interaction-layer MLP inputs, over arch) and their modes
 DEFAULT_SHAPES = ("4096x720x512:fused_bf16", "4096x768x512:fused_bf16", "4096x4096x512:split_bf16")

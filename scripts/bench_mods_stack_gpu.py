@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from loka_trainer.kernels.fused_linear import chain_fp8_handoffs, fuse_linear_mods  # noqa: E402
 from loka_trainer.models.layers import mlp  # noqa: E402
+from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods  # noqa: E402
 
 PUBLISHED = dict(bias=True, norm="layernorm", activation="silu", block_size=256)
 MODS = dict(bias=False, norm="blocknorm", activation="hardswish", block_size=256)

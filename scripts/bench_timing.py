@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loka_trainer.kernels.dispatch import cuda_graph_us  # noqa: E402
+from loka_trainer.timing import cuda_graph_us  # noqa: E402
 
 
 def with_grads_reset(fn, grad_to_none):

@@ -14,10 +14,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loka_trainer.kernels.mods_ref import block_norm, hard_swish  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_switches import switched_variant  # noqa: E402
+from loka_trainer.mods.config import ModsKernelConfig  # noqa: E402
+from loka_trainer.mods.reference import block_norm, hard_swish  # noqa: E402
 
 FIG13_SHAPES = [(256, 256), (7680, 256), (512, 512), (7680, 512), (4096, 2048), (4096, 2560), (2048, 4096),
                 (2560, 4096), (256, 7680)]
@@ -53,23 +51,17 @@ FUSED_VARIANTS = {
                                   wgrad="scaled_mm_tensorwise_fast_accum"),
 }
 
-# variants also timed with dx and dW computed one after the other (``<name>_serial_grads``; by default
-# ``streams.side_by_side`` runs them on two streams), to measure what the overlap gains
+# variants also timed with dx and dW computed one after the other (``<name>_serial_grads``: the layer's
+# ``ModsKernelConfig(backward_streams=False)``; by default ``streams.side_by_side`` runs them on two streams)
 SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd", "split_fp8_tw_dgrad")
-# bench_switches switch -> the fused variants also timed with it flipped (``<name>_<switch>``)
-SWITCHED_VARIANTS = {"serial_grads": SERIAL_GRADS_VARIANTS, "no_split_k": ("split_bf16",),
-                     "no_pdl": ("split_bf16", "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad"),
-                     "no_grouped_grads": ("split_bf16", "fused_bf16", "fused_fp8_fwd"),
-                     "rowwise_gemm": ("split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad"),
-                     "save_u": ("split_bf16", "split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad"),
-                     "exact_fwd_accum": ("split_fp8_dgrad", "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad")}
+SERIAL_GRADS = ModsKernelConfig(backward_streams=False)
 COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
 ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
-                      *(f"{n}_{switch}" for switch, names in SWITCHED_VARIANTS.items() for n in names))
+                      *(f"{n}_serial_grads" for n in SERIAL_GRADS_VARIANTS))
 # what suite (b) times unless told otherwise: the comparisons (base eager and compiled, the Mods and
 # torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
 # the H200 (r10-r15; split_fp8_dgrad_tw_wgrad: r26; the three "_fa" ones: r30); ``--fig13-variants all`` adds the
-# rest (modes never fastest, the switched variants)
+# rest (modes never fastest, the serial-grads variants)
 DEFAULT_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", "split_bf16",
                           "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad",
                           "split_fp8_dgrad_tw_wgrad", "split_bf16_tw_dgrad_fa", "split_fp8_dgrad_tw_wgrad_fa",
@@ -110,13 +102,13 @@ def build_fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[di
         if keep(name):  # dynamic=False: each shape gets its own specialized graph (no dynamic-shape kernels)
             v[name] = torch.compile(f, dynamic=False)
     from loka_trainer.kernels.linear import WeightCache
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.mods.ops import linear_mods
     if K % 16 == 0 and N % 256 == 0:
         for name, kw in FUSED_VARIANTS.items():
             v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
-        for switch, names in SWITCHED_VARIANTS.items():
-            for name in names:
-                v[f"{name}_{switch}"] = switched_variant(v[name], switch)
+        for name in SERIAL_GRADS_VARIANTS:
+            v[f"{name}_serial_grads"] = (lambda x, kw=FUSED_VARIANTS[name], cache=WeightCache():
+                                         linear_mods(x, w, cache=cache, config=SERIAL_GRADS, **kw))
     try:
         if not keep("torchao_rowwise_mods_compiled"):
             raise ImportError

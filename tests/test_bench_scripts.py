@@ -43,7 +43,7 @@ def test_mods_stack_variants_have_the_layers_they_claim():
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_mods_stack_gpu import build_variants
 
-    from loka_trainer.kernels.fused_linear import FusedLinearMods
+    from loka_trainer.mods.module import FusedLinearMods
     v = build_variants([256, 512, 256], "cpu", compile_=False)
     fused = {name: [m for m in v[name].modules() if isinstance(m, FusedLinearMods)] for name in v}
     assert fused["base"] == [] and len(fused["fused_bf16"]) == 2
@@ -160,7 +160,7 @@ def test_dispatch_bench_fused_variants_run_forward_and_backward_on_cpu():
     sys.path.insert(0, str(ROOT / "scripts"))
     from fig13_variants import FUSED_VARIANTS, SERIAL_GRADS_VARIANTS
 
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.mods.ops import linear_mods
     torch.manual_seed(0)
     x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(256, 64) / 8).to(torch.bfloat16).requires_grad_()
@@ -213,49 +213,6 @@ def test_dispatch_bench_forward_only_suite_gets_its_own_best_and_ratios():
     w = torch.ones(4, 4, requires_grad=True)
     y = _inference(lambda x: x @ w, torch.ones(2, 4))()
     assert y.grad_fn is None and torch.equal(y, torch.full((2, 4), 4.0))
-
-
-def test_dispatch_bench_serial_grads_variant_covers_the_backward():
-    # the flag must be off while backward runs, not only during the forward call (a first version reset it on
-    # return from the forward, so its "serial" rows ran concurrent)
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_switches import switched_variant, with_switch
-
-    from loka_trainer.kernels import streams
-    seen = []
-
-    class Probe(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            seen.append(streams.ENABLED)
-            return g
-
-    f = switched_variant(lambda x: Probe.apply(x), "serial_grads")
-    x = torch.ones(3, requires_grad=True)
-    step = lambda: f(x).sum().backward()  # noqa: E731
-    assert f.switch == "serial_grads"
-    with_switch(step, f.switch)()
-    step()
-    assert seen == [False, True] and streams.ENABLED
-
-
-def test_dispatch_bench_one_cublas_gemm_switch_is_off_for_the_whole_step_then_restored():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_switches import with_switch
-
-    from loka_trainer.kernels import triton_mods
-    seen = []
-
-    def step():
-        seen.append(triton_mods.CUBLAS_SPLIT_K)
-        raise RuntimeError("a failing step still restores the switch")
-    with pytest.raises(RuntimeError):
-        with_switch(step, "no_split_k")()
-    assert seen == [False] and triton_mods.CUBLAS_SPLIT_K is True
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels' autotune list needs triton")
@@ -332,14 +289,12 @@ def test_layer_timer_bench_parses_shapes_summarizes_spread_and_plots(tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 0
 
 
-def test_dispatch_bench_switched_variants_name_real_switches_of_fused_variants():
+def test_dispatch_bench_serial_grads_variants_are_fused_variants_with_the_backward_in_order():
     sys.path.insert(0, str(ROOT / "scripts"))
-    from fig13_variants import ALL_FIG13_VARIANTS, FUSED_VARIANTS, SWITCHED_VARIANTS
-    from bench_switches import SWITCHES
+    from fig13_variants import ALL_FIG13_VARIANTS, FUSED_VARIANTS, SERIAL_GRADS, SERIAL_GRADS_VARIANTS
 
-    for switch, names in SWITCHED_VARIANTS.items():
-        module, flag, value = SWITCHES[switch]
-        assert getattr(importlib.import_module(module), flag) is (not value), switch  # flipped only in its variants
-        assert set(names) <= set(FUSED_VARIANTS)
-        assert {f"{n}_{switch}" for n in names} <= set(ALL_FIG13_VARIANTS)
-    assert "split_bf16_no_pdl" in ALL_FIG13_VARIANTS and "split_bf16_no_split_k" in ALL_FIG13_VARIANTS
+    assert set(SERIAL_GRADS_VARIANTS) <= set(FUSED_VARIANTS)
+    assert {f"{n}_serial_grads" for n in SERIAL_GRADS_VARIANTS} <= set(ALL_FIG13_VARIANTS)
+    assert SERIAL_GRADS.backward_streams is False
+
+

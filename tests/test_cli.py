@@ -104,7 +104,7 @@ def _target_shapes(overrides: list[str]) -> dict[str, tuple[int, int]]:
     from loka_trainer.cli import compose_config
     from loka_trainer.config import register_schemas, to_run_config
     from loka_trainer.data import data_schema
-    from loka_trainer.kernels.convert import target_linears
+    from loka_trainer.dispatch.targets import target_linears
     from loka_trainer.models.zoo import build_model
 
     register_schemas()

@@ -97,9 +97,8 @@ def _with_dispatch(job: Job, device: torch.device) -> Job:
 
     The model being profiled is never modified: each submodule gets its own converted copy.
     """
-    from loka_trainer.kernels.config import PrecisionConfig
-    from loka_trainer.kernels.convert import apply_precision
-    from loka_trainer.kernels.plan import num_fp8_gemms
+    from loka_trainer.dispatch.plan import num_fp8_gemms
+    from loka_trainer.precision import PrecisionConfig, apply_precision
 
     wrapper = _ReplayCaptured(copy.deepcopy(job.module), job.inputs)
     config = PrecisionConfig(name="loka", compute_dtype="bfloat16", dispatch=True)

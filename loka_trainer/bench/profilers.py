@@ -11,8 +11,8 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from loka_trainer.bench.plugins import Job, Profiler, RunContext
-from loka_trainer.bench.timing import TIMERS
 from loka_trainer.bench.tree import ModuleInputs, is_leaf
+from loka_trainer.timing import BENCH_TIMERS
 
 EMBEDDING_TYPES = (nn.Embedding, nn.EmbeddingBag)
 
@@ -72,8 +72,8 @@ class LatencyForward(Profiler):
             with torch.no_grad():
                 job.run()
 
-        timer = TIMERS[ctx.timer]
-        return {"latency_fwd_ms": timer(fwd, warmup=ctx.warmup, repeats=ctx.repeats, device=ctx.device)}
+        timer = BENCH_TIMERS[ctx.timer]
+        return {"latency_fwd_ms": 1e-3 * timer(fwd, warmup=ctx.warmup, repeats=ctx.repeats, device=ctx.device)}
 
 
 class LatencyForwardBackward(Profiler):
@@ -86,8 +86,8 @@ class LatencyForwardBackward(Profiler):
         if step is None:
             job.notes.append("no output requires grad: fwd+bwd n/a")
             return {"latency_fwd_bwd_ms": None}
-        timer = TIMERS[ctx.timer]
-        ms = timer(step, warmup=ctx.warmup, repeats=ctx.repeats, device=ctx.device)
+        timer = BENCH_TIMERS[ctx.timer]
+        ms = 1e-3 * timer(step, warmup=ctx.warmup, repeats=ctx.repeats, device=ctx.device)
         job.module.zero_grad(set_to_none=True)
         return {"latency_fwd_bwd_ms": ms}
 

@@ -13,8 +13,8 @@ from loka_trainer.bench.options import BenchOptions
 from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, RunContext, make
 from loka_trainer.bench.preprocessors import BatchReplicate, Precision, compute_dtype
 from loka_trainer.bench.profilers import PROFILERS, judge
-from loka_trainer.bench.timing import TIMERS, default_timer
 from loka_trainer.bench.tree import BenchResult, Node, build_nodes, capture_inputs, walk
+from loka_trainer.timing import BENCH_TIMERS, default_bench_timer
 
 
 def resolve_device(name: str) -> torch.device:
@@ -27,11 +27,11 @@ def resolve_device(name: str) -> torch.device:
 def make_context(opts: BenchOptions, device: torch.device, out_dir: Optional[Path]) -> RunContext:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     dtype = compute_dtype(opts.resolved_precision(device), device)
-    if opts.timer != "auto" and opts.timer not in TIMERS:
-        raise ValueError(f"bench.timer={opts.timer!r} is unknown; valid values: {['auto', *sorted(TIMERS)]}")
+    if opts.timer != "auto" and opts.timer not in BENCH_TIMERS:
+        raise ValueError(f"bench.timer={opts.timer!r} is unknown; valid values: {['auto', *sorted(BENCH_TIMERS)]}")
     return RunContext(device=device, device_name=device_name, compute_dtype=dtype,
                       peak=lookup_peak(device_name), warmup=opts.warmup, repeats=opts.repeats,
-                      timer=default_timer(device) if opts.timer == "auto" else opts.timer, out_dir=out_dir)
+                      timer=default_bench_timer(device) if opts.timer == "auto" else opts.timer, out_dir=out_dir)
 
 
 def default_plugins(opts: BenchOptions, device: torch.device) -> tuple[list[Preprocessor], list[Profiler]]:

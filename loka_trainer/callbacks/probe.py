@@ -40,7 +40,7 @@ from torch import nn
 from loka_trainer.callbacks.base import Callback, TrainState
 from loka_trainer.probe.activation import STATS_DTYPES, ActivationTracker
 from loka_trainer.probe.distributed import all_reduce_moments
-from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, to_cpu
+from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, seal_stats, to_cpu
 from loka_trainer.probe.targets import ModuleFilter, select_linears
 from loka_trainer.probe.weight import WeightTracker
 from loka_trainer.probe.worker import SerialWorker
@@ -61,7 +61,7 @@ class ProbeConfig:
     min_features: int = 1  # skip layers with min(in_features, out_features) below this
     max_full_covariance: int = 4096  # wider inputs use a block-diagonal scatter (and diagonal weight factors)
     covariance_block: int = 256  # block width of the block-diagonal representation
-    momentum: float = 0.99  # weight (U, V, M) EMA momentum, paper: 0.9 to 0.99
+    momentum: float = 0.99  # weight (M, U, V) EMA momentum, paper: 0.9 to 0.99 (see probe.weight)
     stats_dtype: str = "float64"  # accumulator dtype: float64 | float32
     tensorboard: bool = True
     out_dir: Optional[str] = None  # default: <run_dir>/probe
@@ -75,8 +75,9 @@ def validate_config(cfg: ProbeConfig) -> None:
     for name in ("interval", "save_interval", "min_features", "max_full_covariance", "covariance_block"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"callbacks.probe.{name}={getattr(cfg, name)}; valid values: integers >= 1")
-    if not 0.0 <= cfg.momentum < 1.0:
-        raise ValueError(f"callbacks.probe.momentum={cfg.momentum}; valid values: 0 <= momentum < 1")
+    if not 0.0 < cfg.momentum < 1.0:
+        raise ValueError(f"callbacks.probe.momentum={cfg.momentum}; valid values: 0 < momentum < 1 "
+                         "(paper: 0.9 to 0.99)")
     if cfg.stats_dtype not in STATS_DTYPES:
         raise ValueError(f"callbacks.probe.stats_dtype={cfg.stats_dtype!r}; valid values: {', '.join(STATS_DTYPES)}")
 
@@ -203,6 +204,7 @@ class ProbeCallback(Callback):
         self.layers: dict[str, _LayerProbe] = {}
         self.rank, self.world_size = 0, 1
         self._handles: list = []
+        self._stance = None  # torch.compiler.set_stance of an observed step, restored at its end
         self._saver: Optional[AsyncSaver] = None
         self._weights = _WeightWorker()
         self._pending_state: Optional[dict] = None
@@ -271,12 +273,17 @@ class ProbeCallback(Callback):
         for layer in self.layers.values():
             hook = (lambda lp: lambda module, args: lp.observe(args[0], step, self._weights))(layer)
             self._handles.append(layer.module.register_forward_pre_hook(hook))
+        # A compiled model guards on its modules' hooks: adding hooks would recompile every observed unit (and
+        # soon exhaust dynamo's cache). The observed step runs eagerly instead; the next one reuses the graphs.
+        self._stance = torch.compiler.set_stance("force_eager")
 
     def on_step_end(self, state: TrainState) -> None:
         if self._handles:
             for handle in self._handles:
                 handle.remove()
             self._handles = []
+            self._stance.__exit__(None, None, None)  # back to the stance before the observed step
+            self._stance = None
             self._last_observed_step = state.step
             self._log_scalars(state.step)
         if (state.step + 1) % self.config.save_interval == 0:
@@ -311,7 +318,7 @@ class ProbeCallback(Callback):
             return
         if self._saver is None:
             self._saver = AsyncSaver()
-        self._saver.submit(lambda: to_cpu(snapshot), self.stats_path)
+        self._saver.submit(lambda: seal_stats(to_cpu(snapshot)), self.stats_path)
 
     def on_train_end(self, state: TrainState) -> None:
         if self._last_saved_step != state.step and self._last_observed_step is not None:
@@ -326,6 +333,9 @@ class ProbeCallback(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._stance is not None:
+            self._stance.__exit__(None, None, None)
+            self._stance = None
         # Join the weight thread rather than leave it idle until interpreter exit (where an idle worker next to
         # torch.distributed teardown is one less thing to race); a fresh worker starts no thread until used.
         weights, self._weights = self._weights, _WeightWorker()

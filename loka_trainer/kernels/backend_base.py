@@ -16,6 +16,8 @@ from typing import Optional
 
 import torch
 
+GEMMS = ("forward", "input_grad", "weight_grad")  # the three GEMMs of a Linear, in the order they run
+
 # NOTE: a pre-quantized operand is (q, scale_inv) as returned by ``quant.quantize``; for BF16 it is (w_bf16, None).
 QuantOperand = tuple[torch.Tensor, Optional[torch.Tensor]]
 

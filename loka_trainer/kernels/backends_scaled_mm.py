@@ -19,7 +19,8 @@ import torch
 
 from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
 from loka_trainer.kernels.quant import quantize
-from loka_trainer.kernels.triton_quant import quant_rowwise, use_triton
+from loka_trainer.kernels.triton_env import use_triton
+from loka_trainer.kernels.triton_quant import quant_rowwise
 from loka_trainer.kernels.triton_quant_tensorwise import quant_tensorwise
 
 # granularity -> (fused Triton quantizer (t, dtype) -> (q, scale_inv), the FP8 dtypes it writes): one or two

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
-from loka_trainer.kernels.triton_quant import triton_importable
+from loka_trainer.kernels.triton_env import triton_importable
 
 
 class TritonBlockwise(GemmBackend):
@@ -29,7 +29,7 @@ class TritonBlockwise(GemmBackend):
     def quantize_b(self, b: torch.Tensor, *, is_grad: bool) -> QuantOperand:
         # NOTE: gradients as the b operand (weight_grad: xᵀ is b, dyᵀ is a) keep 1x128 scales; only
         # weights get 128x128 tiles, which is what lets a weight be cast once per step for both layouts.
-        from loka_trainer.kernels.triton_gemm import quantize_1x128, quantize_128x128
+        from loka_trainer.kernels.triton_gemm import quantize_128x128, quantize_1x128
         # one fused kernel either way (reads transposed views with their strides)
         return quantize_1x128(b) if is_grad else quantize_128x128(b)
 

@@ -5,7 +5,7 @@ Notation: M = prod(leading dims of x), K in_features, N out_features.
 Same parameters and state_dict keys as ``nn.Linear`` (it *is* an ``nn.Linear``), so it loads an ``nn.Linear``
 checkpoint and its checkpoint loads back into an ``nn.Linear``. The weight operands of forward and
 input-grad are quantized once per weight version and optimizer step (``WeightCache``) and reused by every
-GEMM and forward until the next step.
+GEMM and forward until the next step; ``register_weight_cache_hook`` ties the caches to the optimizer.
 """
 from __future__ import annotations
 
@@ -13,33 +13,24 @@ from typing import Optional
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.hooks import RemovableHandle
 
-from loka_trainer.kernels.backend_base import QuantOperand
+from loka_trainer.kernels.backend_base import GEMMS, QuantOperand
 from loka_trainer.kernels.backends import BASELINE, get_backend
-from loka_trainer.kernels.plan import GEMMS
-
-
-# NOTE: (data_ptr, version) alone is not a safe key under FSDP2: the all-gather rewrites the unsharded weight
-# without bumping its version counter, and the allocator may give it the same address the next step, which
-# served the previous step's FP8 weight (seen in a 2-rank test). So every optimizer step anywhere in the process
-# (a global post-hook) starts a new weight generation, and loading a state_dict clears the cache.
-_optimizer_steps = [0]
-
-
-def _count_optimizer_step(optimizer, args, kwargs) -> None:
-    _optimizer_steps[0] += 1
-
-
-register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 class WeightCache:
-    """Quantized weight operands keyed by (backend, gemm), valid while the weight's storage and version hold
-    and no optimizer has stepped (see the note above)."""
+    """Quantized weight operands keyed by (backend, gemm), valid while the weight's storage and version hold and
+    until ``clear()``.
+
+    NOTE: (data_ptr, version) alone is not a safe key under FSDP2: the all-gather rewrites the unsharded weight
+    without bumping its version counter, and the allocator may give it the same address the next step, which
+    served the previous step's FP8 weight (seen in a 2-rank test). So the optimizer's step clears the caches
+    (``register_weight_cache_hook``), and loading a state_dict clears them too.
+    """
 
     def __init__(self) -> None:
-        self._key: Optional[tuple[int, int, int]] = None
+        self._key: Optional[tuple[int, int]] = None
         self._ops: dict[tuple[str, str], QuantOperand] = {}
         self.num_casts = 0  # how many times an operand was quantized (tests assert once per step)
 
@@ -47,7 +38,7 @@ class WeightCache:
         """w (N, K) -> the cached operand for ``gemm`` ('forward' | 'input_grad') of ``backend_name``."""
         if torch.compiler.is_compiling():  # a Python-side cache would break the graph; compile fuses the cast
             return self._quantize(w, backend_name, gemm)
-        key = (w.data_ptr(), w._version, _optimizer_steps[0])
+        key = (w.data_ptr(), w._version)
         if key != self._key:
             self._key, self._ops = key, {}
         if (backend_name, gemm) not in self._ops:
@@ -56,7 +47,7 @@ class WeightCache:
         return self._ops[(backend_name, gemm)]
 
     def clear(self) -> None:
-        """Forget every operand (e.g. the weight was loaded from a state_dict)."""
+        """Forget every operand (the optimizer stepped, or the weight was loaded from a state_dict)."""
         self._key, self._ops = None, {}
 
     @staticmethod
@@ -105,7 +96,7 @@ class _LoKALinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         dgrad, wgrad = ctx.names
-        # NOTE: in order on one stream. On two streams (as ``mods_ops.LinearModsFn`` runs them) this layer was
+        # NOTE: in order on one stream. On two streams (as ``mods.ops.LinearModsFn`` runs them) this layer was
         # slower per step at 15 of 18 figure-13 cases on the H200, by 1.4-4.3 us (docs/kernels/README.md, r9).
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
@@ -162,3 +153,21 @@ class LoKALinear(nn.Linear):
     def extra_repr(self) -> str:
         b = self.backends
         return f"{super().extra_repr()}, fwd={b['forward']}, dgrad={b['input_grad']}, wgrad={b['weight_grad']}"
+
+
+def weight_caches(model: nn.Module) -> list[WeightCache]:
+    """The WeightCache of every LoKA layer of ``model`` (``LoKALinear``, ``FusedLinearMods``)."""
+    return [c for m in model.modules() if isinstance(c := getattr(m, "_weight_cache", None), WeightCache)]
+
+
+def register_weight_cache_hook(model: nn.Module, optimizer: torch.optim.Optimizer) -> RemovableHandle:
+    """Clear the cached FP8 weight operands of ``model``'s LoKA layers after every ``optimizer.step()``, so the next
+    forward quantizes the new weights (``WeightCache``'s note says why a step must clear them). Call it after
+    ``convert_to_loka`` (it finds the layers then) with the optimizer that updates those weights; the returned
+    handle's ``remove()`` detaches it."""
+    caches = weight_caches(model)
+
+    def clear_caches(opt, args, kwargs) -> None:
+        for cache in caches:
+            cache.clear()
+    return optimizer.register_step_post_hook(clear_caches)

@@ -16,28 +16,13 @@ interpreter, used by the tests). Otherwise callers fall back to the plain-torch 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 from typing import Any, Optional
 
 import torch
 
+from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS, quantize_rowwise
-
-
-# NOTE: checked once at import (without importing triton): ``use_triton`` runs inside torch.compile'd code, and
-# dynamo cannot trace ``importlib.util.find_spec`` (each call was a graph break, 67 per Wukong training step).
-_TRITON_IMPORTABLE = importlib.util.find_spec("triton") is not None
-
-
-def triton_importable() -> bool:
-    """True if triton can be imported."""
-    return _TRITON_IMPORTABLE
-
-
-def interpreting() -> bool:
-    """True when Triton runs in its CPU interpreter (``TRITON_INTERPRET=1``): kernels accept CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from loka_trainer.kernels.triton_env import interpreting, use_triton
 
 
 def fixed_or_autotuned(kernel, config: Optional[dict], interpreter_config: dict) -> tuple[Any, dict]:
@@ -56,14 +41,6 @@ def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
 def scale_vector(s: torch.Tensor) -> torch.Tensor:
     """Per-row or per-column scales (R,)/(R, 1)/(1, R) -> (R,) fp32 contiguous, as the Triton kernels read them."""
     return s.reshape(-1).float().contiguous()
-
-
-def use_triton(t: torch.Tensor) -> bool:
-    """True if Triton kernels can run on ``t``'s device in this process."""
-    if t.is_cuda:
-        return _TRITON_IMPORTABLE
-    # is_compiling first: compiled code never traces the environment lookup of interpreting()
-    return _TRITON_IMPORTABLE and not torch.compiler.is_compiling() and interpreting()
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,7 +86,6 @@ def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4
     if not use_triton(t):
         q, s = quantize_rowwise(t, dtype)
         return q.contiguous(), s
-    from loka_trainer.kernels import pdl  # imports this module: not at the top
     triton, kernel = _kernel()
     R, C = t.shape
     q = torch.empty((R, C), dtype=dtype, device=t.device)

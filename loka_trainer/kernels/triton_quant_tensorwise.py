@@ -17,7 +17,7 @@ import torch
 
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS, quantize_tensorwise
-from loka_trainer.kernels.triton_quant import use_triton
+from loka_trainer.kernels.triton_env import use_triton
 
 TILE_WIDE, TILE_NARROW = 256, 16  # elements along t's contiguous dim, and along the other
 

@@ -1,11 +1,21 @@
-"""Error and speed of candidate GEMM kernels on sampled operands (LoKA III-A offline phase).
+"""MERE, the one error measure of LoKA, and the offline error and speed of candidate GEMM kernels (III-A).
 
-MERE is ``kernels.error.mere`` (one definition for the Probe and Dispatch; its docstring has the formula and
-the near-zero floor). For scale (CPU, x 512x512 and w 256x512 standard normal): bf16 0.009, e4m3 rowwise
-0.14 with the default 1e-2 floor; 0.02 and 0.36 with no floor at all, which is how strongly near-zero outputs
-dominate an unguarded MERE.
+MERE(out, ref) = mean_ij |out_ij − ref_ij| / max(|ref_ij|, floor),  floor = zero_floor · mean_ij |ref_ij|.
 
-The reference is an fp32 GEMM with TF32 disabled (``exact_fp32_forward``).
+Near-zero references: an output element whose exact value is ~0 has an unbounded relative error, and with
+continuous inputs a fixed fraction of elements is arbitrarily close to 0, so the plain mean diverges as the
+sample grows. The denominator is therefore floored at ``zero_floor`` (default 1e-2) times the mean |ref| of
+the same output; such elements are counted (not dropped), with their error measured relative to the output's
+typical magnitude. If all of ref is 0 the floor falls back to the smallest normal fp32, so an exact kernel
+still scores 0 (and any error scores huge). The floor is one option for both users: Dispatch reads
+``precision.mere_zero_floor``, the report ``--zero-floor``. For scale (CPU, x 512x512 and w 256x512 standard
+normal): bf16 0.009, e4m3 rowwise 0.14 with the default floor; 0.02 and 0.36 with no floor at all.
+
+Reference convention (Dispatch and the report): the kernel and the reference get the same operands, in the
+training's compute dtype (BF16 under LoKA: ``operands``), and the reference is their product in fp32 with TF32
+off (``exact_fp32_forward``). Why: in training the GEMM's inputs are already BF16, so rounding them is not the
+kernel's error, and fp32 accumulation of exact BF16 products (relative error ~1e-6 at these K) is far below any
+MERE that decides anything, so fp64 would change nothing.
 """
 from __future__ import annotations
 
@@ -16,7 +26,9 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from loka_trainer.kernels.error import DEFAULT_ZERO_FLOOR, mere  # noqa: F401 (re-exported)
+DEFAULT_ZERO_FLOOR = 1e-2
+# ``--operand-dtype`` / ``precision.compute_dtype`` -> the dtype a kernel's operands have in training.
+OPERAND_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 GemmFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # x (M, K), w (N, K) -> y (M, N)
 
@@ -38,6 +50,23 @@ def no_tf32() -> Iterator[None]:
 
 
 @torch.no_grad()
+def mere(out: torch.Tensor, ref: torch.Tensor, *, zero_floor: float = DEFAULT_ZERO_FLOOR) -> torch.Tensor:
+    """Mean element-wise relative error. out, ref: same shape (any) -> scalar fp32 tensor."""
+    if out.shape != ref.shape:
+        raise ValueError(f"out {tuple(out.shape)} and ref {tuple(ref.shape)} differ in shape")
+    out, ref = out.float(), ref.float()
+    abs_ref = ref.abs()
+    floor = (zero_floor * abs_ref.mean()).clamp_min(torch.finfo(torch.float32).tiny)
+    return ((out - ref).abs() / torch.maximum(abs_ref, floor)).mean()
+
+
+def operands(x: torch.Tensor, w: torch.Tensor,
+             dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K), w (N, K) rounded to the training's operand dtype: what both the kernel and the reference get."""
+    return x.to(dtype), w.to(dtype)
+
+
+@torch.no_grad()
 def exact_fp32_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Reference y = x W^T in fp32 without TF32. x: (M, K), w: (N, K) -> (M, N)."""
     with no_tf32():
@@ -46,12 +75,14 @@ def exact_fp32_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def accumulate_mere(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], kernels: dict[str, GemmFn], *,
-                    zero_floor: float = DEFAULT_ZERO_FLOOR,
+                    zero_floor: float = DEFAULT_ZERO_FLOOR, operand_dtype: torch.dtype = torch.bfloat16,
                     progress: Optional[Callable[[], None]] = None) -> dict[str, float]:
-    """Average MERE of each kernel over sampled pairs (x (M, K), w (N, K)); one fp32 reference per pair."""
+    """Average MERE of each kernel over sampled pairs (x (M, K), w (N, K)), both rounded to ``operand_dtype``
+    before the kernel and the fp32 reference see them (the module's reference convention)."""
     totals = {name: 0.0 for name in kernels}
     num_pairs = 0
     for x, w in pairs:
+        x, w = operands(x, w, operand_dtype)
         ref = exact_fp32_forward(x, w)
         for name, fn in kernels.items():
             totals[name] += float(mere(fn(x, w), ref, zero_floor=zero_floor))

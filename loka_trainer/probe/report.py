@@ -1,22 +1,30 @@
 """Offline LoKA Probe analysis: per-layer MERE and speedup of every available GEMM backend.
 
     python -m loka_trainer.probe.report STATS_DIR [--num-samples 50] [--threshold 0.2] [--min-speedup 1.05]
-                                                  [--device cuda|cpu] [--rows M] [--seed 0]
+                                                  [--device cuda|cpu] [--rows M] [--seed 0] [--zero-floor 0.01]
+                                                  [--operand-dtype bfloat16|float32] [--out-dir DIR]
+                                                  [--kernel module:function ...]
 
 For each layer in STATS_DIR/stats.pt and each backend of ``loka_trainer.kernels.backends.available_backends``
-that supports the layer's shape (M rows per call, K in, N out):
+that supports the layer's shape (M rows per call, K in, N out), and each user kernel ``--kernel module:function``
+(a callable ``(x (M, K), w (N, K)) -> y (M, N)`` computing y ~ x @ w.T, imported like ``module.function``):
   mere         MERE of backend.forward(x, w) vs the fp32 reference over N pairs sampled from the learned
-               statistics (x ~ N(mu, Sigma) row-wise, w ~ MN(M, U, V));
+               statistics (x ~ N(mu, Sigma) row-wise, w ~ MN(M, U, V)), both rounded to --operand-dtype (the
+               training's compute dtype) before the kernel and the reference see them (see mere.py);
   mere_normal  the same with standard-normal x and w (what ordinary kernel tests use), for contrast;
   speedup      median time of bf16 forward / this backend's forward at (M, K, N) with bf16 operands
                on --device (null if it could not be timed);
   unsafe       mere >= threshold;  not_worth_it   speedup is null or <= min_speedup.
-Writes STATS_DIR/report.json (the file Dispatch reads), report.md and report.png. See mere.py for how MERE
-treats reference values near zero. Timings on a CPU say nothing about GPU speed.
+A kernel that is fine on normal inputs but not on learned ones (the paper's Table V) shows a learned/normal
+MERE ratio well above the built-in backends'; each user kernel's ratio is printed per layer. Writes
+report.json (the file Dispatch reads), report.md and report.png to --out-dir (default STATS_DIR; created when
+missing). See mere.py for how MERE treats reference values near zero. Timings on a CPU say nothing about GPU
+speed. Bad input (stats file, --kernel, options) -> one ``error:`` line, exit status 2.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -26,12 +34,59 @@ import torch
 from tqdm import tqdm
 
 from loka_trainer.probe.activation import moments_from_state
-from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, accumulate_mere, median_time
+from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, OPERAND_DTYPES, GemmFn, accumulate_mere, median_time
 from loka_trainer.probe.sampling import activation_factor, sample_activations, sample_weight, weight_factors
 from loka_trainer.probe.stats_io import load_stats
 
 REPORT_VERSION = 1
 BASELINE = "bf16"
+
+
+class ReportInputError(ValueError):
+    """Bad user input to the report (a --kernel spec, a kernel that fails, an option): one line, exit 2."""
+
+
+class UserKernel:
+    """A user's ``(x, w) -> y`` GEMM shown beside the built-in backends; named by its ``module:function`` spec.
+    A kernel that raises or returns the wrong shape is a ReportInputError naming the kernel and the shape."""
+
+    def __init__(self, name: str, fn: GemmFn):
+        self.name, self._fn = name, fn
+
+    def supports(self, M: int, K: int, N: int) -> bool:
+        return True
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        try:
+            y = self._fn(x, w)
+        except Exception as exc:  # noqa: BLE001 - the user's code: report it in one line
+            raise ReportInputError(f"--kernel {self.name} failed at M×K×N={x.shape[0]}×{x.shape[1]}×{w.shape[0]}: "
+                                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        expected = (x.shape[0], w.shape[0])
+        if not isinstance(y, torch.Tensor) or tuple(y.shape) != expected:
+            got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            raise ReportInputError(f"--kernel {self.name} returned {got}, expected a tensor of shape {expected}")
+        return y
+
+
+def load_user_kernel(spec: str) -> UserKernel:
+    """``module:function`` -> UserKernel; anything unusable is a one-line ReportInputError."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ReportInputError(f"--kernel {spec!r}: expected module:function (e.g. mypkg.kernels:fp8_gemm)")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - ImportError or an error inside the user's module
+        raise ReportInputError(f"--kernel {spec!r}: cannot import {module_name!r} ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ReportInputError(f"--kernel {spec!r}: {module_name!r} has no attribute {attr!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise ReportInputError(f"--kernel {spec!r}: {attr!r} is a {type(fn).__name__}, not a callable (x, w) -> y")
+    return UserKernel(spec, fn)
 
 
 def layer_shape(layer: dict, rows: Optional[int] = None) -> dict[str, int]:
@@ -63,15 +118,17 @@ def normal_pairs(shape: dict[str, int], *, num_samples: int, device: torch.devic
         yield x, w
 
 
-def time_backends(backends: dict, shape: dict[str, int], *, device: torch.device,
-                  generator: torch.Generator) -> dict[str, Optional[float]]:
-    """Speedup of each backend's forward over bf16 at this shape (bf16 operands, as in training)."""
-    x = torch.randn(shape["M"], shape["K"], generator=generator, device=device).to(torch.bfloat16)
-    w = torch.randn(shape["N"], shape["K"], generator=generator, device=device).to(torch.bfloat16)
+def time_backends(backends: dict, shape: dict[str, int], *, device: torch.device, generator: torch.Generator,
+                  operand_dtype: torch.dtype = torch.bfloat16) -> dict[str, Optional[float]]:
+    """Speedup of each backend's forward over bf16 at this shape (operands in the training's dtype)."""
+    x = torch.randn(shape["M"], shape["K"], generator=generator, device=device).to(operand_dtype)
+    w = torch.randn(shape["N"], shape["K"], generator=generator, device=device).to(operand_dtype)
     seconds = {}
     for name, backend in backends.items():
         try:
             seconds[name] = median_time(backend.forward, x, w)
+        except ReportInputError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run is reported, not fatal
             tqdm.write(f"warning: timing {name} at {shape} failed ({type(exc).__name__}: {exc}); speedup null")
             seconds[name] = None
@@ -81,17 +138,20 @@ def time_backends(backends: dict, shape: dict[str, int], *, device: torch.device
 
 def analyze_layer(layer: dict, backends: dict, *, num_samples: int, threshold: float, min_speedup: float,
                   device: torch.device, rows: Optional[int] = None, seed: int = 0,
-                  zero_floor: float = DEFAULT_ZERO_FLOOR, timing: bool = True) -> dict:
+                  zero_floor: float = DEFAULT_ZERO_FLOOR, operand_dtype: torch.dtype = torch.bfloat16,
+                  timing: bool = True) -> dict:
     """One report.json layer entry: shape, representation and per-backend candidates."""
     shape = layer_shape(layer, rows)
     usable = {n: b for n, b in backends.items() if b.supports(shape["M"], shape["K"], shape["N"])}
     kernels = {n: b.forward for n, b in usable.items()}
     generator = torch.Generator(device=device).manual_seed(seed)
     learned = accumulate_mere(learned_pairs(layer, num_samples=num_samples, rows=shape["M"], device=device,
-                                            generator=generator), kernels, zero_floor=zero_floor)
+                                            generator=generator), kernels, zero_floor=zero_floor,
+                              operand_dtype=operand_dtype)
     normal = accumulate_mere(normal_pairs(shape, num_samples=num_samples, device=device, generator=generator),
-                             kernels, zero_floor=zero_floor)
-    speedups = time_backends(usable, shape, device=device, generator=generator) if timing else {}
+                             kernels, zero_floor=zero_floor, operand_dtype=operand_dtype)
+    speedups = time_backends(usable, shape, device=device, generator=generator,
+                             operand_dtype=operand_dtype) if timing else {}
     candidates = {}
     for name in usable:
         speedup = speedups.get(name)
@@ -105,15 +165,19 @@ def analyze_layer(layer: dict, backends: dict, *, num_samples: int, threshold: f
 
 def build_report(stats: dict, backends: dict, *, device: torch.device, num_samples: int = 50,
                  threshold: float = 0.2, min_speedup: float = 1.05, rows: Optional[int] = None, seed: int = 0,
-                 zero_floor: float = DEFAULT_ZERO_FLOOR, timing: bool = True) -> dict:
+                 zero_floor: float = DEFAULT_ZERO_FLOOR, operand_dtype: torch.dtype = torch.bfloat16,
+                 timing: bool = True) -> dict:
     """The whole report.json dict (format fixed by the Dispatch contract, version 1)."""
     layers = {}
-    for index, (fqn, layer) in enumerate(tqdm(stats["layers"].items(), desc="probe report", unit="layer")):
+    bar = tqdm(stats["layers"].items(), desc="probe report", unit="layer", disable=None)  # on a terminal only
+    for index, (fqn, layer) in enumerate(bar):
         layers[fqn] = analyze_layer(layer, backends, num_samples=num_samples, threshold=threshold,
                                     min_speedup=min_speedup, device=device, rows=rows, seed=seed + index,
-                                    zero_floor=zero_floor, timing=timing)
+                                    zero_floor=zero_floor, operand_dtype=operand_dtype, timing=timing)
+    dtype_name = next(n for n, d in OPERAND_DTYPES.items() if d == operand_dtype)
     return {"version": REPORT_VERSION, "device": describe_device(device), "num_samples": num_samples,
-            "threshold": threshold, "min_speedup": min_speedup, "layers": layers}
+            "threshold": threshold, "min_speedup": min_speedup, "zero_floor": zero_floor,
+            "operand_dtype": dtype_name, "layers": layers}
 
 
 def describe_device(device: torch.device) -> str:
@@ -122,14 +186,15 @@ def describe_device(device: torch.device) -> str:
     return str(device)
 
 
-def write_report(report: dict, out_dir: Path, *, zero_floor: float = DEFAULT_ZERO_FLOOR) -> list[Path]:
+def write_report(report: dict, out_dir: Path) -> list[Path]:
     """report.json, report.md, report.png in out_dir; returns the paths written."""
     from loka_trainer.probe.report_render import render_markdown, render_plot
 
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.png"]
     paths[0].write_text(json.dumps(report, indent=2) + "\n")
-    paths[1].write_text(render_markdown(report, zero_floor=zero_floor))
+    paths[1].write_text(render_markdown(report))
     render_plot(report, paths[2])
     return paths
 
@@ -144,9 +209,13 @@ def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=None, help="override M (rows per call) for every layer")
     parser.add_argument("--zero-floor", type=float, default=DEFAULT_ZERO_FLOOR,
                         help="MERE denominator floor, as a fraction of mean |ref|")
+    parser.add_argument("--operand-dtype", choices=sorted(OPERAND_DTYPES), default="bfloat16",
+                        help="dtype the kernels' operands have in training (precision.compute_dtype)")
     parser.add_argument("--backends", nargs="*", default=None, help="subset of backend names (default: all)")
+    parser.add_argument("--kernel", action="append", default=[], metavar="MODULE:FUNCTION",
+                        help="also test this (x, w) -> y GEMM (y ~ x @ w.T); repeatable")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=None, help="default: STATS_DIR")
+    parser.add_argument("--out-dir", type=Path, default=None, help="default: STATS_DIR (created when missing)")
     return parser.parse_args(argv)
 
 
@@ -158,25 +227,66 @@ def select_backends(device: torch.device, names: Optional[list[str]]) -> dict:
     if names:
         unknown = sorted(set(names) - set(backends))
         if unknown:
-            raise ValueError(f"--backends: {unknown} not available on {device}; valid: {sorted(backends)}")
+            raise ReportInputError(f"--backends: {unknown} not available on {device}; valid: {sorted(backends)}")
         backends = {n: b for n, b in backends.items() if n in names or n == BASELINE}
     return backends
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = _parse_args(argv)
+def _check_options(args: argparse.Namespace) -> None:
+    try:
+        torch.device(args.device)
+    except RuntimeError as exc:
+        raise ReportInputError(f"--device {args.device!r}: {str(exc).splitlines()[0]}") from None
     if args.num_samples < 1:
-        raise SystemExit("--num-samples must be >= 1")
+        raise ReportInputError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if not 0.0 <= args.zero_floor < float("inf"):
+        raise ReportInputError(f"--zero-floor must be a finite number >= 0, got {args.zero_floor}")
+    if args.out_dir is not None and args.out_dir.exists() and not args.out_dir.is_dir():
+        raise ReportInputError(f"--out-dir {args.out_dir} exists and is not a directory")
+
+
+def user_kernel_lines(report: dict) -> list[str]:
+    """One line per (user kernel, layer): learned and normal MERE and their ratio."""
+    lines = []
+    for fqn, layer in report["layers"].items():
+        for name, c in layer["candidates"].items():
+            if ":" not in name:  # built-in backends have plain names; user kernels are module:function
+                continue
+            ratio = f"{c['mere'] / c['mere_normal']:.2f}x" if c["mere_normal"] > 0 else "n/a"
+            lines.append(f"kernel {name} on {fqn}: MERE {c['mere']:.4g} on learned inputs, {c['mere_normal']:.4g} "
+                         f"on normal inputs (learned/normal {ratio}){' UNSAFE' if c['unsafe'] else ''}")
+    return lines
+
+
+def _run(args: argparse.Namespace) -> tuple[dict, list[Path]]:
+    _check_options(args)
     device = torch.device(args.device)
+    user_kernels = {spec: load_user_kernel(spec) for spec in args.kernel}
     try:
         stats = load_stats(args.stats_dir)
-    except ValueError as exc:
+    except ValueError as exc:  # the file and the reason, one line
+        raise ReportInputError(str(exc)) from None
+    backends = {**select_backends(device, args.backends), **user_kernels}
+    report = build_report(stats, backends, device=device, num_samples=args.num_samples, threshold=args.threshold,
+                          min_speedup=args.min_speedup, rows=args.rows, seed=args.seed, zero_floor=args.zero_floor,
+                          operand_dtype=OPERAND_DTYPES[args.operand_dtype])
+    try:
+        paths = write_report(report, args.out_dir or args.stats_dir)
+    except OSError as exc:  # e.g. --out-dir not writable
+        raise ReportInputError(f"cannot write the report: {type(exc).__name__}: {exc}") from None
+    return report, paths
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parse_args(argv)
+    try:
+        report, paths = _run(args)
+    except ReportInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    backends = select_backends(device, args.backends)
-    report = build_report(stats, backends, device=device, num_samples=args.num_samples, threshold=args.threshold,
-                          min_speedup=args.min_speedup, rows=args.rows, seed=args.seed, zero_floor=args.zero_floor)
-    for path in write_report(report, args.out_dir or args.stats_dir, zero_floor=args.zero_floor):
+    for line in user_kernel_lines(report):
+        print(line)
+    for path in paths:
         print(f"wrote {path}")
     return 0
 

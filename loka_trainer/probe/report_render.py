@@ -8,14 +8,15 @@ def _fmt(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def render_markdown(report: dict, *, zero_floor: float) -> str:
+def render_markdown(report: dict) -> str:
     """One row per (layer, backend); flags spelled out."""
     lines = [
         "# LoKA Probe report",
         "",
         f"Device: {report['device']}. Samples per layer: {report['num_samples']}. "
         f"Unsafe: MERE >= {report['threshold']}. Not worth it: speedup <= {report['min_speedup']}x over bf16.",
-        f"MERE denominator floored at {zero_floor:g} x mean|ref| (see loka_trainer/probe/mere.py).",
+        f"MERE denominator floored at {report['zero_floor']:g} x mean|ref|; kernel and fp32 reference get the same "
+        f"{report['operand_dtype']} operands (see loka_trainer/probe/mere.py). User kernels are named module:function.",
         "",
         "| layer | M x K x N | representation | backend | MERE (learned) | MERE (normal) | learned/normal "
         "| speedup | flags |",

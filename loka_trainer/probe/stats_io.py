@@ -2,12 +2,17 @@
 
 File layout (``STATS_DIR/stats.pt``, torch.save of plain dicts and tensors, loadable with weights_only=True)::
 
-    {"version": 1, "step": int, "world_size": int,
+    {"version": 2, "step": int, "world_size": int, "sha256": str,
      "layers": {fqn: {"in_features": I, "out_features": O, "has_bias": bool,
                       "activation": {"count": (), "mean": (I,), "scatter": (G, Kb, Kb), "max_abs": (I,),
                                      "representation": str, "rows_per_call": int},
                       "weight": {"count": int, "mean": (O, I), "u": (O, O)|(O,), "v": (I, I)|(I,),
                                  "momentum": float, "representation": str}}}}
+
+``sha256`` is ``payload_digest`` of everything else (every tensor's dtype, shape and bytes, every other value,
+in key order): a file whose content changed after the write (flipped bits, a partial copy that still unpickles)
+is rejected on load. Version 2: the weight statistics describe the deviation around the running mean
+(``probe.weight``) and the file carries the checksum; files of another version are rejected.
 
 Atomicity: write to a temporary file in the same directory, fsync, then os.replace (atomic on POSIX), so a
 crash mid-write leaves the previous file intact and loadable.
@@ -15,6 +20,7 @@ crash mid-write leaves the previous file intact and loadable.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import math
 import os
 import tempfile
@@ -25,8 +31,40 @@ import torch
 
 from loka_trainer.probe.worker import SerialWorker
 
-STATS_VERSION = 1
+STATS_VERSION = 2
 STATS_FILE = "stats.pt"
+CHECKSUM_KEY = "sha256"
+
+
+def _feed(h: Any, obj: Any) -> None:
+    """Hash obj's content: tensors by dtype, shape and bytes; containers in key order; scalars by type and repr."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().to("cpu").contiguous()
+        h.update(f"tensor:{t.dtype}:{tuple(t.shape)}:".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        h.update(f"dict:{len(obj)}:".encode())
+        for key in sorted(obj, key=repr):
+            h.update(f"{key!r}=".encode())
+            _feed(h, obj[key])
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{type(obj).__name__}:{len(obj)}:".encode())
+        for item in obj:
+            _feed(h, item)
+    else:
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def payload_digest(stats: dict) -> str:
+    """sha256 hex digest of a stats dict's content, the checksum entry itself excluded."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in stats.items() if k != CHECKSUM_KEY})
+    return h.hexdigest()
+
+
+def seal_stats(stats: dict) -> dict:
+    """stats plus its checksum entry (call on the CPU copy that will be written; runs on the saver thread)."""
+    return {**stats, CHECKSUM_KEY: payload_digest(stats)}
 
 
 def to_cpu(obj: Any) -> Any:
@@ -113,10 +151,15 @@ def load_stats(path: Path, *, map_location: str = "cpu") -> dict:
     try:
         stats = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file for the user
-        raise ValueError(f"invalid probe stats file {path}: cannot be read ({type(exc).__name__}: {exc})") from None
+        first_line = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        raise ValueError(f"invalid probe stats file {path}: cannot be read ({type(exc).__name__}: {first_line})") \
+            from None
     _check(isinstance(stats, dict), path, "not a dict")
     _check(stats.get("version") == STATS_VERSION, path,
-           f"version {stats.get('version')!r}, this code reads version {STATS_VERSION}")
+           f"version {stats.get('version')!r}, this code reads version {STATS_VERSION} (re-run the probe)")
+    _check(isinstance(stats.get(CHECKSUM_KEY), str), path, "no checksum")
+    _check(stats[CHECKSUM_KEY] == payload_digest(stats), path, "checksum mismatch: the content changed after it "
+           "was written (damaged file)")
     _check(isinstance(stats.get("layers"), dict) and len(stats["layers"]) > 0, path, "no layers")
     for fqn, layer in stats["layers"].items():
         _validate_layer(path, fqn, layer)

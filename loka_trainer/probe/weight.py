@@ -1,27 +1,44 @@
-"""Matrix-normal weight statistics W ~ MN(M, U, V), tracked online with a Kronecker-factored (flip-flop) EMA.
+"""Matrix-normal weight statistics W ~ MN(M, U, V) of the deviation around the running mean, tracked online.
 
 Notation: the Linear weight W is (O, I) = (out_features, in_features); mean M (O, I); row covariance U (O, O);
 column covariance V (I, I); vec(W) has covariance V (x) U. Only V (x) U is identifiable, so U is normalized to
-trace(U) = O and the scale lives in V.
+trace(U) = O and the scale lives in V: trace(V) / I = sigma2, the mean per-element variance.
 
-One update with Wc = W - M (LoKA III-A), never forming an inverse:
-  L_V L_V^T = V + eps_V I,  W~ = Wc L_V^{-T},   U' = (1/I) W~ W~^T
-  U <- sym(m U + (1 - m) U') + eps_U I
-  L_U L_U^T = U + eps_U I,  W^ = L_U^{-1} Wc,   V' = (1/O) W^T W^
-  V <- sym(m V + (1 - m) V') + eps_V I
-  s = trace(U) / O;  U <- U / s;  V <- V s
-with eps = 1e-6 * trace / dim (relative jitter, so it scales with the weights). V' uses the freshly updated U:
-that is the flip-flop order and keeps the two factors consistent within a step.
+Observations W_1 .. W_t are weighted w_s = m^(t-s) (momentum m, 0 < m < 1), with
+  S_t = sum_s w_s = (1 - m^t) / (1 - m),   Q_t = sum_s w_s^2 = (1 - m^2t) / (1 - m^2),   c_t = S_t - Q_t / S_t,
+  R_t = sum_(s=2..t) m^(t-s) (1 - 1/S_s).
+
+Mean, the bias-corrected EMA (Adam's: an accumulator started at zero, divided by 1 - m^t), i.e. the weighted mean:
+  M_t = M_(t-1) + (W_t - M_(t-1)) / S_t,   M_1 = W_1.
+Deviation around the running mean before the observation:  D_t = W_t - M_(t-1),  t >= 2.
+
+Scale, the weighted variance of the observations around their weighted mean (West's update of the bias-corrected
+EMA scatter, divided by c_t, the reliability-weight small-sample correction; unbiased for i.i.d. draws from the
+second observation on):
+  sigma2_t = (m c_(t-1) / c_t) sigma2_(t-1) + ((1 - 1/S_t) / c_t) |D_t|^2 / (O I).
+Shapes, flip-flop moments of the deviation (LoKA III-A, by Cholesky solves, never an inverse), each normalized to
+its trace, averaged with the same weights (g_t = (1 - 1/S_t) / R_t; g_2 = 1, so the shapes start from the first
+deviation):
+  U' = (1/I) D L_V^-T L_V^-1 D^T,   L_V L_V^T = Vs_(t-1) + eps I,   U_t  = (1 - g_t) U_(t-1)  + g_t O U' / trace(U')
+  V' = (1/O) D^T L_U^-T L_U^-1 D,   L_U L_U^T = U_t + eps I,        Vs_t = (1 - g_t) Vs_(t-1) + g_t I V' / trace(V')
+  V_t = sigma2_t Vs_t                                               (eps = 1e-6 trace / dim)
+E[D A D^T] = U trace(V A) for any A independent of D, so the shapes are right whatever whitens them; normalizing
+each moment keeps a whitening by an early estimate (singular while fewer vectors than dimensions were seen) from
+weighing one moment over the others, and the scale comes from |D|^2 alone.
+
+Nothing starts from W itself: at t = 1 only the mean is set (U = I, V = 0: samples are the mean). A deterministic
+drift of the weights enters only through the lag of the running mean, i.e. the drift's variance within the EMA
+window, not its distance from the first observation. The stored (count, mean, u, v) are the whole state: the
+coefficients above are functions of t and m.
 
 Bounded representation: a factor whose dimension exceeds ``max_full_covariance`` is kept diagonal (a vector),
 i.e. those rows (or columns) are modeled as uncorrelated; their variances are kept.
-
-Mean: an EMA of W with the same momentum, so the statistics describe the *recent* weights (and their
-step-to-step variation), which is what the FP8 kernels will see. The first observation sets M = W, U = I and
-V = var(W) I (an isotropic prior at the weight's own scale) that later updates wash out.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 from typing import Optional
 
 import torch
@@ -47,8 +64,8 @@ def cholesky_factor(f: torch.Tensor) -> torch.Tensor:
     f_reg = _add_eps(f, _eps(f))
     if f.ndim == 1:
         return f_reg.sqrt()
-    # cholesky_ex: no host sync for the error check (this runs inside the forward). The jitter keeps F + eps I
-    # positive definite; a failure would leave NaNs, which the stats loader rejects.
+    # cholesky_ex: no host sync for the error check. The jitter keeps F + eps I positive definite; a failure
+    # would leave NaNs, which the stats loader rejects.
     return torch.linalg.cholesky_ex(f_reg).L
 
 
@@ -77,31 +94,75 @@ def _gram(a: torch.Tensor, *, diagonal: bool) -> torch.Tensor:
     return a @ a.T / a.shape[1]
 
 
-def _smooth(old: torch.Tensor, new: torch.Tensor, momentum: float) -> torch.Tensor:
-    """EMA, symmetrize, add eps I."""
-    f = momentum * old + (1.0 - momentum) * new
-    if f.ndim == 2:
-        f = 0.5 * (f + f.T)
-    return _add_eps(f, _eps(f))
+@dataclasses.dataclass(frozen=True)
+class EmaCoefficients:
+    """Scalars of observation t (see the module docstring)."""
+
+    mean_gain: float  # 1 / S_t:            M_t = M_(t-1) + mean_gain (W_t - M_(t-1))
+    keep: float  # m c_(t-1) / c_t:          sigma2_t = keep sigma2_(t-1) + gain |D_t|^2 / (O I)
+    gain: float  # (1 - 1/S_t) / c_t
+    shape_gain: float  # (1 - 1/S_t) / R_t:  F_t = (1 - shape_gain) F_(t-1) + shape_gain F'_t (trace-normalized)
+
+
+def _weight_sums(t: int, momentum: float) -> tuple[float, float]:
+    """(S_t, Q_t): sum of the weights m^(t-s) and of their squares over s = 1..t."""
+    s = -math.expm1(t * math.log(momentum)) / (1.0 - momentum)
+    q = -math.expm1(2 * t * math.log(momentum)) / (1.0 - momentum**2)
+    return s, q
+
+
+def _normalizer(t: int, momentum: float) -> float:
+    """c_t = S_t - Q_t / S_t (0 at t = 1): makes the weighted scatter an unbiased covariance."""
+    s, q = _weight_sums(t, momentum)
+    return s - q / s
+
+
+def _deviation_weight(t: int, momentum: float) -> float:
+    """R_t = sum_(s=2..t) m^(t-s) (1 - 1/S_s): the total weight of the deviations in the shape averages.
+    Terms older than m^(t-s) < 1e-18 are dropped (vectorized: microseconds for any t)."""
+    horizon = int(math.ceil(math.log(1e-18) / math.log(momentum)))
+    s = torch.arange(max(2, t - horizon), t + 1, dtype=torch.float64)
+    weight_sum = -torch.expm1(s * math.log(momentum)) / (1.0 - momentum)  # S_s
+    return float((momentum ** (t - s) * (1.0 - 1.0 / weight_sum)).sum())
+
+
+@functools.lru_cache(maxsize=256)  # every layer of a model is at the same t
+def ema_coefficients(t: int, momentum: float) -> EmaCoefficients:
+    """Coefficients of the t-th observation (t >= 1); t = 1 only sets the mean."""
+    if t < 1 or not 0.0 < momentum < 1.0:
+        raise ValueError(f"ema_coefficients: need t >= 1 and 0 < momentum < 1, got t={t}, momentum={momentum}")
+    if t == 1:
+        return EmaCoefficients(mean_gain=1.0, keep=0.0, gain=0.0, shape_gain=0.0)
+    s, _ = _weight_sums(t, momentum)
+    c_prev, c = _normalizer(t - 1, momentum), _normalizer(t, momentum)
+    new = 1.0 - 1.0 / s
+    return EmaCoefficients(mean_gain=1.0 / s, keep=momentum * c_prev / c, gain=new / c,
+                           shape_gain=new / _deviation_weight(t, momentum))
+
+
+def _trace(f: torch.Tensor) -> torch.Tensor:
+    return f.sum() if f.ndim == 1 else f.diagonal().sum()
+
+
+def _average_shape(old: torch.Tensor, moment: torch.Tensor, gain: float) -> torch.Tensor:
+    """(1 - gain) old + gain moment', moment' = moment scaled to the trace of old (kept when moment is 0)."""
+    trace = _trace(moment)
+    if not bool(trace > 0):
+        return old
+    f = (1.0 - gain) * old + gain * moment * (_trace(old) / trace)
+    return 0.5 * (f + f.T) if f.ndim == 2 else f
 
 
 @torch.no_grad()
-def matrix_normal_update(wc: torch.Tensor, u: torch.Tensor, v: torch.Tensor, *,
-                         momentum: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One flip-flop EMA step. wc: (O, I) centered weight; u: (O, O)|(O,); v: (I, I)|(I,) -> (u, v) renormalized."""
-    u_est = _gram(whiten_columns(wc, v), diagonal=u.ndim == 1)  # (O, O) or (O,)
-    u = _smooth(u, u_est, momentum)
-    v_est = _gram(whiten_rows(wc, u).T, diagonal=v.ndim == 1)  # (I, I) or (I,)
-    v = _smooth(v, v_est, momentum)
-    return renormalize(u, v)
-
-
-@torch.no_grad()
-def renormalize(u: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fix the scale ambiguity of V (x) U: s = trace(U) / O, U <- U / s, V <- V s."""
-    trace_u = u.sum() if u.ndim == 1 else u.diagonal().sum()
-    s = trace_u / u.shape[0]
-    return u / s, v * s
+def matrix_normal_update(dev: torch.Tensor, u: torch.Tensor, v_shape: torch.Tensor, *,
+                         shape_gain: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One flip-flop step of the shapes. dev: (O, I) deviation from the running mean; u: (O, O)|(O,) with
+    trace O; v_shape: (I, I)|(I,) with trace I. v_shape whitens the U moment, the fresh U whitens the V moment.
+    Returns (u, v_shape) with the same traces."""
+    u_moment = _gram(whiten_columns(dev, v_shape), diagonal=u.ndim == 1)  # (O, O) or (O,)
+    u = _average_shape(u, u_moment, shape_gain)
+    v_moment = _gram(whiten_rows(dev, u).T, diagonal=v_shape.ndim == 1)  # (I, I) or (I,)
+    return u, _average_shape(v_shape, v_moment, shape_gain)
 
 
 def _identity(n: int, *, diagonal: bool, dtype: torch.dtype, device) -> torch.Tensor:
@@ -113,8 +174,8 @@ class WeightTracker:
 
     def __init__(self, out_features: int, in_features: int, *, momentum: float = 0.99,
                  max_full_covariance: int = 4096, stats_dtype: str = "float64"):
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum={momentum}; valid values: 0 <= momentum < 1 (paper: 0.9 to 0.99)")
+        if not 0.0 < momentum < 1.0:
+            raise ValueError(f"momentum={momentum}; valid values: 0 < momentum < 1 (paper: 0.9 to 0.99)")
         if stats_dtype not in STATS_DTYPES:
             raise ValueError(f"stats_dtype={stats_dtype!r}; valid values: {', '.join(STATS_DTYPES)}")
         self.shape = (out_features, in_features)
@@ -140,19 +201,32 @@ class WeightTracker:
         w = w.detach().to(self.dtype)
         if self.mean is not None and self.mean.device != w.device:  # e.g. restored from a CPU checkpoint
             self.mean, self.u, self.v = (t.to(w.device) for t in (self.mean, self.u, self.v))
-        if self.count == 0:
-            self._initialize(w)
-        else:
-            self.u, self.v = matrix_normal_update(w - self.mean, self.u, self.v, momentum=self.momentum)
-            self.mean = self.momentum * self.mean + (1.0 - self.momentum) * w
         self.count += 1
+        if self.count == 1:
+            self._start(w)
+            return
+        coef = ema_coefficients(self.count, self.momentum)
+        dev = w - self.mean  # (O, I), around the running mean before this observation
+        scale, v_shape = self._scale_and_shape()
+        self.u, v_shape = matrix_normal_update(dev, self.u, v_shape, shape_gain=coef.shape_gain)
+        scale = coef.keep * scale + coef.gain * dev.square().mean()
+        self.v = v_shape * scale
+        self.mean = self.mean + coef.mean_gain * dev
 
-    def _initialize(self, w: torch.Tensor) -> None:
+    def _scale_and_shape(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sigma2 = trace(V) / I, V / sigma2 with trace I); the identity shape while no deviation was seen."""
+        scale = _trace(self.v) / self.shape[1]
+        if bool(scale > 0):
+            return scale, self.v / scale
+        return scale, _identity(self.shape[1], diagonal=self.diagonal_v, dtype=self.dtype, device=self.v.device)
+
+    def _start(self, w: torch.Tensor) -> None:
+        """First observation: M = W, no deviation seen yet (U = I, V = 0)."""
         out_features, in_features = self.shape
         self.mean = w.clone()
-        scale = w.var(correction=0).clamp_min(torch.finfo(self.dtype).tiny) if w.numel() > 1 else w.new_ones(())
         self.u = _identity(out_features, diagonal=self.diagonal_u, dtype=self.dtype, device=w.device)
-        self.v = scale * _identity(in_features, diagonal=self.diagonal_v, dtype=self.dtype, device=w.device)
+        self.v = torch.zeros_like(_identity(in_features, diagonal=self.diagonal_v, dtype=self.dtype,
+                                            device=w.device))
 
     def state_dict(self) -> dict:
         return {"count": self.count, "mean": self.mean, "u": self.u, "v": self.v,

@@ -16,7 +16,7 @@ class _Ctx:
 def test_fp8_precision_profiles_a_dispatch_converted_copy_and_leaves_the_model_alone(monkeypatch):
     # On a CPU no FP8 GEMM is faster than BF16, so let Dispatch pick FP8 wherever it is accurate enough:
     # only layers with an FP8 GEMM become LoKALinear.
-    from loka_trainer.kernels import dispatch
+    from loka_trainer.dispatch import measure as dispatch
     monkeypatch.setattr(dispatch, "select_backend", lambda cands, bf16_time_us, *, mere_threshold, min_speedup: next(
         (n for n, c in cands.items() if n == "scaled_mm_rowwise" and c["mere"] < mere_threshold), "bf16"))
     torch.manual_seed(0)

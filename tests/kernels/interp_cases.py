@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loka_trainer.kernels import triton_mods
-from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_forward_ref
-from loka_trainer.kernels.mods_ref import linear_mods_ref, static_fp8_scale, u_from_z
 from loka_trainer.kernels.quant import quantize, quantize_rowwise, quantize_tensorwise
-from loka_trainer.kernels.triton_quant import quantize_rowwise_fused, use_triton
+from loka_trainer.kernels.triton_env import use_triton
+from loka_trainer.kernels.triton_quant import quantize_rowwise_fused
 from loka_trainer.kernels.triton_quant_tensorwise import quantize_tensorwise_fused
+from loka_trainer.mods import triton_mods
+from loka_trainer.mods.ops import linear_mods, mods_backward_ref, mods_forward_ref
+from loka_trainer.mods.reference import linear_mods_ref, static_fp8_scale, u_from_z
 from tests.kernels.triton_interp import interpret, needs_triton  # noqa: F401  (fixture)
 
 
@@ -59,7 +60,7 @@ def test_fused_tensorwise_matches_reference(interpret, shape, transposed, dtype)
 @pytest.mark.parametrize("granularity", ["block1x128", "block128x128"])
 @pytest.mark.parametrize("transposed", [False, True])
 def test_fused_block_quantizers_match_reference(interpret, granularity, transposed):
-    from loka_trainer.kernels.triton_gemm import quantize_1x128, quantize_128x128
+    from loka_trainer.kernels.triton_gemm import quantize_128x128, quantize_1x128
     g = torch.Generator().manual_seed(0)
     x = torch.randn(200, 300, generator=g)  # neither dim a multiple of 128: ragged edge tiles
     x[:, 128:256] = 0.0  # an all-zero group / tile: finite scale, exact zeros
@@ -197,7 +198,7 @@ def test_split_k_forward_matches_one_slice(interpret, split_k, scaled):
 @needs_triton
 @pytest.mark.parametrize("M, K, N", [(40, 32, 64), (70, 48, 40)])  # ragged row, K and N tiles
 def test_grouped_grads_match_torch(interpret, M, K, N):
-    from loka_trainer.kernels import triton_grads
+    from loka_trainer.mods import triton_grads
     g = torch.Generator().manual_seed(3)
     dz, x, w = (torch.randn(*s, generator=g).to(torch.bfloat16) for s in ((M, N), (M, K), (N, K)))
     dx, dw = triton_grads.grads(dz, x, w)
@@ -206,15 +207,12 @@ def test_grouped_grads_match_torch(interpret, M, K, N):
 
 
 @needs_triton
-@pytest.mark.parametrize("enabled, dgrad, expected_calls", [(True, "bf16", 1), (False, "bf16", 0),
-                                                            (True, "scaled_mm_rowwise", 0)])
-def test_layer_backward_routes_small_bf16_grads_to_one_launch(interpret, monkeypatch, enabled, dgrad,
-                                                               expected_calls):
-    from loka_trainer.kernels import triton_grads
+@pytest.mark.parametrize("dgrad, expected_calls", [("bf16", 1), ("scaled_mm_rowwise", 0)])
+def test_layer_backward_routes_small_bf16_grads_to_one_launch(interpret, monkeypatch, dgrad, expected_calls):
+    from loka_trainer.mods import triton_grads
     calls = []
     grads = triton_grads.grads
     monkeypatch.setattr(triton_grads, "grads", lambda *a, **k: calls.append(1) or grads(*a, **k))
-    monkeypatch.setattr(triton_grads, "ENABLED", enabled)
     g = torch.Generator().manual_seed(4)
     rows = 48  # a multiple of 16, so the FP8 dgrad backend runs (on ragged batches it falls back to BF16)
     x = torch.randn(rows, K, generator=g).to(torch.bfloat16).requires_grad_()

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from loka_trainer.kernels.triton_mods import autotune_picks
+from loka_trainer.mods.triton_mods import autotune_picks
 
 
 def test_each_tuned_key_is_named_and_its_config_kept():
@@ -33,8 +33,8 @@ def test_short_k_forward_is_tuned_by_graph_replay_and_reported_with_the_rest():
     """K <= REPLAY_TUNED_MAX_K: the forward's configs are ranked by graph replay (its autotuner's do_bench), longer
     K by Triton's eager benchmarker; both autotuners wrap the same kernel, and the picks of both are reported."""
     triton = pytest.importorskip("triton")
-    from loka_trainer.kernels import triton_mods
     from loka_trainer.kernels.triton_autotune import graph_replay_bench
+    from loka_trainer.mods import triton_mods
     short = triton_mods._forward_kernel(triton_mods.REPLAY_TUNED_MAX_K)
     long = triton_mods._forward_kernel(2 * triton_mods.REPLAY_TUNED_MAX_K)
     assert short is not long and short.fn is long.fn and short.fn.__name__ == "fused_fwd_kernel"

@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from loka_trainer.dispatch.measure import fp32_reference
 from loka_trainer.kernels.backend_base import GemmBackend
 from loka_trainer.kernels.backends import BACKENDS, available_backends, get_backend
-from loka_trainer.kernels.dispatch import fp32_reference
-from loka_trainer.kernels.error import mere
+from loka_trainer.probe.mere import mere
 
 CPU_BACKENDS = sorted(available_backends("cpu"))
 # Stated bounds on the normwise relative error ||out - ref|| / ||ref|| vs fp32 for N(0,1) operands:

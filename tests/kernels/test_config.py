@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from loka_trainer.kernels.config import PrecisionConfig
+from loka_trainer.precision import PrecisionConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "precision"
 NAMES = ["fp32", "bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "loka"]

@@ -6,10 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from loka_trainer.kernels import convert as convert_mod
-from loka_trainer.kernels.config import PrecisionConfig
-from loka_trainer.kernels.convert import PLAN_FILE, apply_precision, target_linears
+from loka_trainer.dispatch import build, calibration, convert as convert_mod
+from loka_trainer.dispatch.compile import COMPILE_ENTRIES_PER_LAYER, reserve_compile_cache
+from loka_trainer.dispatch.convert import PLAN_FILE
+from loka_trainer.dispatch.targets import target_linears
 from loka_trainer.kernels.linear import LoKALinear
+from loka_trainer.precision import PrecisionConfig, apply_precision
 
 
 class TinyModel(nn.Module):
@@ -118,16 +120,16 @@ def test_input_capture_leaves_the_forward_unchanged_for_token_inputs():
 
     m = Tokens()
     expected = m(_batch())
-    captured = convert_mod.capture_linear_inputs(m, target_linears(m, min_features=64), _batch())
+    captured = calibration.capture_linear_inputs(m, target_linears(m, min_features=64), _batch())
     assert captured["mlp.0"].shape == (64 * 3, 64)  # flattened to (M, K) for Dispatch
-    assert convert_mod.linear_input_rows(m, target_linears(m, min_features=64), _batch())["mlp.0"] == {192}
+    assert calibration.linear_input_rows(m, target_linears(m, min_features=64), _batch())["mlp.0"] == {192}
     torch.testing.assert_close(m(_batch()), expected)  # the hooks are gone and changed nothing
     plan = apply_precision(m, config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(),
                            log=lambda s: None)
     assert plan.layers["mlp.0"].M == 192
 
 
-def test_loka_reserves_one_compiled_graph_per_layer_plan(dynamo_config):
+def test_compile_step_reserves_one_compiled_graph_per_lokalayer_and_conversion_leaves_dynamo_alone(dynamo_config):
 
     class Deep(TinyModel):  # 12 planned layers: more than dynamo's default 8 graphs per frame
         def __init__(self):
@@ -135,13 +137,17 @@ def test_loka_reserves_one_compiled_graph_per_layer_plan(dynamo_config):
             self.mlp = nn.Sequential(*[nn.Linear(64, 64) for _ in range(12)])
 
     logs = []
-    plan = apply_precision(Deep(), config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(),
-                           log=logs.append)
+    deep = Deep()
+    plan = apply_precision(deep, config=PrecisionConfig(**LOKA, backends=["scaled_mm_rowwise"], min_speedup=1e-9),
+                           device="cpu", calibration_batch=_batch(), log=logs.append)
     assert len(plan.layers) == 12
-    assert dynamo_config.recompile_limit == convert_mod.COMPILE_ENTRIES_PER_LAYER * 12
+    assert dynamo_config.recompile_limit == 8  # converting changes no process-wide setting
+    reserve_compile_cache(deep, logs.append)  # the trainer's compile step
+    num_loka = sum(isinstance(m, LoKALinear) for m in deep.modules())
+    assert num_loka == 12
+    assert dynamo_config.recompile_limit == COMPILE_ENTRIES_PER_LAYER * 12
     assert any("recompile_limit raised to 48" in line for line in logs)
-    apply_precision(TinyModel(), config=PrecisionConfig(**LOKA), device="cpu", calibration_batch=_batch(),
-                    log=logs.append)
+    reserve_compile_cache(nn.Sequential(LoKALinear(64, 64)), logs.append)
     assert dynamo_config.recompile_limit == 48  # a smaller model never lowers it
 
 
@@ -175,14 +181,14 @@ def test_converted_model_saved_loads_into_bf16_model(tmp_path):
 
 
 def test_plan_timers_follow_the_two_config_fields_on_cuda_and_wall_clock_elsewhere(monkeypatch):
-    from loka_trainer.kernels import dispatch
+    from loka_trainer import timing
     made = []
     fake = {name: (lambda name=name: made.append(name) or name) for name in ("cuda_events", "cuda_graph")}
-    monkeypatch.setattr(dispatch, "GPU_TIMERS", fake)
+    monkeypatch.setattr(timing, "GPU_TIMERS", fake)
     cfg = PrecisionConfig(name="loka", mods=True, dispatch=True)
-    assert convert_mod.plan_timers(cfg, "cuda") == ("cuda_events", "cuda_graph")  # the defaults
+    assert build.plan_timers(cfg, "cuda") == ("cuda_events", "cuda_graph")  # the defaults
     cfg.gpu_timer, cfg.layer_timer = "cuda_graph", "cuda_events"
-    assert convert_mod.plan_timers(cfg, torch.device("cuda", 0)) == ("cuda_graph", "cuda_events")
-    gemm, layer = convert_mod.plan_timers(cfg, "cpu")
+    assert build.plan_timers(cfg, torch.device("cuda", 0)) == ("cuda_graph", "cuda_events")
+    gemm, layer = build.plan_timers(cfg, "cpu")
     assert made == ["cuda_events", "cuda_graph", "cuda_graph", "cuda_events"]  # no GPU timer built for the CPU
     assert gemm(lambda: sum(range(100))) > 0 and layer(lambda: None) >= 0

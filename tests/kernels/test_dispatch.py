@@ -5,9 +5,10 @@ import weakref
 import pytest
 import torch
 
+from loka_trainer.dispatch.measure import build_layer_plan, measure_gemm
+from loka_trainer.dispatch.select import select_backend
 from loka_trainer.kernels.backends import available_backends, get_backend
-from loka_trainer.kernels.dispatch import build_layer_plan, measure_gemm, select_backend
-from loka_trainer.kernels.error import mere
+from loka_trainer.probe.mere import mere
 
 RULE = dict(mere_threshold=0.2, min_speedup=1.05)
 
@@ -33,7 +34,7 @@ def test_threshold_is_strict(threshold, expected):
 
 def test_dispatch_and_probe_share_one_mere():
     import importlib
-    dispatch = importlib.import_module("loka_trainer.kernels.dispatch")
+    dispatch = importlib.import_module("loka_trainer.dispatch.measure")
     probe_mere = importlib.import_module("loka_trainer.probe.mere")
     assert dispatch.mere is probe_mere.mere is mere
 
@@ -119,7 +120,7 @@ def test_layers_of_one_shape_are_timed_once_per_plan():
     ({"fused_bf16": 120.0, "split_bf16": None}, ("fused_bf16", 1.0)),  # a failed mode is never picked
 ])
 def test_mods_mode_rule(times, expected):
-    from loka_trainer.kernels.dispatch import select_mods_mode
+    from loka_trainer.dispatch.select import select_mods_mode
     is_fp8 = {m: "fp8" in m for m in times}
     mode, speedup = select_mods_mode(times, is_fp8, min_speedup=1.05)
     assert (mode, speedup) == (expected[0], pytest.approx(expected[1]))
@@ -129,7 +130,7 @@ def test_cuda_graph_timer_reports_graph_time_and_falls_back_when_capture_fails(m
     pytest.importorskip("triton")
     import triton.testing
 
-    from loka_trainer.kernels.dispatch import cuda_graph_timer
+    from loka_trainer.timing import cuda_graph_timer
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     calls = []
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, **kw: (fn(), 0.25)[1])  # ms
@@ -152,7 +153,7 @@ def test_cuda_graph_us_frees_the_warm_up_calls_cycles_before_capturing(monkeypat
     import gc
     import triton.testing
 
-    from loka_trainer.kernels.dispatch import cuda_graph_us
+    from loka_trainer.timing import cuda_graph_us
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     refs, seen = [], {}
 

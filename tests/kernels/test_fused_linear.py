@@ -7,10 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from loka_trainer.kernels.config import PrecisionConfig
-from loka_trainer.kernels.convert import apply_precision
-from loka_trainer.kernels.fused_linear import FusedLinearMods, find_fusable, fuse_linear_mods, kernels_from_plan_backends
+from loka_trainer.dispatch.convert import kernels_from_plan_backends
 from loka_trainer.models.layers import mlp
+from loka_trainer.mods.module import FusedLinearMods
+from loka_trainer.mods.transform import find_fusable, fuse_linear_mods
+from loka_trainer.precision import PrecisionConfig, apply_precision
 
 
 def _mlp(**kw):
@@ -94,13 +95,13 @@ def test_loading_a_state_dict_clears_the_cached_fp8_weight():
     (True, True, False, "split_bf16", "scaled_mm_rowwise", False),  # so does an FP8 dgrad
 ])
 def test_plain_math_route(on_cuda, compiling, interpreting, mode, dgrad, plain):
-    from loka_trainer.kernels.fused_linear import plain_math_route
+    from loka_trainer.mods.module import plain_math_route
     assert plain_math_route(on_cuda=on_cuda, compiling=compiling, interpreting=interpreting, mode=mode,
                             dgrad=dgrad, wgrad="bf16") is plain
 
 
 def test_plan_mods_mode_overrides_the_rule():
-    from loka_trainer.kernels.plan import ModsChoice
+    from loka_trainer.dispatch.plan import ModsChoice
     fp8 = {"forward": "scaled_mm_rowwise", "input_grad": "bf16", "weight_grad": "bf16"}
     assert kernels_from_plan_backends(fp8, ModsChoice(mode="split_fp8"))["mode"] == "split_fp8"
     assert kernels_from_plan_backends(fp8)["mode"] == "fused_fp8"
@@ -109,7 +110,7 @@ def test_plan_mods_mode_overrides_the_rule():
 def test_a_reused_plan_sets_each_fused_layers_forward_mode(tmp_path):
     import json
 
-    from loka_trainer.kernels.convert import PLAN_FILE
+    from loka_trainer.dispatch.convert import PLAN_FILE
     cfg = dict(name="loka", mods=True, dispatch=True, timing_repeats=1, backends=["scaled_mm_rowwise"])
     apply_precision(_mlp(), config=PrecisionConfig(**cfg), device="cpu", calibration_batch=torch.randn(32, 64),
                     run_dir=tmp_path, log=lambda s: None)
@@ -141,14 +142,14 @@ def test_a_reused_plan_sets_each_fused_layers_forward_mode(tmp_path):
 def test_fp8_handoff_links_only_a_split_emitter_to_an_fp8_reader(first, second, linked):
     # the reader must take FP8; the emitter must run the separate epilogue kernel (the FP8 store slowed the
     # single fused GEMM+epilogue kernel by more than the reader's quantization costs, docs/kernels/README.md)
-    from loka_trainer.kernels.fused_linear import chain_fp8_handoffs
+    from loka_trainer.mods.transform import chain_fp8_handoffs
     stack = nn.Sequential(FusedLinearMods(64, 256, mode=first), nn.Identity(), FusedLinearMods(256, 256, mode=second))
     assert chain_fp8_handoffs(stack) == ([("0", "2")] if linked else [])
     assert stack[0].emit_fp8 == linked and not stack[2].emit_fp8
 
 
 def test_plan_mods_input_grad_overrides_the_planned_dgrad():
-    from loka_trainer.kernels.plan import ModsChoice
+    from loka_trainer.dispatch.plan import ModsChoice
     planned = {"forward": "bf16", "input_grad": "bf16", "weight_grad": "bf16"}
     assert kernels_from_plan_backends(planned, None, ModsChoice(mode="scaled_mm_rowwise"))["dgrad"] == \
         "scaled_mm_rowwise"
@@ -157,7 +158,7 @@ def test_plan_mods_input_grad_overrides_the_planned_dgrad():
 
 
 def test_time_input_grads_runs_a_full_step_per_backend(monkeypatch):
-    from loka_trainer.kernels import fused_linear
+    from loka_trainer.dispatch import mods_timing as fused_linear
     calls, leaves = [], []
     original = fused_linear.linear_mods_fp8_out
 
@@ -182,8 +183,8 @@ def test_time_input_grads_runs_a_full_step_per_backend(monkeypatch):
     ({"bf16": 100.0, "scaled_mm_rowwise": 50.0}, 0.5, None),  # inaccurate: not offered, nothing timed
 ])
 def test_fused_layers_input_grad_chosen_by_timing_the_layer(monkeypatch, step_us, mere, chosen):
-    from loka_trainer.kernels import convert
-    from loka_trainer.kernels.plan import GemmChoice, LayerPlan
+    from loka_trainer.dispatch import build as convert
+    from loka_trainer.dispatch.plan import GemmChoice, LayerPlan
     model = _mlp()
     layers = {fqn: LayerPlan(M=32, K=k, N=n, input_grad=GemmChoice(
         "bf16", candidates={"scaled_mm_rowwise": {"mere": mere, "time_us": 9.0}}))

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from loka_trainer.kernels.backends import available_backends
-from loka_trainer.kernels.linear import LoKALinear
+from loka_trainer.kernels.linear import LoKALinear, register_weight_cache_hook
 
 CPU_FP8 = [n for n in available_backends("cpu") if n != "bf16"]
 GEMMS = ("forward", "input_grad", "weight_grad")
@@ -90,15 +90,19 @@ def test_autocast_output_dtype_and_compile():
     assert _rel(y, layer(x)) < 1e-3 and xc.grad.shape == x.shape
 
 
-def test_weight_rewritten_without_version_bump_is_recast_after_an_optimizer_step():
+@pytest.mark.parametrize("hooked", [True, False])
+def test_weight_rewritten_without_version_bump_is_recast_after_a_hooked_optimizer_step(hooked):
     """What FSDP2 does: the all-gather rewrites the unsharded weight in place without bumping its version
-    counter (here: through ``.data``), possibly at the same address; the optimizer steps the shards."""
+    counter (here: through ``.data``), possibly at the same address; the optimizer steps the shards. With
+    ``register_weight_cache_hook`` the step clears the cache; without it the stale FP8 weight is served."""
     torch.manual_seed(3)
     layer = LoKALinear(64, 32, bias=False, backends={"forward": "scaled_mm_rowwise"})
     shard = nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([shard], lr=0.1)
+    if hooked:
+        handle = register_weight_cache_hook(layer, opt)
     x = torch.randn(16, 64)
-    layer(x)
+    before = layer(x)
     new_weight = torch.randn(32, 64) / 8
     version, ptr = layer.weight._version, layer.weight.data_ptr()
     layer.weight.data.copy_(new_weight)
@@ -107,7 +111,19 @@ def test_weight_rewritten_without_version_bump_is_recast_after_an_optimizer_step
     opt.step()
     fresh = LoKALinear(64, 32, bias=False, backends={"forward": "scaled_mm_rowwise"})
     fresh.weight.data.copy_(new_weight)
-    torch.testing.assert_close(layer(x), fresh(x), rtol=0, atol=0)
+    torch.testing.assert_close(layer(x), fresh(x) if hooked else before, rtol=0, atol=0)
+    if hooked:  # removed: the next step leaves the cache alone
+        handle.remove()
+        layer.weight.data.copy_(torch.randn(32, 64) / 8)
+        opt.step()
+        torch.testing.assert_close(layer(x), fresh(x), rtol=0, atol=0)
+
+
+def test_weight_cache_hook_reaches_fused_mods_layers():
+    from loka_trainer.kernels.linear import weight_caches
+    from loka_trainer.mods.module import FusedLinearMods
+    model = nn.Sequential(LoKALinear(64, 32), nn.ReLU(), FusedLinearMods(32, 256))
+    assert weight_caches(model) == [model[0]._weight_cache, model[2]._weight_cache]
 
 
 def test_loading_a_state_dict_clears_the_cached_weight():

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from loka_trainer.kernels.linear import LoKALinear, WeightCache
-from loka_trainer.kernels.plan import GEMMS
+from loka_trainer.kernels.backend_base import GEMMS
+from loka_trainer.kernels.linear import LoKALinear, WeightCache, register_weight_cache_hook
 from tests.spawn import run_on_ranks
 
 WORLD, STEPS = 2, 3
@@ -29,6 +29,7 @@ def _worker(rank: int) -> None:
     fully_shard(model[0])
     fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    register_weight_cache_hook(model, opt)
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
     for _ in range(STEPS):
         y = model(x)

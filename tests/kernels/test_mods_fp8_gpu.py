@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from loka_trainer.kernels.mods_ref import linear_mods_ref
+from loka_trainer.mods.reference import linear_mods_ref
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or importlib.util.find_spec("triton") is None
@@ -23,7 +23,7 @@ def _rel(a, b) -> float:
 
 def _du(M: int, N: int, block: int):
     """A realistic (dh, u, r): u, r from the forward epilogue of a random z, dh random; row 3 of dh zero."""
-    from loka_trainer.kernels.mods_ops import mods_forward_ref
+    from loka_trainer.mods.ops import mods_forward_ref
     z = torch.randn(M, N, device="cuda") * 2
     _, u, r = mods_forward_ref(z, block, 1e-6)
     dh = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
@@ -35,8 +35,8 @@ def _du(M: int, N: int, block: int):
 @pytest.mark.parametrize("write_bf16", [True, False])
 @pytest.mark.parametrize("granularity", ["rowwise", "tensorwise"])
 def test_backward_dz_fp8_matches_reference(M, N, block, write_bf16, granularity):
-    from loka_trainer.kernels.mods_ops_fp8 import mods_backward_fp8_ref
-    from loka_trainer.kernels.triton_mods import backward_dz_fp8
+    from loka_trainer.mods.ops_fp8 import mods_backward_fp8_ref
+    from loka_trainer.mods.triton_mods import backward_dz_fp8
     dh, u, r = _du(M, N, block)
     sx = torch.logspace(-2, 2, M, device="cuda")[:, None]  # the forward's row scales of x (folded weight grad)
     q, s, dz, (dzt, st) = backward_dz_fp8(dh, u, r, block=block, write_bf16=write_bf16, granularity=granularity,
@@ -65,7 +65,7 @@ def test_backward_dz_fp8_matches_reference(M, N, block, write_bf16, granularity)
                                                "scaled_mm_tensorwise_fast_accum"),
                                               ("split_bf16", "scaled_mm_tensorwise_fast_accum", "bf16")])
 def test_linear_mods_fp8_modes_match_fp32(M, K, N, mode, dgrad, wgrad):
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.mods.ops import linear_mods
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(M, N, device="cuda")
@@ -84,8 +84,8 @@ def test_fused_dgrad_equals_unfused_backend(backend):
     """Same numerics as the backend: fused dz-quant + _scaled_mm vs backend.input_grad on the bf16 dz."""
     from loka_trainer.kernels.backends import get_backend
     from loka_trainer.kernels.linear import WeightCache
-    from loka_trainer.kernels.mods_ops import mods_bwd_dz
-    from loka_trainer.kernels.mods_ops_fp8 import FUSED_DGRAD
+    from loka_trainer.mods.ops import mods_bwd_dz
+    from loka_trainer.mods.ops_fp8 import FUSED_DGRAD
     dh, u, r = _du(1024, 2048, 256)
     w = (torch.randn(2048, 512, device="cuda") / 512 ** 0.5).to(torch.bfloat16)
     cache = WeightCache()
@@ -99,7 +99,7 @@ def test_fused_dgrad_equals_unfused_backend(backend):
 
 def test_split_fp8_compiles():
     from loka_trainer.kernels.linear import WeightCache
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.mods.ops import linear_mods
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(512, 256, device="cuda") / 16).to(torch.bfloat16).requires_grad_()
     cache = WeightCache()
@@ -113,7 +113,8 @@ def test_split_fp8_compiles():
 def test_fp8_handoff_matches_unchained_stack(mode_first):
     from torch import nn
 
-    from loka_trainer.kernels.fused_linear import FusedLinearMods, chain_fp8_handoffs
+    from loka_trainer.mods.module import FusedLinearMods
+    from loka_trainer.mods.transform import chain_fp8_handoffs
 
     def stack():
         torch.manual_seed(0)
@@ -137,7 +138,7 @@ def test_fp8_handoff_matches_unchained_stack(mode_first):
 
 @pytest.mark.parametrize("mode", ["fused_bf16", "split_bf16", "fused_fp8", "split_fp8"])
 def test_inference_forward_equals_training_forward(mode):
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.mods.ops import linear_mods
     x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(1024, 512, device="cuda") / 512 ** 0.5).to(torch.bfloat16).requires_grad_()
     y_train = linear_mods(x, w, mode=mode)
@@ -153,8 +154,8 @@ def test_lokalayers_compile_into_one_graph():
     # launch-bound; fullgraph=True turns one into an error.
     from torch import nn
 
-    from loka_trainer.kernels.fused_linear import FusedLinearMods
     from loka_trainer.kernels.linear import LoKALinear
+    from loka_trainer.mods.module import FusedLinearMods
 
     torch.manual_seed(0)
     fp8 = {"forward": "scaled_mm_rowwise", "input_grad": "scaled_mm_rowwise", "weight_grad": "scaled_mm_rowwise"}
@@ -173,10 +174,9 @@ def test_lokalayers_compile_into_one_graph():
 def test_plan_times_the_forward_modes_and_input_grads_of_fused_layers():
     from torch import nn
 
-    from loka_trainer.kernels.config import PrecisionConfig
-    from loka_trainer.kernels.convert import apply_precision
-    from loka_trainer.kernels.fused_linear import FusedLinearMods
     from loka_trainer.models.layers import mlp
+    from loka_trainer.mods.module import FusedLinearMods
+    from loka_trainer.precision import PrecisionConfig, apply_precision
 
     torch.manual_seed(0)
     model = nn.Sequential(mlp(256, [512, 256], bias=False, norm="blocknorm", activation="hardswish",
@@ -195,19 +195,16 @@ def test_plan_times_the_forward_modes_and_input_grads_of_fused_layers():
 
 
 def _assert_two_streams_equal_in_order(step, leaves):
-    """``step()`` (forward + backward) gives bit-equal grads of ``leaves`` with the backward's two GEMMs on two
-    streams and in order, and the same again when captured in a CUDA graph (fork/join as graph edges) and replayed."""
-    from loka_trainer.kernels import streams
+    """``step(config)`` (forward + backward with that ``ModsKernelConfig``) gives bit-equal grads of ``leaves`` with the
+    backward's two GEMMs on two streams and in order, and the same again when captured in a CUDA graph (fork/join as
+    graph edges) and replayed."""
+    from loka_trainer.mods.config import ModsKernelConfig
 
     def grads(enabled: bool):
-        streams.ENABLED = enabled
-        try:
-            for t in leaves:
-                t.grad = None
-            step()
-            return [t.grad.clone() for t in leaves]
-        finally:
-            streams.ENABLED = True
+        for t in leaves:
+            t.grad = None
+        step(ModsKernelConfig(backward_streams=enabled))
+        return [t.grad.clone() for t in leaves]
     concurrent, serial = grads(True), grads(False)
     assert all(torch.equal(a, b) for a, b in zip(concurrent, serial))  # same kernels, only the streams differ
     side = torch.cuda.Stream()
@@ -219,7 +216,7 @@ def _assert_two_streams_equal_in_order(step, leaves):
     for t in leaves:
         t.grad = None
     with torch.cuda.graph(g):
-        step()
+        step(ModsKernelConfig())
     for t in leaves:
         t.grad.zero_()
     g.replay()
@@ -233,18 +230,19 @@ def _assert_two_streams_equal_in_order(step, leaves):
                                 dict(mode="split_fp8", dgrad="scaled_mm_tensorwise", wgrad="scaled_mm_tensorwise")])
 def test_grads_on_two_streams_equal_grads_in_order_also_under_graph_replay(kw):
     from loka_trainer.kernels.linear import WeightCache
-    from loka_trainer.kernels.mods_ops import linear_mods
+    from loka_trainer.mods.ops import linear_mods
     x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(768, 512, device="cuda") / 23).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
     cache = WeightCache()
-    _assert_two_streams_equal_in_order(lambda: linear_mods(x, w, cache=cache, **kw).backward(dy), [x, w])
+    _assert_two_streams_equal_in_order(lambda config: linear_mods(x, w, cache=cache, config=config, **kw).backward(dy),
+                                       [x, w])
 
 
 @pytest.mark.parametrize("M,N,K", [(1024, 2048, 4096), (1000, 256, 7680), (64, 320, 96)])
 def test_fold_operands_match_reference(M, N, K):
     from loka_trainer.kernels.quant import quantize_rowwise
-    from loka_trainer.kernels.wgrad_fold import fold_operands, fold_operands_ref
+    from loka_trainer.mods.wgrad_fold import fold_operands, fold_operands_ref
     dz = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     dz[5] *= 1000.0
     xq, sx = quantize_rowwise(torch.randn(M, K, device="cuda") * torch.logspace(-2, 2, M, device="cuda")[:, None],

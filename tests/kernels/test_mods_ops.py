@@ -2,14 +2,16 @@
 mode and the fused FP8 dgrad on their plain-torch (CPU) paths."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from loka_trainer.kernels.mods_modes import FORWARD_MODES
-from loka_trainer.kernels.mods_ops import linear_mods, mods_backward_ref, mods_forward_ref
-from loka_trainer.kernels.mods_ops_fp8 import mods_bwd_dz_fp8
-from loka_trainer.kernels.mods_ref import block_norm, hard_swish, linear_mods_ref
 from loka_trainer.kernels.quant import quantize
+from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.mods.ops import linear_mods, mods_backward_ref, mods_forward_ref
+from loka_trainer.mods.ops_fp8 import mods_bwd_dz_fp8
+from loka_trainer.mods.reference import block_norm, hard_swish, linear_mods_ref
 
 
 @pytest.mark.parametrize("block", [16, 64])
@@ -74,7 +76,7 @@ def test_ragged_batch_falls_back_from_fp8_gemms():
 @pytest.mark.parametrize("write_bf16", [True, False])
 @pytest.mark.parametrize("granularity,dtype", [("rowwise", torch.float8_e4m3fn), ("tensorwise", torch.float8_e5m2)])
 def test_bwd_dz_fp8_op_is_the_quantized_dz(write_bf16, granularity, dtype, fold):
-    from loka_trainer.kernels.wgrad_fold import fold_dz_ref
+    from loka_trainer.mods.wgrad_fold import fold_dz_ref
     g = torch.Generator().manual_seed(1)
     _, u, r = mods_forward_ref(torch.randn(32, 128, generator=g), 64, 1e-6)
     dh = torch.randn(32, 128, generator=g).to(torch.bfloat16)
@@ -107,7 +109,7 @@ def test_bwd_dz_fp8_op_rejects_an_unknown_granularity():
 
 @pytest.mark.parametrize("write_fp8,save", [(False, True), (True, True), (False, False), (True, False)])
 def test_mods_fwd_writes_only_what_is_asked(write_fp8, save):
-    from loka_trainer.kernels.mods_ops import mods_fwd
+    from loka_trainer.mods.ops import mods_fwd
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
     w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16)
@@ -121,8 +123,8 @@ def test_mods_fwd_writes_only_what_is_asked(write_fp8, save):
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_mods_fwd_keeps_z_for_the_backward_when_asked(fp8):
-    from loka_trainer.kernels.mods_ops import UNIT_SCALE_FP8_GEMM, mods_bwd_dz, mods_fwd
     from loka_trainer.kernels.quant import quantize_rowwise
+    from loka_trainer.mods.ops import mods_bwd_dz, mods_fwd
     g = torch.Generator().manual_seed(2)
     x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
     w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16)
@@ -132,10 +134,8 @@ def test_mods_fwd_keeps_z_for_the_backward_when_asked(fp8):
     hz, z, rz, _ = mods_fwd(x, w, sx, sw, 64, 1e-6, True, save_z=True)
     torch.testing.assert_close(h, hz)
     torch.testing.assert_close(r, rz)
-    scales = (sx, sw) if fp8 and UNIT_SCALE_FP8_GEMM else (None, None)  # z before the scales
+    scales = (sx, sw) if fp8 else (None, None)  # z before the scales
     zf = x.float() @ w.float().t()
-    if fp8 and not UNIT_SCALE_FP8_GEMM:
-        zf = zf * sx * sw.t()
     assert float((z.float() - zf).norm() / zf.norm()) < 1e-2
     dh = torch.randn(32, 128, generator=g).to(torch.bfloat16)
     dz_u, dz_z = mods_bwd_dz(dh, u, r, 64), mods_bwd_dz(dh, z, r, 64, True, *scales)
@@ -144,7 +144,7 @@ def test_mods_fwd_keeps_z_for_the_backward_when_asked(fp8):
 
 
 def test_inference_skips_the_autograd_function(monkeypatch):
-    from loka_trainer.kernels import mods_ops
+    from loka_trainer.mods import ops as mods_ops
     g = torch.Generator().manual_seed(1)
     x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
     w = (torch.randn(128, 64, generator=g) / 8).to(torch.bfloat16).requires_grad_()
@@ -161,7 +161,7 @@ def test_backward_makes_no_zero_gradient_for_the_fp8_output():
     """q (the FP8 copy for the next layer) gets no gradient; autograd must not build a zero e4m3 one for it."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from loka_trainer.kernels.mods_ops import linear_mods_fp8_out
+    from loka_trainer.mods.ops import linear_mods_fp8_out
 
     class Fp8Outputs(TorchDispatchMode):
         def __init__(self):
@@ -183,7 +183,7 @@ def test_backward_makes_no_zero_gradient_for_the_fp8_output():
 
 
 def test_side_by_side_off_cuda_runs_both_in_order_and_skips_missing_ones():
-    from loka_trainer.kernels.streams import side_by_side
+    from loka_trainer.mods.streams import side_by_side
     calls = []
     main = lambda: calls.append("main") or torch.ones(2)  # noqa: E731
     side = lambda: calls.append("side") or torch.zeros(2)  # noqa: E731
@@ -191,3 +191,19 @@ def test_side_by_side_off_cuda_runs_both_in_order_and_skips_missing_ones():
     assert calls == ["main", "side"] and torch.equal(a, torch.ones(2)) and torch.equal(b, torch.zeros(2))
     assert side_by_side(None, side, torch.device("cpu"))[0] is None
     assert side_by_side(main, None, torch.device("cpu"))[1] is None
+
+
+@pytest.mark.parametrize("streams", [True, False])
+def test_the_layers_kernel_config_reaches_its_backward(monkeypatch, streams):
+    from loka_trainer.mods import ops
+    from loka_trainer.mods.config import ModsKernelConfig
+    from loka_trainer.mods.module import FusedLinearMods
+    seen = []
+    real = ops.side_by_side
+    monkeypatch.setattr(ops, "side_by_side", lambda *a, concurrent: seen.append(concurrent) or real(*a))
+    layer = FusedLinearMods(64, 128, block_size=64, config=ModsKernelConfig(backward_streams=streams))
+    x = torch.randn(32, 64, requires_grad=True)
+    ops.linear_mods(x, layer.weight, block=64, config=layer.config).sum().backward()
+    assert seen == [streams] and x.grad is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layer.config.backward_streams = not streams

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch: the launch keywords per switch and device, and what they compile to on sm90
+"""Programmatic dependent launch: the launch keywords per device, and what they compile to on sm90
 (offline: Triton compiles for an H100/H200 target without a GPU)."""
 import pytest
 import torch
@@ -7,22 +7,16 @@ from loka_trainer.kernels import pdl
 from tests.kernels.sm90 import compile_sm90
 
 
-def test_no_pdl_off_cuda_whatever_the_switch(monkeypatch):
-    t = torch.zeros(4, 4)
-    for enabled in (True, False):
-        monkeypatch.setattr(pdl, "ENABLED", enabled)
-        assert pdl.launch_args(t) == {"PDL": False, "launch_pdl": False}
+def test_no_pdl_off_cuda():
+    assert pdl.launch_args(torch.zeros(4, 4)) == {"PDL": False, "launch_pdl": False}
 
 
-def test_on_for_sm90_devices_unless_switched_off(monkeypatch):
+def test_on_for_sm90_devices_only(monkeypatch):
     class FakeCuda:
         is_cuda = True
         device = torch.device("cuda", 0)
     monkeypatch.setattr(pdl, "_supported", lambda index: True)
     assert pdl.launch_args(FakeCuda()) == {"PDL": True, "launch_pdl": True}
-    monkeypatch.setattr(pdl, "ENABLED", False)
-    assert pdl.launch_args(FakeCuda()) == {"PDL": False, "launch_pdl": False}
-    monkeypatch.setattr(pdl, "ENABLED", True)
     monkeypatch.setattr(pdl, "_supported", lambda index: False)  # before Hopper: never
     assert not pdl.active(FakeCuda())
 

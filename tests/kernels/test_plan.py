@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from loka_trainer.kernels.plan import (
+from loka_trainer.dispatch.plan import (
     DispatchPlan, GemmChoice, LayerPlan, format_plan_table, load_plan, save_plan, validate_plan,
 )
 
@@ -79,7 +79,7 @@ def test_table_lists_every_gemm():
 
 
 def test_bf16_rows_say_why():
-    from loka_trainer.kernels.plan import bf16_reason, bf16_reason_counts
+    from loka_trainer.dispatch.plan import bf16_reason, bf16_reason_counts
     inaccurate = GemmChoice("bf16", mere=0.002, time_us=10.0, bf16_time_us=10.0,
                             candidates={"scaled_mm_rowwise": {"mere": 0.4, "time_us": 5.0},
                                         "bf16": {"mere": 0.002, "time_us": 10.0}})
@@ -97,7 +97,7 @@ def test_bf16_rows_say_why():
 
 
 def test_mods_forward_round_trips(tmp_path):
-    from loka_trainer.kernels.plan import ModsChoice
+    from loka_trainer.dispatch.plan import ModsChoice
     plan = _plan()
     plan.layers["dense.mlp.0"].mods_forward = ModsChoice("split_fp8", {"split_bf16": 10.0, "split_fp8": 7.0}, 1.43)
     back = load_plan(save_plan(plan, tmp_path / "p.json"))
@@ -107,7 +107,7 @@ def test_mods_forward_round_trips(tmp_path):
 
 @pytest.mark.parametrize("mode,forward_fp8", [("split_bf16", False), ("fused_bf16", False), ("split_fp8", True)])
 def test_fp8_count_follows_the_mods_forward_mode(mode, forward_fp8):
-    from loka_trainer.kernels.plan import ModsChoice, num_fp8_gemms
+    from loka_trainer.dispatch.plan import ModsChoice, num_fp8_gemms
     plan = _plan()
     lp = plan.layers["dense.mlp.0"]
     assert lp.forward.backend != "bf16" and num_fp8_gemms(plan) == 1
@@ -119,7 +119,7 @@ def test_fp8_count_follows_the_mods_forward_mode(mode, forward_fp8):
 
 
 def _with_mods_input_grad(backend: str, mere: float = 0.01) -> DispatchPlan:
-    from loka_trainer.kernels.plan import ModsChoice
+    from loka_trainer.dispatch.plan import ModsChoice
     plan = _plan()
     lp = plan.layers["dense.mlp.0"]
     lp.input_grad.candidates = {"scaled_mm_rowwise": {"mere": mere, "time_us": 10.5}}

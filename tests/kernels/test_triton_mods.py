@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from loka_trainer.kernels import triton_mods
+from loka_trainer.mods import triton_mods
 
 
 @pytest.mark.parametrize("K,N,block,ok", [(32, 512, 256, True), (30, 512, 256, False), (32, 500, 256, False),
@@ -21,7 +21,7 @@ def test_supports(K, N, block, ok):
     (16, 256, 7680, 132, 8),     # one row tile: capped at MAX_SPLIT_K
 ])
 def test_split_k_for(M, N, K, num_sms, split):
-    from loka_trainer.kernels.triton_mods import split_k_for
+    from loka_trainer.mods.triton_mods import split_k_for
     assert split_k_for(M, N, K, 256, num_sms) == split
 
 
@@ -56,13 +56,11 @@ def test_cublas_split_k_slices_sum_to_the_product():
     torch.testing.assert_close(parts.sum(0), x.float() @ w.float().t(), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("K, heuristic, enabled, split", [(7680, 8, True, 8), (7682, 8, True, 2),
-                                                          (7680, 8, False, 1), (4096, 1, True, 1)])
-def test_cublas_split_k_for_divides_k(monkeypatch, K, heuristic, enabled, split):
+@pytest.mark.parametrize("K, heuristic, split", [(7680, 8, 8), (7682, 8, 2), (4096, 1, 1)])
+def test_cublas_split_k_for_divides_k(monkeypatch, K, heuristic, split):
     from types import SimpleNamespace
     monkeypatch.setattr(triton_mods, "split_k_for", lambda *args: heuristic)
     monkeypatch.setattr(triton_mods, "sm_count", lambda index: 132)
-    monkeypatch.setattr(triton_mods, "CUBLAS_SPLIT_K", enabled)
     x = SimpleNamespace(is_cuda=True, shape=(1024, K), device=SimpleNamespace(index=0))
     assert triton_mods.cublas_split_k_for(x, 256, 256) == split
 

@@ -17,7 +17,7 @@ def test_off_triton_falls_back_to_reference(monkeypatch):
 
 def test_use_triton_traces_without_a_graph_break():
     # use_triton runs inside compiled LoKA layers; a find_spec call there broke every layer's graph.
-    from loka_trainer.kernels.triton_quant import use_triton
+    from loka_trainer.kernels.triton_env import use_triton
 
     @torch.compile(fullgraph=True, backend="eager")
     def pick(t):

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from loka_trainer.kernels.backends import get_backend
-from loka_trainer.kernels.mods_ops import linear_mods
-from loka_trainer.kernels.mods_ref import linear_mods_ref
 from loka_trainer.kernels.quant import quantize_rowwise
-from loka_trainer.kernels.wgrad_fold import wgrad_fold
+from loka_trainer.mods.ops import linear_mods
+from loka_trainer.mods.reference import linear_mods_ref
+from loka_trainer.mods.wgrad_fold import wgrad_fold
 from tests.kernels.sm90 import SM90_SHARED_BYTES, compile_sm90
 
 M, K, N, B = 64, 96, 128, 64
@@ -51,10 +51,9 @@ def test_fp8_forward_with_tensorwise_wgrad_keeps_fp8_x_not_x(mode):
 
 def _fold_kernels():
     pytest.importorskip("triton")
-    from loka_trainer.kernels import triton_mods_kernels as mk
-    from loka_trainer.kernels import triton_wgrad_fold_kernels as fk
-    from loka_trainer.kernels.triton_mods import FOLD_ROWS
-    from loka_trainer.kernels.wgrad_fold import BLOCK_C, BLOCK_R
+    from loka_trainer.mods import triton_mods_kernels as mk, triton_wgrad_fold_kernels as fk
+    from loka_trainer.mods.triton_mods import FOLD_ROWS
+    from loka_trainer.mods.wgrad_fold import BLOCK_C, BLOCK_R
     f32, bf16, e4, e5 = "*fp32", "*bf16", "*fp8e4nv", "*fp8e5"
     tiles = dict(BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, PDL=True)
     dz_types = dict(dy_ptr=bf16, u_ptr=bf16, r_ptr=f32, zs_row_ptr=f32, zs_col_ptr=f32, dz_ptr=bf16, amax_ptr=f32,
@@ -94,7 +93,7 @@ def test_fold_kernels_compile_for_sm90_without_spills_and_wait_for_the_previous_
 
 
 def test_fold_ops_agree_with_their_fake_impls_and_each_other():
-    from loka_trainer.kernels.wgrad_fold import fold_dz_ref, wgrad_folded_dz
+    from loka_trainer.mods.wgrad_fold import fold_dz_ref, wgrad_folded_dz
     g = torch.Generator().manual_seed(2)
     dz = torch.randn(M, N, generator=g).to(torch.bfloat16)
     xq, sx = quantize_rowwise(torch.randn(M, K, generator=g), torch.float8_e4m3fn)

@@ -5,18 +5,9 @@ import torch
 from torch import nn
 
 from loka_trainer.models.layers import (
-    ACTIVATIONS,
-    NORMS,
-    BlockNorm,
-    HardSwish,
-    OverArch,
-    TokenMix,
-    block_rms_norm,
-    make_activation,
-    make_norm,
-    mlp,
-    token_linear,
+    ACTIVATIONS, NORMS, OverArch, TokenMix, make_activation, make_norm, mlp, token_linear,
 )
+from loka_trainer.mods.layers import BlockNorm, HardSwish, block_rms_norm
 
 
 def _rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -7,9 +7,10 @@ from collections import Counter
 import pytest
 from torch import nn
 
-from loka_trainer.models.layers import ACTIVATIONS, NORMS, BlockNorm
+from loka_trainer.models.layers import ACTIVATIONS, NORMS
 from loka_trainer.models.mods import ModsConfig
 from loka_trainer.models.zoo import MODELS, build_model
+from loka_trainer.mods.layers import BlockNorm
 
 NAMES = sorted(MODELS)
 NORM_TYPES = (nn.LayerNorm, nn.RMSNorm, BlockNorm)

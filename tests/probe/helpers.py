@@ -30,3 +30,15 @@ def outlier_activations(num_rows: int, num_features: int, *, gen: torch.Generato
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative Frobenius error of a against b."""
     return float((a - b).norm() / b.norm())
+
+
+def kron_distance(u: torch.Tensor, v: torch.Tensor, u_true: torch.Tensor,
+                  v_true: torch.Tensor) -> tuple[float, float]:
+    """(relative Frobenius distance of U⊗V from U*⊗V* at the best scale, ‖U⊗V‖ / ‖U*⊗V*‖) for full (n, n)
+    factors, without forming the Kronecker products: <A⊗B, C⊗D> = <A, C><B, D> and ‖A⊗B‖ = ‖A‖‖B‖, so
+    min_c ‖c X − Y‖ / ‖Y‖ = sqrt(1 − cos²) with cos = cos(U, U*) cos(V, V*)."""
+    def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a * b).sum() / (a.norm() * b.norm()))
+
+    distance = max(0.0, 1.0 - (cos(u, u_true) * cos(v, v_true)) ** 2) ** 0.5
+    return distance, float(u.norm() * v.norm() / (u_true.norm() * v_true.norm()))

@@ -95,6 +95,8 @@ def test_config_paths_and_errors(tmp_path):
         ProbeCallback(interval=0)
     with pytest.raises(ValueError, match="stats_dtype"):
         ProbeCallback(stats_dtype="float16")
+    with pytest.raises(ValueError, match="callbacks.probe.momentum"):  # m = 0 keeps no deviation at all
+        ProbeCallback(momentum=0.0)
 
 
 def test_save_does_not_block_the_step(tmp_path, monkeypatch):
@@ -151,3 +153,28 @@ def test_checkpoint_round_trip_resumes_statistics(tmp_path):
     other_rank.load_state_dict(state)  # rank 0's rows must not be counted again on rank 1
     assert float(other_rank.layers["head"].activation.moments.count) == 0
     assert other_rank.layers["head"].weight.count == 3
+
+
+def test_observing_a_compiled_model_does_not_recompile_it(tmp_path):
+    """The observed step runs eagerly; the compiled graph stays valid, so observations cost no recompilation."""
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+    compiled = torch.compile(model, backend=counting_backend)
+    probe = ProbeCallback(interval=2, save_interval=1000, out_dir=tmp_path / "probe", tensorboard=False)
+    state = TrainState(model=model)
+    probe.on_train_start(state)
+    x = torch.randn(8, 32)
+    for step in range(8):
+        state.step = step
+        probe.on_step_start(state)
+        compiled(x).sum().backward()
+        probe.on_step_end(state)
+    probe.on_train_end(state)
+    assert len(graphs) == 1  # compiled once; hooks on observed steps triggered no recompile
+    assert all(int(layer.activation.moments.count) == 4 * 8 for layer in probe.layers.values())  # 4 steps x 8 rows

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from loka_trainer.probe.activation import ActivationTracker
-from loka_trainer.probe.mere import exact_fp32_forward, mere
+from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, accumulate_mere, exact_fp32_forward, mere
 from loka_trainer.probe.report import analyze_layer
 from loka_trainer.probe.weight import WeightTracker
 
@@ -77,3 +79,53 @@ def test_learned_samples_expose_a_faulty_kernel_that_normal_samples_hide():
     assert c["faulty"]["unsafe"] and not c["exact"]["unsafe"]
     assert entry["shape"] == {"M": 128, "K": 256, "N": 64}
     assert all(v["not_worth_it"] and v["speedup"] is None for v in c.values())  # timing off: no speedup
+
+
+class _TwoLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(128, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("zero_floor", [0.0, 0.05])
+def test_dispatch_and_the_report_give_the_same_mere_for_the_same_operands_and_floor(zero_floor):
+    """Dispatch measures its plan with ``precision.mere_zero_floor`` on the layer's BF16 input and weight; the
+    report's accumulate_mere, given the same fp32 values and ``--zero-floor``, must produce the same number
+    (one MERE, one floor, one reference convention: BF16-rounded operands, fp32 reference)."""
+    from loka_trainer.kernels.backends import get_backend
+    from loka_trainer.precision import PrecisionConfig
+    from loka_trainer.dispatch.build import build_plan
+    from loka_trainer.dispatch.calibration import capture_linear_inputs
+
+    torch.manual_seed(0)
+    model = _TwoLinears()
+    gen = torch.Generator().manual_seed(1)
+    batch = outlier_activations(64, 128, gen=gen, outliers=(3, 77)).float()
+    name = "scaled_mm_tensorwise"
+    config = PrecisionConfig(name="loka", compute_dtype="bfloat16", dispatch=True, backends=[name],
+                             timing_repeats=1, mere_zero_floor=zero_floor)
+    linears = {"fc1": model.fc1, "fc2": model.fc2}
+    plan = build_plan(model, linears, config=config.validate(), device="cpu", calibration_batch=batch)
+    inputs = capture_linear_inputs(model, linears, batch)
+    for fqn, lin in linears.items():
+        dispatch_mere = plan.layers[fqn].forward.candidates[name]["mere"]
+        report_mere = accumulate_mere(iter([(inputs[fqn].float(), lin.weight.detach())]),
+                                      {name: get_backend(name).forward}, zero_floor=zero_floor)[name]
+        assert dispatch_mere == report_mere  # the same tensors through the same ops
+    # The floor reaches Dispatch: the same layer scores differently with another floor.
+    other = dataclasses.replace(config, mere_zero_floor=0.5)
+    plan_other = build_plan(model, linears, config=other, device="cpu", calibration_batch=batch)
+    assert (plan_other.layers["fc1"].forward.candidates[name]["mere"]
+            != plan.layers["fc1"].forward.candidates[name]["mere"])
+
+
+def test_zero_floor_config_is_validated():
+    from loka_trainer.precision import PrecisionConfig
+
+    assert PrecisionConfig().mere_zero_floor == DEFAULT_ZERO_FLOOR
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="precision.mere_zero_floor"):
+            PrecisionConfig(mere_zero_floor=bad).validate()

@@ -4,11 +4,18 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from loka_trainer.callbacks.probe import ProbeCallback
+from loka_trainer.probe.activation import ActivationTracker
 from loka_trainer.probe.report import main
+from loka_trainer.probe.stats_io import STATS_VERSION, atomic_save, seal_stats
+from loka_trainer.probe.weight import WeightTracker
 
+from .helpers import outlier_activations
 from .test_callback_probe import run_plain_loop
+
+KERNELS = "tests.probe.user_kernels"
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +25,33 @@ def stats_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def outlier_stats_dir(tmp_path_factory):
+    """One 128x256 -> 64 layer whose activations have three outlier features (scale 40), like a trained LRM's."""
+    gen = torch.Generator().manual_seed(0)
+    num_in, num_out = 256, 64
+    act = ActivationTracker(num_in)
+    act.update(outlier_activations(4096, num_in, gen=gen, outliers=(150, 201, 240)))
+    act.rows_per_call = 128
+    weight = WeightTracker(num_out, num_in, momentum=0.9)
+    base = torch.randn(num_out, num_in, generator=gen, dtype=torch.float64) / num_in**0.5
+    for _ in range(5):
+        weight.update(base + 1e-3 * torch.randn(base.shape, generator=gen, dtype=torch.float64))
+    layer = {"in_features": num_in, "out_features": num_out, "has_bias": False,
+             "activation": act.state_dict(), "weight": weight.state_dict()}
+    out = tmp_path_factory.mktemp("outliers")
+    atomic_save(seal_stats({"version": STATS_VERSION, "step": 0, "world_size": 1, "layers": {"fc": layer}}),
+                out / "stats.pt")
+    return out
+
+
 def test_report_command_writes_the_dispatch_contract(stats_dir, capsys):
     assert main([str(stats_dir), "--num-samples", "2", "--device", "cpu", "--threshold", "0.3"]) == 0
     report = json.loads((stats_dir / "report.json").read_text())
-    assert set(report) == {"version", "device", "num_samples", "threshold", "min_speedup", "layers"}
+    assert set(report) == {"version", "device", "num_samples", "threshold", "min_speedup", "zero_floor",
+                           "operand_dtype", "layers"}
     assert report["version"] == 1 and report["num_samples"] == 2 and report["threshold"] == 0.3
+    assert report["zero_floor"] == 0.01 and report["operand_dtype"] == "bfloat16"
     assert set(report["layers"]) == {"inner.0", "inner.2", "head"}
     layer = report["layers"]["inner.0"]
     assert layer["shape"] == {"M": 16, "K": 8, "N": 32}
@@ -32,18 +61,77 @@ def test_report_command_writes_the_dispatch_contract(stats_dir, capsys):
         assert c["unsafe"] == (c["mere"] >= 0.3)
         assert c["not_worth_it"] == (c["speedup"] is None or c["speedup"] <= report["min_speedup"])
     bf16 = layer["candidates"]["bf16"]
-    assert bf16["speedup"] == 1.0 and 0 < bf16["mere"] < 0.05  # bf16 rounding only
+    # BF16 operands (the reference convention): only the output's rounding to BF16 is left, ~2^-9 relative.
+    assert bf16["speedup"] == 1.0 and 0 < bf16["mere"] < 0.005
     table = (stats_dir / "report.md").read_text()
     assert "| inner.0 | 16x8x32 |" in table
     assert (stats_dir / "report.png").stat().st_size > 1000
 
 
-def test_report_restricted_backends_and_bad_input(stats_dir, tmp_path, capsys):
-    assert main([str(stats_dir), "--num-samples", "1", "--backends", "bf16", "--out-dir", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "report.json").read_text())
+def test_out_dir_is_created_with_its_parents(stats_dir, tmp_path, capsys):
+    out = tmp_path / "new" / "nested"
+    assert main([str(stats_dir), "--num-samples", "1", "--backends", "bf16", "--out-dir", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
     assert all(set(layer["candidates"]) == {"bf16"} for layer in report["layers"].values())
+    assert (out / "report.md").is_file() and (out / "report.png").is_file()
+
+
+def test_zero_floor_option_reaches_the_numbers(outlier_stats_dir, tmp_path):
+    meres = {}
+    for floor in ("0", "0.5"):
+        out = tmp_path / floor
+        assert main([str(outlier_stats_dir), "--num-samples", "1", "--backends", "bf16", "--zero-floor", floor,
+                     "--out-dir", str(out)]) == 0
+        report = json.loads((out / "report.json").read_text())
+        assert report["zero_floor"] == float(floor)
+        meres[floor] = report["layers"]["fc"]["candidates"]["bf16"]["mere"]
+    assert meres["0"] > meres["0.5"] > 0  # a higher floor shrinks the near-zero outputs' relative errors
+
+
+def test_a_user_kernel_that_hides_on_normal_inputs_is_exposed(outlier_stats_dir, tmp_path, capsys):
+    """The paper's Table V check from the command line: a kernel that saturates large activations is as good
+    as an exact one on N(0, 1) inputs and far off on the learned ones."""
+    args = [str(outlier_stats_dir), "--num-samples", "3", "--device", "cpu", "--backends", "bf16",
+            "--kernel", f"{KERNELS}:saturating", "--kernel", f"{KERNELS}:good", "--out-dir", str(tmp_path)]
+    assert main(args) == 0
+    c = json.loads((tmp_path / "report.json").read_text())["layers"]["fc"]["candidates"]
+    assert set(c) == {"bf16", f"{KERNELS}:saturating", f"{KERNELS}:good"}
+    bad, good = c[f"{KERNELS}:saturating"], c[f"{KERNELS}:good"]
+    assert bad["mere_normal"] < 1e-6 and good["mere_normal"] < 1e-6  # normal inputs: both exact
+    assert bad["mere"] > 0.2 and bad["unsafe"]  # learned inputs: the clamp shows
+    assert good["mere"] < 1e-6 and not good["unsafe"]
+    out = capsys.readouterr().out
+    assert f"kernel {KERNELS}:saturating on fc:" in out and "UNSAFE" in out.split(f"{KERNELS}:good")[0]
+    assert f"| fc | 128x256x64 |" in (tmp_path / "report.md").read_text()
+    assert f"{KERNELS}:saturating" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no_colon", "expected module:function"),
+    ("no_such_module_xyz:f", "cannot import"),
+    (f"{KERNELS}:missing", "has no attribute"),
+    (f"{KERNELS}:NOT_CALLABLE", "not a callable"),
+    (f"{KERNELS}:wrong_shape", "expected a tensor of shape"),
+    (f"{KERNELS}:raising", "failed at"),
+])
+def test_a_bad_kernel_is_one_line_and_exit_2(outlier_stats_dir, tmp_path, capsys, spec, message):
+    args = [str(outlier_stats_dir), "--num-samples", "1", "--backends", "bf16", "--kernel", spec,
+            "--out-dir", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --kernel") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_bad_input_is_one_line_and_exit_2(stats_dir, tmp_path, capsys):
     (tmp_path / "stats.pt").write_bytes(b"junk")
     assert main([str(tmp_path)]) == 2
     assert "invalid probe stats file" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="--backends"):
-        main([str(stats_dir), "--backends", "no_such_kernel"])
+    for args, message in (([str(stats_dir), "--backends", "no_such_kernel"], "--backends"),
+                          ([str(stats_dir), "--num-samples", "0"], "--num-samples"),
+                          ([str(stats_dir), "--zero-floor", "-1"], "--zero-floor"),
+                          ([str(stats_dir), "--device", "nonsense"], "--device"),
+                          ([str(stats_dir), "--out-dir", str(tmp_path / "stats.pt")], "--out-dir")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err

@@ -6,10 +6,14 @@ import time
 import pytest
 import torch
 
-from loka_trainer.probe.stats_io import STATS_VERSION, AsyncSaver, atomic_save, load_stats
+from loka_trainer.probe.stats_io import STATS_VERSION, AsyncSaver, atomic_save, load_stats, seal_stats
 
 
 def _valid_stats(num_in: int = 4, num_out: int = 3) -> dict:
+    return seal_stats(_unsealed_stats(num_in, num_out))
+
+
+def _unsealed_stats(num_in: int = 4, num_out: int = 3) -> dict:
     x = torch.randn(50, num_in, dtype=torch.float64)
     xc = x - x.mean(0)
     return {"version": STATS_VERSION, "step": 9, "world_size": 1, "layers": {"fc": {
@@ -77,15 +81,50 @@ def test_async_save_surfaces_write_errors(tmp_path):
     (lambda s: s.update(layers={}), "no layers"),
 ])
 def test_bad_files_are_rejected_with_a_one_line_reason(tmp_path, corrupt, reason):
-    stats = _valid_stats()
+    stats = _unsealed_stats()
     corrupt(stats)
-    atomic_save(stats, tmp_path / "stats.pt")
+    atomic_save(seal_stats(stats), tmp_path / "stats.pt")
     with pytest.raises(ValueError, match=reason) as info:
         load_stats(tmp_path)
     assert "\n" not in str(info.value)
 
 
-def test_garbage_file_is_rejected(tmp_path):
-    (tmp_path / "stats.pt").write_bytes(b"not a torch file")
-    with pytest.raises(ValueError, match="cannot be read"):
+def test_flipped_bytes_inside_the_tensor_payload_are_rejected(tmp_path):
+    """torch.load does not notice bytes changed inside a tensor's storage; the checksum does."""
+    stats = _valid_stats(num_in=16, num_out=8)
+    path = tmp_path / "stats.pt"
+    atomic_save(stats, path)
+    data = bytearray(path.read_bytes())
+    payload = stats["layers"]["fc"]["weight"]["mean"].numpy().tobytes()  # 1024 bytes of fp64
+    start = data.find(payload)
+    assert start >= 0
+    for i in range(start + 400, start + 600):  # 200 bytes in the middle of the weight mean
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert torch.load(path, weights_only=True)["version"] == STATS_VERSION  # still unpickles
+    with pytest.raises(ValueError, match="checksum mismatch") as info:
         load_stats(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_file_without_checksum_is_rejected(tmp_path):
+    atomic_save(_unsealed_stats(), tmp_path / "stats.pt")
+    with pytest.raises(ValueError, match="no checksum"):
+        load_stats(tmp_path)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "cannot be read"),  # truncated
+    (lambda p: p.write_bytes(b""), "cannot be read"),  # empty
+    (lambda p: p.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8,
+                                           generator=torch.Generator().manual_seed(0)).numpy().tobytes()),
+     "cannot be read"),  # random bytes
+    (lambda p: p.unlink(), "file not found"),  # missing
+])
+def test_damaged_or_missing_files_are_rejected(tmp_path, damage, reason):
+    path = tmp_path / "stats.pt"
+    atomic_save(_valid_stats(), path)
+    damage(path)
+    with pytest.raises(ValueError, match=reason) as info:
+        load_stats(tmp_path)
+    assert "\n" not in str(info.value)

@@ -1,0 +1,103 @@
+"""Building a Dispatch plan: measure every target Linear at its real calibration input on the device and choose
+per GEMM; for each Linear that will run fused with its BlockNorm and HardSwish, also time the fused layer's forward
+modes and input-grad backends and choose those.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from loka_trainer.dispatch.calibration import capture_linear_inputs
+from loka_trainer.dispatch.config import LoKAConfig
+from loka_trainer.dispatch.measure import TimingCache, build_layer_plan
+from loka_trainer.dispatch.mods_timing import time_forward_modes, time_input_grads
+from loka_trainer.dispatch.plan import DispatchPlan, LayerPlan, ModsChoice
+from loka_trainer.dispatch.probe_report import read_probe_mere
+from loka_trainer.dispatch.select import select_mods_mode
+from loka_trainer.kernels.backends import BASELINE, available_backends
+from loka_trainer.kernels.triton_env import triton_importable
+from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.mods.ops_fp8 import FUSED_DGRAD
+from loka_trainer.mods.transform import find_fusable
+from loka_trainer.timing import Timer, default_timer, wall_clock_timer
+
+
+def plan_timers(config: LoKAConfig, device) -> tuple[Timer, Timer]:
+    """(the GEMM candidates' timer, the fused Mods layers' step timer): ``config.gpu_timer`` and
+    ``config.layer_timer`` on CUDA, wall clock (``timing_repeats`` repeats) elsewhere."""
+    if torch.device(device).type != "cuda":
+        wall = wall_clock_timer(repeats=config.timing_repeats)
+        return wall, wall
+    return default_timer(device, config.gpu_timer), default_timer(device, config.layer_timer)
+
+
+def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: LoKAConfig, device,
+               calibration_batch) -> DispatchPlan:
+    """Measure every target Linear at its real calibration input on ``device`` and choose per GEMM."""
+    if calibration_batch is None:
+        raise ValueError(f"{config.where}.dispatch: needs a calibration batch or a plan file ({config.where}.plan=PATH)")
+    backends = available_backends(device)
+    if config.backends is not None:
+        backends = {k: v for k, v in backends.items() if k in config.backends or k == "bf16"}
+    timer, layer_timer = plan_timers(config, device)
+    dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
+    inputs = capture_linear_inputs(model, linears, calibration_batch)
+    probe = read_probe_mere(config.probe_stats)
+    times: TimingCache = {}  # layers of one shape are timed once
+    layers = {}
+    # disable=None: a bar on a terminal only (building a large model's plan on a GPU takes minutes)
+    for fqn, lin in tqdm(linears.items(), desc="LoKA Dispatch: measuring layers", unit="layer", disable=None):
+        if fqn not in inputs:  # not reached by this batch's forward: leave it BF16 and say so in the plan
+            continue
+        x = inputs[fqn].to(device=device, dtype=dtype)
+        w = lin.weight.detach().to(device=device, dtype=dtype)
+        layers[fqn] = build_layer_plan(x, w, backends, timer=timer, mere_threshold=config.mere_threshold,
+                                       min_speedup=config.min_speedup, forward_mere=probe.get(fqn),
+                                       timing_cache=times, zero_floor=config.mere_zero_floor)
+    if config.mods and torch.device(device).type == "cuda" and triton_importable():
+        _choose_mods_modes(model, layers, timer=layer_timer, device=device, min_speedup=config.min_speedup,
+                           mere_threshold=config.mere_threshold, compiled=config.compile)
+    name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
+    return DispatchPlan(device=name, layers=layers, mere_threshold=config.mere_threshold,
+                        min_speedup=config.min_speedup)
+
+
+def fused_input_grad_candidates(lp: LayerPlan, mere_threshold: float) -> list[str]:
+    """The input-grad backends a fused Mods layer is timed with: BF16, the plan's own choice, and each fused FP8
+    dgrad (``FUSED_DGRAD``) whose measured input-grad MERE is below ``mere_threshold``."""
+    accurate = [b for b in FUSED_DGRAD
+                if (err := lp.input_grad.candidate_mere(b)) is not None and err < mere_threshold]
+    return list(dict.fromkeys([BASELINE, lp.input_grad.backend, *accurate]))
+
+
+def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer, device, min_speedup: float,
+                       mere_threshold: float, compiled: bool = False) -> None:
+    """For each planned Linear that LoKA will fuse with its BlockNorm and HardSwish, time every forward mode it
+    may run (FP8 modes only where the plan's forward GEMM is FP8, i.e. passed the accuracy test) at the layer's
+    shape and record the choice (``LayerPlan.mods_forward``); then, in that mode, time the layer's whole step
+    with each input-grad candidate (``fused_input_grad_candidates``) and record that choice
+    (``LayerPlan.mods_input_grad``; only when there is an FP8 candidate). Shapes are timed once. ``compiled``:
+    each timed call runs under ``torch.compile``, as the layer will in a compiled model."""
+    timed: dict[tuple, dict] = {}
+    for fqn, (seq, i) in find_fusable(model).items():
+        lp = layers.get(fqn)
+        if lp is None:
+            continue
+        block, eps = seq[i + 1].block_size, seq[i + 1].eps
+        is_fp8 = {m: f.fp8 for m, f in FORWARD_MODES.items() if not f.fp8 or lp.forward.backend != BASELINE}
+        key = (lp.M, lp.K, lp.N, tuple(is_fp8))
+        if key not in timed:
+            timed[key] = time_forward_modes(lp.M, lp.K, lp.N, list(is_fp8), block=block, eps=eps, timer=timer,
+                                            device=device, compiled=compiled)
+        mode, speedup = select_mods_mode(timed[key], is_fp8, min_speedup=min_speedup)
+        lp.mods_forward = ModsChoice(mode=mode, times_us=timed[key], speedup=speedup)
+        dgrads = fused_input_grad_candidates(lp, mere_threshold)
+        if len(dgrads) == 1:
+            continue
+        key = (lp.M, lp.K, lp.N, mode, lp.weight_grad.backend, tuple(dgrads))
+        if key not in timed:
+            timed[key] = time_input_grads(lp.M, lp.K, lp.N, dgrads, mode=mode, wgrad=lp.weight_grad.backend,
+                                          block=block, eps=eps, timer=timer, device=device, compiled=compiled)
+        dgrad, speedup = select_mods_mode(timed[key], {d: d != BASELINE for d in dgrads}, min_speedup=min_speedup)
+        lp.mods_input_grad = ModsChoice(mode=dgrad, times_us=timed[key], speedup=speedup)

@@ -1,0 +1,45 @@
+"""Calibration: what each target Linear sees on one real batch (its input, its row counts), read by forward
+pre-hooks that change nothing.
+
+Notation: M the input rows of a call (prod of leading dims), K in_features.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def _forward_with_pre_hooks(model: nn.Module, linears: dict[str, nn.Linear], batch,
+                            on_input: Callable[[str, nn.Linear, torch.Tensor], None]) -> None:
+    """One forward of ``model(batch)`` calling ``on_input(fqn, linear, x)`` before every call of each Linear."""
+    def hook_for(fqn: str):
+        def hook(mod, args) -> None:  # returns None: a pre-hook's return value would replace the input
+            on_input(fqn, mod, args[0])
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(fqn)) for fqn, m in linears.items()]
+    try:
+        model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def capture_linear_inputs(model: nn.Module, linears: dict[str, nn.Linear], batch) -> dict[str, torch.Tensor]:
+    """FQN -> that Linear's real input (its first call) as (M, K)."""
+    captured: dict[str, torch.Tensor] = {}
+    _forward_with_pre_hooks(model, linears, batch, lambda fqn, mod, x: captured.setdefault(
+        fqn, x.detach().reshape(-1, mod.in_features).clone()))
+    return captured
+
+
+def linear_input_rows(model: nn.Module, linears: dict[str, nn.Linear], batch) -> dict[str, set[int]]:
+    """FQN -> the row counts M of every call of that Linear (one Linear may run on several inputs, e.g. tokens
+    and learned seeds)."""
+    rows: dict[str, set[int]] = {}
+    _forward_with_pre_hooks(model, linears, batch, lambda fqn, mod, x: rows.setdefault(fqn, set()).add(
+        x.numel() // mod.in_features))
+    return rows

@@ -1,0 +1,68 @@
+"""LoKAConfig: what ``convert_to_loka`` does to a model (Mods fusion, Dispatch and how Dispatch measures).
+
+The Hydra schema ``precision.PrecisionConfig`` extends it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import ClassVar, List, Optional
+
+from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass
+class LoKAConfig:
+    """The public converter's settings; ``validate()`` names the first bad field in one line."""
+
+    mods: bool = True  # fuse each Linear -> BlockNorm -> HardSwish triple into one FusedLinearMods
+    dispatch: bool = True  # per-layer, per-GEMM backend choice (MERE < mere_threshold, speedup > min_speedup)
+    plan: Optional[str] = None  # path of a plan file to reuse (no re-measurement)
+    probe_stats: Optional[str] = None  # LoKA Probe statistics dir holding report.json
+    mere_threshold: float = 0.2
+    # MERE's denominator floor, a fraction of mean |ref| (``probe.mere``; the report's ``--zero-floor``)
+    mere_zero_floor: float = DEFAULT_ZERO_FLOOR
+    min_speedup: float = 1.05
+    min_features: int = 64  # only Linears with K and N >= this (and multiples of 16) are targets
+    backends: Optional[List[str]] = None  # restrict Dispatch candidates to these names (None: all available)
+    timing_repeats: int = 5  # wall-clock repeats per GEMM when measuring on CPU
+    gpu_timer: str = "cuda_events"  # how Dispatch times GEMM candidates on a GPU (``timing.GPU_TIMERS``)
+    # how Dispatch times a fused Mods layer's whole step (its forward modes, its fused input grads) on a GPU: such
+    # an eager step is host-bound (see ``timing.GPU_TIMERS``), so GPU time from graph replay by default
+    layer_timer: str = "cuda_graph"
+    compute_dtype: str = "bfloat16"  # dtype of the calibration inputs and weights Dispatch measures with
+    compile: bool = False  # the model will run under torch.compile: Dispatch times fused layers compiled
+
+    where: ClassVar[str] = "LoKAConfig"  # how error messages name this config
+
+    def validate(self) -> "LoKAConfig":
+        """Raise a one-line ValueError naming the field and the valid values; returns self."""
+        at = self.where
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"{at}.compute_dtype: unknown {self.compute_dtype!r}; valid: {list(COMPUTE_DTYPES)}")
+        if self.plan is not None and not Path(self.plan).is_file():
+            raise ValueError(f"{at}.plan: file {self.plan!r} does not exist")
+        if self.probe_stats is not None and not (Path(self.probe_stats) / "report.json").is_file():
+            raise ValueError(f"{at}.probe_stats: {self.probe_stats!r} has no report.json "
+                             f"(run `python -m loka_trainer.probe.report {self.probe_stats}`)")
+        if not 0.0 < self.mere_threshold:
+            raise ValueError(f"{at}.mere_threshold: must be > 0, got {self.mere_threshold}")
+        if not 0.0 <= self.mere_zero_floor < float("inf"):
+            raise ValueError(f"{at}.mere_zero_floor: must be a finite number >= 0, got {self.mere_zero_floor}")
+        if not self.min_speedup > 0.0:
+            raise ValueError(f"{at}.min_speedup: must be > 0, got {self.min_speedup}")
+        if self.min_features < 16 or self.timing_repeats < 1:
+            raise ValueError(f"{at}.min_features must be >= 16 and timing_repeats >= 1, got "
+                             f"{self.min_features}, {self.timing_repeats}")
+        from loka_trainer.timing import GPU_TIMERS  # lazy: keep the schema import-light
+        for field in ("gpu_timer", "layer_timer"):
+            if getattr(self, field) not in GPU_TIMERS:
+                raise ValueError(f"{at}.{field}: unknown {getattr(self, field)!r}; valid: {sorted(GPU_TIMERS)}")
+        if self.backends is not None:
+            from loka_trainer.kernels.backends import BACKENDS
+            bad = [b for b in self.backends if b not in BACKENDS]
+            if bad:
+                raise ValueError(f"{at}.backends: unknown {bad}; valid: {sorted(BACKENDS)}")
+        return self

@@ -1,0 +1,113 @@
+"""convert_to_loka: put LoKA into a model in place (the Mods fusion and Dispatch), as torchao's
+``convert_to_float8_training`` does for its uniform recipes.
+
+With ``config.dispatch``: build the plan on the calibration batch (or load ``config.plan``), swap each target
+Linear with an FP8 GEMM in the plan for a ``LoKALinear`` (all-BF16 ones stay ``nn.Linear``), log the plan table,
+write ``run_dir/dispatch_plan.json``. With ``config.mods``: each Linear -> BlockNorm -> HardSwish triple then
+becomes one ``FusedLinearMods`` running the plan's choices (same state_dict keys). Targets: ``dispatch.targets``.
+The FP8 weight operands are cached per optimizer step: attach ``register_weight_cache_hook(model, optimizer)``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from loka_trainer.dispatch.broadcast import broadcast_plan, is_rank0, rank0_print
+from loka_trainer.dispatch.build import build_plan
+from loka_trainer.dispatch.config import LoKAConfig
+from loka_trainer.dispatch.plan import DispatchPlan, ModsChoice, format_plan_table, load_plan, save_plan, validate_plan
+from loka_trainer.dispatch.targets import ModuleFilter, target_linears
+from loka_trainer.kernels.backends import BASELINE, available_backends
+from loka_trainer.kernels.linear import LoKALinear
+from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
+from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
+
+PLAN_FILE = "dispatch_plan.json"
+
+
+def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> None:
+    """Replace each planned Linear with at least one non-BF16 GEMM (by FQN) with a LoKALinear sharing its
+    parameters. An all-BF16 layer stays the ``nn.Linear`` it was: the same GEMMs with no
+    autograd Function, per-layer plan attributes or compile guards around them (host time per step), and
+    modules that compute a plain Linear their own way keep doing so (``models.layers.TokenMix``)."""
+    for fqn, lp in plan.layers.items():
+        if all(b == BASELINE for b in lp.backends().values()):
+            continue
+        parent_name, _, child = fqn.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, LoKALinear.from_linear(getattr(parent, child), lp.backends()))
+
+
+def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoice] = None,
+                               mods_input_grad: Optional[ModsChoice] = None) -> dict[str, str]:
+    """A layer plan's per-GEMM choice {forward, input_grad, weight_grad} -> the FusedLinearMods kernels {mode,
+    dgrad, wgrad}.
+
+    The forward mode is the plan's measured one (``mods``: timed per layer when the plan was built on a GPU,
+    ``dispatch.build``); without it, a forward that Dispatch found worth FP8 runs the fused kernel on
+    rowwise-FP8 inputs, a BF16 forward ``mods.modes.DEFAULT_FORWARD_MODE`` (cuBLAS GEMM + one Triton
+    BlockNorm/HardSwish epilogue kernel; see there why). The two backward GEMMs keep the plan's backends; a
+    ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise`` dgrad then runs fused (dz amax from the dz kernel, one cast
+    pass, ``mods.ops_fp8.FUSED_DGRAD``) with the backend's numerics. ``mods_input_grad`` (timed over the whole
+    layer when the plan was built on a GPU) replaces the plan's input-grad backend.
+    """
+    if mods is not None:
+        mode = mods.mode
+    else:
+        mode = DEFAULT_FORWARD_MODE if backends.get("forward", BASELINE) == BASELINE else "fused_fp8"
+    dgrad = mods_input_grad.mode if mods_input_grad is not None else backends.get("input_grad", BASELINE)
+    return {"mode": mode, "dgrad": dgrad, "wgrad": backends.get("weight_grad", BASELINE)}
+
+
+def fuse_with_plan(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Optional[ModuleFilter],
+                   log: Callable[[str], None]) -> list[str]:
+    """Each Linear -> BlockNorm -> HardSwish becomes one FusedLinearMods with the plan's choices (all BF16 for a
+    layer the plan does not name); returns the fused Linear FQNs."""
+    kernels = {fqn: kernels_from_plan_backends(lp.backends(), lp.mods_forward, lp.mods_input_grad)
+               for fqn, lp in plan.layers.items()}
+    fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn)
+    chained = chain_fp8_handoffs(model)
+    log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods, "
+        f"{len(chained)} of them read their input in FP8 from the previous one's epilogue")
+    return fused
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=None,
+                    module_filter_fn: Optional[ModuleFilter] = None, device=None, run_dir: Optional[Path] = None,
+                    log: Callable[[str], None] = rank0_print) -> DispatchPlan:
+    """Convert ``model`` in place for ``config`` and return the Dispatch plan (empty without ``config.dispatch``).
+
+    ``calibration_batch``: one real input, ``model(calibration_batch)``, that Dispatch measures each target
+    Linear at (not needed with ``config.plan``). ``module_filter_fn(module, fqn) -> bool`` restricts the targets
+    and the fused triples. ``device``: where Dispatch measures (default: CUDA if available, else CPU). Under
+    torch.distributed rank 0 measures and broadcasts its plan (a collective: call it on every rank).
+    """
+    config.validate()
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not config.dispatch:
+        plan = DispatchPlan(device=_device_name(device), layers={}, mere_threshold=config.mere_threshold,
+                            min_speedup=config.min_speedup)
+    else:
+        linears = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
+        if config.plan is not None:
+            plan = load_plan(config.plan)
+        else:
+            plan = build_plan(model, linears, config=config, device=device,
+                              calibration_batch=calibration_batch) if is_rank0() else None
+            plan = broadcast_plan(plan)
+        validate_plan(plan, {f: (m.in_features, m.out_features) for f, m in linears.items()},
+                      list(available_backends(device)), mods_modes={m: f.fp8 for m, f in FORWARD_MODES.items()})
+        swap_in_lokalinears(model, plan)
+        log(format_plan_table(plan))
+    if config.mods:
+        fuse_with_plan(model, plan, module_filter_fn=module_filter_fn, log=log)
+    if config.dispatch and run_dir is not None and is_rank0():
+        log(f"dispatch plan written to {save_plan(plan, Path(run_dir) / PLAN_FILE)}")
+    return plan

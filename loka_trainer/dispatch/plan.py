@@ -1,0 +1,317 @@
+"""The Dispatch plan: layer FQN -> backend per GEMM, with the evidence (MERE, timings) behind each choice.
+
+A plan is a JSON file a user can read, edit by hand (change ``"backend"``), check in and reuse. Layout::
+
+    {"version": 1, "device": "NVIDIA H200", "mere_threshold": 0.2, "min_speedup": 1.05,
+     "layers": {"dense.mlp.0": {"shape": {"M": 4096, "K": 512, "N": 1024},
+                                "forward": {"backend": "scaled_mm_rowwise", "mere": 0.031,
+                                            "time_us": 12.0, "bf16_time_us": 15.1,
+                                            "candidates": {"scaled_mm_rowwise": {"mere": 0.031, "time_us": 12.0}}},
+                                "input_grad": {...}, "weight_grad": {...}}}}
+
+Only ``backend`` is required per GEMM; the rest is evidence (null when unknown). A layer that LoKA fuses with
+its BlockNorm and HardSwish (``mods.module.FusedLinearMods``) may also carry
+``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel measured
+fastest (``mods.modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not). And
+``"mods_input_grad": {"mode": "scaled_mm_rowwise", "times_us": {"bf16": 82.6, "scaled_mm_rowwise": 77.6}}``:
+the input-grad backend the fused layer runs, chosen by timing the whole layer (forward + backward, µs) with
+each accurate candidate, because inside the layer an FP8 dgrad's quantization of dz is fused into the dz kernel
+(``mods.ops.FUSED_DGRAD``) and so costs less than the GEMM timed alone says; it replaces ``input_grad``'s
+backend for that layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from loka_trainer.kernels.backend_base import GEMMS
+from loka_trainer.mods.modes import FORWARD_MODES
+
+PLAN_VERSION = 1
+MODS_CHOICES = ("mods_forward", "mods_input_grad")  # the optional per-layer ModsChoice fields
+
+
+@dataclasses.dataclass
+class GemmChoice:
+    """The backend chosen for one GEMM of one layer, and why (``mere``/times are None when not measured)."""
+
+    backend: str = "bf16"
+    mere: Optional[float] = None
+    time_us: Optional[float] = None
+    bf16_time_us: Optional[float] = None
+    candidates: dict[str, dict[str, Optional[float]]] = dataclasses.field(default_factory=dict)
+
+    def candidate_mere(self, name: str) -> Optional[float]:
+        """The measured MERE of candidate backend ``name`` (None when it was not measured)."""
+        return (self.candidates.get(name) or {}).get("mere")
+
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.time_us is None or self.bf16_time_us is None or self.time_us <= 0:
+            return None
+        return self.bf16_time_us / self.time_us
+
+
+@dataclasses.dataclass
+class ModsChoice:
+    """What a fused Linear -> BlockNorm -> HardSwish layer runs, chosen by timing it: its forward kernel
+    (``mods_forward``: a ``FORWARD_MODES`` name) or its input-grad backend (``mods_input_grad``: a backend name),
+    the times (µs) behind the choice and its speedup over the fastest BF16 option."""
+
+    mode: str
+    times_us: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
+    speedup: Optional[float] = None
+
+
+@dataclasses.dataclass
+class LayerPlan:
+    """One Linear: its shape (M the calibration batch rows, K in, N out) and a choice per GEMM."""
+
+    M: int
+    K: int
+    N: int
+    forward: GemmChoice = dataclasses.field(default_factory=GemmChoice)
+    input_grad: GemmChoice = dataclasses.field(default_factory=GemmChoice)
+    weight_grad: GemmChoice = dataclasses.field(default_factory=GemmChoice)
+    mods_forward: Optional[ModsChoice] = None
+    mods_input_grad: Optional[ModsChoice] = None
+
+    def backends(self) -> dict[str, str]:
+        """GEMM name -> backend name."""
+        return {g: getattr(self, g).backend for g in GEMMS}
+
+    def runs_fp8(self) -> dict[str, bool]:
+        """GEMM name -> whether it runs in FP8: its backend is not BF16, except that a fused Mods layer's forward
+        runs in its recorded mode (``mods_forward``), which stays BF16 when a BF16 mode was timed faster, and
+        its input grad on the recorded ``mods_input_grad`` backend."""
+        fp8 = {g: b != "bf16" for g, b in self.backends().items()}
+        if self.mods_forward is not None:
+            fp8["forward"] = fp8["forward"] and FORWARD_MODES[self.mods_forward.mode].fp8
+        if self.mods_input_grad is not None:
+            fp8["input_grad"] = self.mods_input_grad.mode != "bf16"
+        return fp8
+
+
+@dataclasses.dataclass
+class DispatchPlan:
+    device: str
+    layers: dict[str, LayerPlan]
+    mere_threshold: float = 0.2
+    min_speedup: float = 1.05
+    version: int = PLAN_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        layers = {}
+        for fqn, lp in self.layers.items():
+            entry: dict[str, Any] = {"shape": {"M": lp.M, "K": lp.K, "N": lp.N}}
+            entry.update({g: dataclasses.asdict(getattr(lp, g)) for g in GEMMS})
+            for key in MODS_CHOICES:
+                if getattr(lp, key) is not None:
+                    entry[key] = dataclasses.asdict(getattr(lp, key))
+            layers[fqn] = entry
+        return {"version": self.version, "device": self.device, "mere_threshold": self.mere_threshold,
+                "min_speedup": self.min_speedup, "layers": layers}
+
+    @classmethod
+    def from_dict(cls, d: Any, *, source: str = "plan") -> "DispatchPlan":
+        """The plan held by ``d`` (parsed JSON); a one-line ValueError naming ``source`` and the first bad field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: must be a JSON object with 'version' and 'layers', got {type(d).__name__}")
+        if type(d.get("version")) is not int or d["version"] != PLAN_VERSION:
+            raise ValueError(f"{source}: version must be {PLAN_VERSION}, got {d.get('version')!r}")
+        if not isinstance(d.get("layers"), dict):
+            raise ValueError(f"{source}: 'layers' must be an object mapping layer FQN -> entry")
+        layers = {fqn: _layer_from_dict(e, where=f"{source}: layer {fqn!r}") for fqn, e in d["layers"].items()}
+        settings = {key: _number(d.get(key, default), where=f"{source}: {key!r}")
+                    for key, default in (("mere_threshold", 0.2), ("min_speedup", 1.05))}
+        return cls(device=str(d.get("device", "unknown")), layers=layers, **settings)
+
+
+def _number(v: Any, *, where: str, optional: bool = False) -> Optional[float]:
+    """``v`` as a float (None allowed when ``optional``); a ValueError naming ``where`` for anything else."""
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{where} must be a number{' or null' if optional else ''}, got {v!r}")
+    return float(v)
+
+
+def _numbers(m: Any, *, where: str) -> dict[str, Optional[float]]:
+    """A JSON object of name -> number or null (times, a candidate's evidence)."""
+    if m is None:
+        return {}
+    if not isinstance(m, dict):
+        raise ValueError(f"{where} must be an object of numbers, got {m!r}")
+    return {str(k): _number(v, where=f"{where} {k!r}", optional=True) for k, v in m.items()}
+
+
+def _gemm_from_dict(c: Any, *, where: str) -> GemmChoice:
+    if not isinstance(c, dict) or not isinstance(c.get("backend"), str):
+        raise ValueError(f"{where} needs a string 'backend' (valid GEMMs: {list(GEMMS)})")
+    candidates = c.get("candidates") or {}
+    if not isinstance(candidates, dict):
+        raise ValueError(f"{where} 'candidates' must be an object of backend -> evidence, got {candidates!r}")
+    return GemmChoice(backend=c["backend"],
+                      **{k: _number(c.get(k), where=f"{where} {k!r}", optional=True)
+                         for k in ("mere", "time_us", "bf16_time_us")},
+                      candidates={str(name): _numbers(ev, where=f"{where} candidate {name!r}")
+                                  for name, ev in candidates.items()})
+
+
+def _layer_from_dict(e: Any, *, where: str) -> LayerPlan:
+    if not isinstance(e, dict) or not isinstance(e.get("shape"), dict):
+        raise ValueError(f"{where}: needs a 'shape' object with M, K, N")
+    shape = e["shape"]
+    if not all(type(shape.get(k)) is int and shape[k] > 0 for k in ("M", "K", "N")):
+        raise ValueError(f"{where}: 'shape' needs integer M, K, N, got {shape!r}")
+    choices = {g: _gemm_from_dict(e.get(g, {"backend": "bf16"}), where=f"{where}: '{g}'") for g in GEMMS}
+    mods = {}
+    for key in MODS_CHOICES:
+        m = e.get(key)
+        if m is not None:
+            if not isinstance(m, dict) or not isinstance(m.get("mode"), str):
+                raise ValueError(f"{where}: '{key}' needs a string 'mode'")
+            mods[key] = ModsChoice(mode=m["mode"],
+                                   times_us=_numbers(m.get("times_us"), where=f"{where}: '{key}' times_us"),
+                                   speedup=_number(m.get("speedup"), where=f"{where}: '{key}' speedup", optional=True))
+    return LayerPlan(M=shape["M"], K=shape["K"], N=shape["N"], **mods, **choices)
+
+
+def save_plan(plan: DispatchPlan, path: str | Path) -> Path:
+    """Write the plan as indented JSON (atomically: write then rename) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(plan.to_dict(), indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_plan(path: str | Path) -> DispatchPlan:
+    """Read a plan file; a missing file or malformed content -> one-line ValueError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"precision.plan: file {str(path)!r} does not exist")
+    try:
+        d = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"precision.plan: {str(path)!r} is not UTF-8 text, so not a plan file ({e.reason} at "
+                         f"byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"precision.plan: {str(path)!r} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise ValueError(f"precision.plan: cannot read {str(path)!r} ({e.strerror})") from None
+    return DispatchPlan.from_dict(d, source=f"precision.plan {str(path)!r}")
+
+
+def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], valid_backends: list[str],
+                  mods_modes: Optional[dict[str, bool]] = None, *, source: str = "plan") -> None:
+    """Check a plan against a model: layer_shapes maps FQN -> (K, N) of each target Linear; ``mods_modes`` maps
+    each fused-layer forward mode to whether it is FP8.
+
+    Rejects (one-line ValueError): a layer the model does not have, a K/N that differs from the model's, a
+    backend name not in ``valid_backends``, a Mods forward mode not in ``mods_modes`` or an FP8 one on a layer
+    whose forward GEMM is BF16 (no FP8 candidate passed the accuracy test there), a Mods input-grad backend not
+    in ``valid_backends`` or one whose measured input-grad MERE is not below the plan's threshold. Layers of the
+    model missing from the plan are allowed (they stay BF16) so a plan can be trimmed by hand. ``source`` names
+    the plan in the messages.
+    """
+    for fqn, lp in plan.layers.items():
+        if fqn not in layer_shapes:
+            raise ValueError(f"{source}: unknown layer {fqn!r}, not a target of this model (a plan of another model "
+                             f"or config?); model layers: {sorted(layer_shapes)}")
+        if (lp.K, lp.N) != tuple(layer_shapes[fqn]):
+            raise ValueError(f"{source}: layer {fqn!r} has shape K={lp.K}, N={lp.N} but the model's is "
+                             f"K={layer_shapes[fqn][0]}, N={layer_shapes[fqn][1]} (a plan of another model or "
+                             f"config?)")
+        for g, name in lp.backends().items():
+            if name not in valid_backends:
+                raise ValueError(f"{source}: layer {fqn!r} {g}: backend {name!r} is unknown or unavailable on this "
+                                 f"device; valid: {sorted(valid_backends)}")
+        if lp.mods_forward is not None and mods_modes is not None:
+            mode = lp.mods_forward.mode
+            if mode not in mods_modes:
+                raise ValueError(f"{source}: layer {fqn!r} mods_forward: unknown mode {mode!r}; "
+                                 f"valid: {sorted(mods_modes)}")
+            if mods_modes[mode] and lp.forward.backend == "bf16":
+                raise ValueError(f"{source}: layer {fqn!r} mods_forward: FP8 mode {mode!r} but the forward GEMM is bf16 "
+                                 f"(no FP8 kernel was accurate enough there)")
+        if lp.mods_input_grad is not None:
+            name = lp.mods_input_grad.mode
+            if name not in valid_backends:
+                raise ValueError(f"{source}: layer {fqn!r} mods_input_grad: backend {name!r} is unknown or unavailable "
+                                 f"on this device; valid: {sorted(valid_backends)}")
+            err = lp.input_grad.candidate_mere(name)
+            if name != "bf16" and err is not None and err >= plan.mere_threshold:
+                raise ValueError(f"{source}: layer {fqn!r} mods_input_grad: {name!r} has input-grad MERE {err:.4g} >= "
+                                 f"{plan.mere_threshold} (not accurate enough there)")
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+# Why a GEMM stayed BF16: every measured FP8 candidate failed the accuracy test / the accurate ones were not
+# fast enough / nothing was measured (e.g. a hand-written or probe-less plan entry).
+BF16_REASONS = ("MERE", "slow", "unmeasured")
+
+
+def bf16_reason(choice: GemmChoice, *, mere_threshold: float, min_speedup: float) -> Optional[str]:
+    """For a GEMM left in BF16, which rule kept it there (one of ``BF16_REASONS``); None if it is not BF16."""
+    if choice.backend != "bf16":
+        return None
+    measured = [c for name, c in choice.candidates.items()
+                if name != "bf16" and c.get("mere") is not None and c.get("time_us") is not None]
+    if not measured or choice.bf16_time_us is None:
+        return "unmeasured"
+    if all(c["mere"] >= mere_threshold for c in measured):
+        return "MERE"
+    return "slow"
+
+
+def bf16_reason_counts(plan: DispatchPlan) -> dict[str, int]:
+    """``BF16_REASONS`` -> how many GEMMs of ``plan`` stayed BF16 for that reason."""
+    counts = dict.fromkeys(BF16_REASONS, 0)
+    for lp in plan.layers.values():
+        runs_fp8 = lp.runs_fp8()
+        for g in GEMMS:
+            if runs_fp8[g]:  # e.g. a fused Mods layer's timed FP8 input grad over a BF16 per-GEMM choice
+                continue
+            why = bf16_reason(getattr(lp, g), mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup)
+            if why is not None:
+                counts[why] += 1
+    return counts
+
+
+def num_fp8_gemms(plan: DispatchPlan) -> int:
+    """How many GEMMs of ``plan`` run in FP8 (``LayerPlan.runs_fp8``)."""
+    return sum(sum(lp.runs_fp8().values()) for lp in plan.layers.values())
+
+
+def format_plan_table(plan: DispatchPlan) -> str:
+    """The plan as a fixed-width text table: one row per layer and GEMM; a BF16 row says why it is BF16
+    (``bf16_reason``), and the last line counts FP8 GEMMs and the reasons for the rest."""
+    head = f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<26} {'MERE':>8} {'speedup':>8} {'bf16 why':<10}"
+    rows = [f"LoKA Dispatch plan ({plan.device}; MERE < {plan.mere_threshold}, speedup > {plan.min_speedup}×)",
+            head, "-" * len(head)]
+    for fqn, lp in plan.layers.items():
+        shape = f"{lp.M}×{lp.K}×{lp.N}"
+        for g in GEMMS:
+            c = getattr(lp, g)
+            why = bf16_reason(c, mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup) or ""
+            rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {c.backend:<26} "
+                        f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8} {why:<10}".rstrip())
+            fqn, shape = "", ""
+        for label, choice in (("mods fwd", lp.mods_forward), ("mods dgrad", lp.mods_input_grad)):
+            if choice is not None:
+                rows.append(f"{'':<32} {'':>18} {label:<11} {choice.mode:<26} {'-':>8} {_fmt(choice.speedup, '.2f'):>8}")
+    reasons = bf16_reason_counts(plan)
+    mods_bf16 = sum(getattr(lp, g).backend != "bf16" and not lp.runs_fp8()[g]
+                    for lp in plan.layers.values() for g in ("forward", "input_grad"))
+    rows.append(f"{num_fp8_gemms(plan)} of {3 * len(plan.layers)} GEMMs in FP8; BF16 kept for {reasons['MERE']} (no "
+                f"FP8 candidate with MERE < {plan.mere_threshold}), {reasons['slow']} (no accurate one > "
+                f"{plan.min_speedup}× faster), {reasons['unmeasured']} (not measured), {mods_bf16} (fused Mods "
+                f"layer timed faster in BF16)")
+    return "\n".join(rows)

@@ -1,0 +1,79 @@
+"""The trainer's precision transform: ``PrecisionConfig`` (the Hydra schema of the ``precision`` group, fp32 ...
+loka) and ``apply_precision``, called once on the model before sharding.
+
+Presets (``conf/precision/<name>.yaml``):
+- ``fp32``, ``bf16``: nothing here; bf16 autocasts the dense part (the trainer's job, from ``compute_dtype``).
+- ``fp8_tensorwise`` / ``fp8_rowwise`` / ``fp8_rowwise_gw_hp``: uniform torchao ``Float8Linear`` with that
+  recipe on every target Linear (``convert_to_float8_training`` with ``Float8LinearConfig.from_recipe_name``;
+  the baselines LoKA must beat).
+- ``loka``: ``convert_to_loka`` (Mods on + Dispatch: per-layer, per-GEMM backend choice; plan file reusable
+  via ``plan``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable, ClassVar, Optional
+
+from torch import nn
+
+from loka_trainer.dispatch.broadcast import rank0_print
+from loka_trainer.dispatch.config import LoKAConfig
+from loka_trainer.dispatch.convert import convert_to_loka
+from loka_trainer.dispatch.plan import DispatchPlan
+from loka_trainer.dispatch.targets import ModuleFilter, drop_unaligned_rows, target_linears
+
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+
+@dataclasses.dataclass
+class PrecisionConfig(LoKAConfig):
+    """Hydra schema ``precision``: the ``LoKAConfig`` fields (off by default: fp32) plus the preset's ``name`` and a
+    uniform torchao recipe. ``compile`` is set by the trainer from ``trainer.compile`` (``loka_config``)."""
+
+    name: str = "fp32"
+    compute_dtype: str = "float32"  # autocast dtype of the dense part
+    mods: bool = False  # LoKA Mods fusion (the zoo builds the Mods layers themselves from ``model.mods``)
+    dispatch: bool = False
+    fp8_recipe: Optional[str] = None  # uniform torchao recipe, one of FP8_RECIPES
+
+    where: ClassVar[str] = "precision"
+
+    def validate(self) -> "PrecisionConfig":
+        """``LoKAConfig.validate`` plus the torchao recipe; raises a one-line ValueError; returns self."""
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"precision.fp8_recipe: unknown {self.fp8_recipe!r}; valid: {list(FP8_RECIPES)} or null")
+        if self.fp8_recipe is not None and self.dispatch:
+            raise ValueError("precision.fp8_recipe and precision.dispatch are exclusive; set one of them")
+        super().validate()
+        return self
+
+    def loka_config(self, **overrides) -> LoKAConfig:
+        """The ``LoKAConfig`` part of this preset (``overrides`` replace fields, e.g. ``compile``)."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(LoKAConfig)}
+        return LoKAConfig(**{**shared, **overrides})
+
+
+def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear]) -> None:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    targets = set(linears)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda mod, fqn: fqn in targets)
+
+
+def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,
+                    run_dir: Optional[Path] = None, module_filter_fn: Optional[ModuleFilter] = None,
+                    compile: bool = False, log: Callable[[str], None] = rank0_print) -> Optional[DispatchPlan]:
+    """Transform ``model`` in place for ``config``: torchao's uniform recipe, or ``convert_to_loka`` when Dispatch
+    is on (``compile``: the model will be compiled); returns the Dispatch plan then, else None."""
+    config.validate()
+    if config.fp8_recipe is not None:
+        linears = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
+        linears = drop_unaligned_rows(model, linears, calibration_batch, log)
+        _apply_torchao(model, config.fp8_recipe, linears)
+        log(f"precision={config.name}: torchao float8 '{config.fp8_recipe}' on {len(linears)} Linear(s)")
+        return None
+    if not config.dispatch:
+        return None
+    return convert_to_loka(model, config.loka_config(compile=compile), calibration_batch=calibration_batch,
+                           module_filter_fn=module_filter_fn, device=device, run_dir=run_dir, log=log)

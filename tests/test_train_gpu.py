@@ -1,0 +1,63 @@
+"""train.py on a GPU, as users run it: each zoo model trains a few steps with sharded embeddings (TorchRec's
+fused TBE), FSDP2 dense units and the trainer's default compile. Skipped without CUDA or without the CUDA
+build of fbgemm-gpu (TorchRec's sharded kernels)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from tests.launch import run_train
+
+
+def _fbgemm_cuda() -> bool:
+    if not torch.cuda.is_available() or importlib.util.find_spec("fbgemm_gpu") is None:
+        return False
+    import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+    return hasattr(torch.ops.fbgemm, "split_embedding_codegen_lookup_rowwise_adagrad_function")
+
+
+pytestmark = pytest.mark.skipif(not _fbgemm_cuda(), reason="needs CUDA and the CUDA build of fbgemm-gpu")
+
+GPU_SMALL = ["trainer.device=cuda", "data.batch_size=1024", "data.eval_batches=4", "callbacks.progress=false",
+             "trainer.log_interval=5", "trainer.eval_interval=0", "trainer.compile=true", "trainer.steps=20"]
+RUNS = {  # name -> overrides; the zoo under LoKA as users compile it, plus BF16 and the GPU-scale config
+    "dlrm_loka": ["model=dlrm", "precision=loka", *GPU_SMALL],
+    "dlrm_dcnv2_loka": ["model=dlrm_dcnv2", "precision=loka", *GPU_SMALL],
+    "wukong_loka": ["model=wukong", "precision=loka", *GPU_SMALL],
+    "interformer_loka": ["model=interformer", "precision=loka", *GPU_SMALL],
+    "wukong_bf16": ["model=wukong", "precision=bf16", *GPU_SMALL],
+    "wukong_h200_loka": ["model=wukong_h200", "precision=loka", *GPU_SMALL, "data.batch_size=8192",
+                         "trainer.steps=10"],
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(tmp_path_factory):
+    """All runs at once (compilation is CPU-bound and the GPU has room): name -> run dir."""
+    root = tmp_path_factory.mktemp("gpu_runs")
+    with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
+        futures = {name: pool.submit(run_train, [*args, f"hydra.run.dir={root / name}"], nproc=1, timeout=900,
+                                     check=False) for name, args in RUNS.items()}
+        procs = {name: f.result() for name, f in futures.items()}
+    return {name: (root / name, proc) for name, proc in procs.items()}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_trains_on_gpu_through_train_py(gpu_runs, name):
+    run_dir, proc = gpu_runs[name]
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["steps"] == int(
+        next(a for a in RUNS[name][::-1] if a.startswith("trainer.steps=")).split("=")[1])
+    assert math.isfinite(summary["eval_logloss"]) and 0.0 < summary["eval_auc"] < 1.0
+    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in line]
+    assert losses and all(math.isfinite(x) for x in losses)
+    assert "device cuda" in (run_dir / "train.log").read_text()
+    if "loka" in name:
+        assert (run_dir / "dispatch_plan.json").is_file()
