@@ -6,15 +6,29 @@ Layout under the checkpoint root::
         .metadata, __*.distcp
         rank{r}.pt          per-rank state: RNG, data position, callbacks (DCP de-duplicates
                             non-tensor values across ranks, so values that differ per rank live here)
-    latest                  text file naming the newest complete step directory, written last (atomic rename)
+        complete.json       the completion marker, written last (see below)
+    latest                  text file naming the newest complete step directory (for people; resume scans)
 
-A step directory without ``latest`` pointing at it is an interrupted save and is never loaded.
+A save is complete only when ``complete.json`` exists: rank 0 writes it (atomic rename) after a barrier that
+follows every rank's ``rankN.pt`` and DCP's ``.metadata``. It lists every file of the checkpoint with its size,
+and a SHA-256 for the small files that are unpickled (``.metadata``, ``rankN.pt``). `verify_checkpoint` accepts a
+directory only when the marker parses and every listed file exists with the recorded size and digest, so an
+interrupted save, a deleted or truncated shard, or a rewritten rank file is never loaded. A directory without
+a marker (an interrupted save, or one written before markers existed) is incomplete.
+
+``rankN.pt`` is read with ``torch.load(weights_only=True)``: it holds only tensors and plain containers (the
+RNG states are stored as tensors and lists), so a file holding any other pickled object is refused, not
+executed. DCP's own ``.metadata`` is a pickle that DCP unpickles: a checkpoint directory must come from a
+trusted source.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import random
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,25 +44,75 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 LATEST = "latest"
+MARKER = "complete.json"
+MARKER_FORMAT = 1
+DCP_METADATA = ".metadata"
+STEP_DIR = re.compile(r"step_(\d{6,})")
 # Flat FQN keys: DCP flattens nested optimizer param_groups differently on save and load otherwise.
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used, with the reason in one line."""
 
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:06d}"
 
 
-def latest_checkpoint(root: Path) -> Optional[Path]:
-    """The newest complete checkpoint under `root`, or None."""
-    marker = root / LATEST
+def rank_file(path: Path, rank: int) -> Path:
+    return path / f"rank{rank}.pt"
+
+
+def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Every ``step_NNNNNN`` directory under `root` as (step, path), newest first (complete or not)."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.fullmatch(p.name))]
+    return sorted(found, reverse=True)
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """The parsed marker of a complete checkpoint; `CheckpointError` with the reason when it is not complete.
+
+    Reads only the marker, file sizes and the small files' digests; loads nothing."""
+    marker = path / MARKER
     if not marker.is_file():
-        return None
-    path = root / marker.read_text().strip()
-    return path if (path / ".metadata").is_file() else None
+        raise CheckpointError(f"no {MARKER} (an interrupted save, or written before completion markers)")
+    try:
+        record = json.loads(marker.read_text())
+        step, world_size, files = int(record["step"]), int(record["world_size"]), dict(record["files"])
+        if record.get("format") != MARKER_FORMAT:
+            raise ValueError(f"format {record.get('format')!r}, expected {MARKER_FORMAT}")
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{MARKER} is unreadable ({type(exc).__name__}: {exc})") from None
+    if STEP_DIR.fullmatch(path.name) and int(STEP_DIR.fullmatch(path.name).group(1)) != step:
+        raise CheckpointError(f"{MARKER} records step {step}, the directory name says otherwise")
+    needed = {DCP_METADATA, *(rank_file(path, r).name for r in range(world_size))}
+    if not needed <= files.keys():
+        raise CheckpointError(f"{MARKER} does not list {', '.join(sorted(needed - files.keys()))}")
+    for name, expected in sorted(files.items()):
+        file = path / name
+        if Path(name).name != name or not file.is_file():
+            raise CheckpointError(f"{name} is missing")
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            raise CheckpointError(f"{name} has {size} bytes, {MARKER} recorded {expected['bytes']}")
+        if "sha256" in expected and _sha256(file) != expected["sha256"]:
+            raise CheckpointError(f"{name} has {size} bytes as recorded but different content (SHA-256 mismatch)")
+    return {"step": step, "world_size": world_size, "files": files}
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """This process's RNG states as tensors and plain lists (loadable with ``torch.load(weights_only=True)``)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -56,10 +120,30 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_rank_state(file: Path) -> dict[str, Any]:
+    """One rank's ``rankN.pt`` with ``weights_only=True``; `CheckpointError` (one line) for anything else."""
+    try:
+        state = torch.load(file, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{file} was refused by torch.load(weights_only=True): it holds more than "
+                              f"tensors and plain containers ({first}); a checkpoint must come from a "
+                              f"trusted source") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"{file} cannot be read ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:200]})") from None
+    if not isinstance(state, dict) or "rng" not in state:
+        raise CheckpointError(f"{file} is not a rank state (a dict with 'rng')")
+    return state
 
 
 def _app_state(model: nn.Module, dense_optimizer: torch.optim.Optimizer, sparse_optimizer: Any,
@@ -74,17 +158,22 @@ def _app_state(model: nn.Module, dense_optimizer: torch.optim.Optimizer, sparse_
 
 
 def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer: torch.optim.Optimizer,
-                    sparse_optimizer: Any, extra: dict[str, Any], local: dict[str, Any], rank: int) -> Path:
+                    sparse_optimizer: Any, extra: dict[str, Any], local: dict[str, Any], rank: int,
+                    world_size: int) -> Path:
     """Collective: every rank calls it. `extra` (JSON-able) must be identical on all ranks; `local` is this
-    rank's own state (data position, callback state); the RNG state is added to it."""
+    rank's own state (data position, callback state: tensors and plain containers); the RNG state is added.
+
+    Order: DCP shards + ``.metadata`` -> every ``rankN.pt`` -> barrier -> rank 0 writes ``complete.json`` ->
+    rank 0 points ``latest`` at it -> barrier. A crash anywhere before the marker leaves an incomplete directory."""
     path = step_dir(root, step)
-    dcp.save(_app_state(model, dense_optimizer, sparse_optimizer, extra), checkpoint_id=str(path))
-    torch.save({**local, "rng": rng_state()}, path / f"rank{rank}.pt")
+    if rank == 0:  # a directory left by an interrupted save of this step must not look complete mid-rewrite
+        (path / MARKER).unlink(missing_ok=True)
+    metadata = dcp.save(_app_state(model, dense_optimizer, sparse_optimizer, extra), checkpoint_id=str(path))
+    _atomic_torch_save({**local, "rng": rng_state()}, rank_file(path, rank))
     _barrier()
     if rank == 0:
-        tmp = root / f".{LATEST}.tmp"
-        tmp.write_text(path.name)
-        os.replace(tmp, root / LATEST)
+        _write_marker(path, step=step, world_size=world_size, shard_files=_shard_files(metadata, path))
+        _atomic_write_text(root / LATEST, path.name)
     _barrier()
     return path
 
@@ -92,20 +181,59 @@ def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer:
 def load_checkpoint(path: Path, *, model: nn.Module, dense_optimizer: torch.optim.Optimizer,
                     sparse_optimizer: Any, extra_template: dict[str, Any], rank: int
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Collective: restores model, optimizers and this rank's RNG in place; returns (`extra`, this rank's `local`)."""
+    """Collective: restores model, optimizers and this rank's RNG in place; returns (`extra`, this rank's `local`).
+
+    `path` must have passed `verify_checkpoint`. This rank's file is read first, so a refused file stops
+    before any state changes; a DCP failure becomes a one-line `CheckpointError`."""
+    local = load_rank_state(rank_file(path, rank))
     state = _app_state(model, dense_optimizer, sparse_optimizer, extra_template)
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as exc:  # DCP wraps per-rank failures in CheckpointException with tracebacks
+        raise CheckpointError(f"{path} could not be loaded by torch.distributed.checkpoint "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
     model.load_state_dict(state["model"])
     set_optimizer_state_dict(_unwrap(model), dense_optimizer, state["dense_optimizer"],
                              options=_OPTIM_OPTIONS)
     if sparse_optimizer is not None:
         sparse_optimizer.load_state_dict(state["sparse_optimizer"])
-    local_file = path / f"rank{rank}.pt"
-    if not local_file.is_file():
-        raise ValueError(f"checkpoint {path} has no state for rank {rank}: resume with the same world size")
-    local = torch.load(local_file, weights_only=False)
     set_rng_state(local.pop("rng"))
     return json.loads(state["extra"]), local
+
+
+def _shard_files(metadata: Any, path: Path) -> list[str]:
+    """The DCP data files of this save: from the returned metadata's storage info, else the directory listing."""
+    storage = getattr(metadata, "storage_data", None) or {}
+    names = {getattr(info, "relative_path", None) for info in storage.values()} - {None}
+    return sorted(names) if names else sorted(p.name for p in path.glob("*.distcp"))
+
+
+def _write_marker(path: Path, *, step: int, world_size: int, shard_files: list[str]) -> None:
+    files: dict[str, dict[str, Any]] = {name: {"bytes": (path / name).stat().st_size} for name in shard_files}
+    for name in (DCP_METADATA, *(rank_file(path, r).name for r in range(world_size))):
+        files[name] = {"bytes": (path / name).stat().st_size, "sha256": _sha256(path / name)}
+    record = {"format": MARKER_FORMAT, "step": step, "world_size": world_size, "files": files}
+    _atomic_write_text(path / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _atomic_write_text(file: Path, text: str) -> None:
+    tmp = file.with_name(f".{file.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, file)
+
+
+def _atomic_torch_save(obj: Any, file: Path) -> None:
+    tmp = file.with_name(f".{file.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, file)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -116,3 +244,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+__all__ = ["CheckpointError", "LATEST", "MARKER", "checkpoint_dirs", "load_checkpoint", "load_rank_state",
+           "rng_state", "save_checkpoint", "set_rng_state", "step_dir", "verify_checkpoint"]

@@ -21,6 +21,7 @@ from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
 from loka_trainer.models.mods import LOKA_MODS, resolve_mods
 from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.nonfinite import NONFINITE_POLICIES
 from loka_trainer.precision import PrecisionConfig
 from loka_trainer.sharding.config import ShardingConfig
 from loka_trainer.sharding.dist import launch_env, resolve_device
@@ -51,7 +52,8 @@ class TrainerConfig:
     checkpoint_interval: int = 0
     checkpoint_at_end: bool = True  # also save after the last step (a restart then only re-evaluates)
     checkpoint_dir: Optional[str] = None  # default: <run dir>/checkpoints
-    resume: bool = True  # continue from the newest complete checkpoint in checkpoint_dir, if any
+    resume: bool = True  # continue from the newest complete checkpoint in checkpoint_dir (rules: loka_trainer.resume)
+    nonfinite: str = "error"  # non-finite loss/gradient: "error" stops naming the step, "skip_step" skips it
     stop_after: Optional[int] = None  # end the run early after this step (a checkpoint is saved there)
     compile: bool = False  # torch.compile each dense unit (after FSDP2); embeddings and the loop stay eager
 
@@ -67,6 +69,8 @@ class TrainerConfig:
         if self.dense_optimizer not in DENSE_OPTIMIZERS:
             raise ValueError(f"trainer.dense_optimizer={self.dense_optimizer!r} is not one of "
                              f"{', '.join(DENSE_OPTIMIZERS)}")
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"trainer.nonfinite={self.nonfinite!r} is not one of {', '.join(NONFINITE_POLICIES)}")
         if self.device not in DEVICES:
             raise ValueError(f"trainer.device={self.device!r} is not one of {', '.join(DEVICES)}")
         if self.stop_after is not None and not 0 < self.stop_after <= self.steps:

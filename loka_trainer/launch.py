@@ -1,7 +1,14 @@
-"""`train.py`'s body: compose + validate the config (no process group yet), then start ranks and train.
+"""`train.py`'s body: compose + validate the config (no process group yet), decide where the run starts, then
+start ranks and train.
 
     python train.py model=wukong precision=loka trainer.steps=300 hydra.run.dir=DIR
     torchrun --nproc_per_node=2 train.py model=wukong ...
+
+Order, so that nothing in the run directory is overwritten before the resume decision (`loka_trainer.resume`):
+config -> resume decision (every rank reads the same files; no checkpoint usable: exit 2) -> a fresh start moves
+an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
+`.hydra/` -> train. Exit status: 2 for a bad config or an unusable checkpoint, 3 for a non-finite loss or
+gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0).
 """
 from __future__ import annotations
 
@@ -12,9 +19,14 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
-from loka_trainer.cli import parse_argv, run_app, typed_config, write_run_config
+from loka_trainer.checkpoint import CheckpointError
+from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_config
 from loka_trainer.config import register_schemas, to_run_config
+from loka_trainer.nonfinite import NonFiniteError
+from loka_trainer.resume import checkpoint_root, plan_start, prepare_resumed_run, set_aside_previous_run
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
+
+EXIT_NONFINITE = 3
 
 
 def setup_logging(run_dir: Path, *, rank: int) -> None:
@@ -36,20 +48,55 @@ def main(argv: Optional[list[str]] = None) -> None:
 def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     """One run: ``cfg`` composed and resolved, ``argv`` its overrides (one sweep point's under ``-m``)."""
     run = typed_config(cfg, to_run_config)  # every bad input fails here, before any process group or data
-    rank = launch_env()[0]
+    rank, world_size, _ = launch_env()
+    ckpt_root = checkpoint_root(run.trainer.checkpoint_dir, run_dir)
+    try:
+        start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size)
+    except CheckpointError as exc:
+        fail(exc)
+    notes = set_aside_previous_run(run_dir, ckpt_root) if rank == 0 and start.checkpoint is None else []
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank=rank)
-    write_run_config(run_dir, cfg, argv, rank=rank)
+    logger = logging.getLogger("loka_trainer")
+    for line in (start.warnings() if rank == 0 else []):
+        logger.warning(line)
+    for line in notes:
+        logger.info(line)
+    if start.checkpoint is None:
+        write_run_config(run_dir, cfg, argv, rank=rank)
     dist_info = init_distributed(run.trainer.device)
-    log = logging.getLogger("loka_trainer").info
     finished = False
     try:
         from loka_trainer.trainer import Trainer
 
-        log(f"run dir: {run_dir.resolve()}  (world size {dist_info.world_size}, device {dist_info.device})")
-        Trainer(run, run_dir=run_dir, dist_info=dist_info).fit()
-        log(f"done: metrics {run_dir.resolve() / 'metrics.jsonl'}, summary {run_dir.resolve() / 'summary.json'}, "
-            f"TensorBoard: tensorboard --logdir {run_dir.resolve() / 'tensorboard'}")
+        logger.info(f"run dir: {run_dir.resolve()}  (world size {dist_info.world_size}, device {dist_info.device})")
+        trainer = Trainer(run, run_dir=run_dir, dist_info=dist_info)
+        first_step = 0
+        if start.checkpoint is not None:
+            first_step = trainer.restore(start.checkpoint)
+            for line in prepare_resumed_run(run_dir, ckpt_root, start) if rank == 0 else []:
+                logger.info(line)
+            write_run_config(run_dir, cfg, argv, rank=rank)
+        trainer.fit(first_step)
+        logger.info(f"done: metrics {run_dir.resolve() / 'metrics.jsonl'}, summary "
+                    f"{run_dir.resolve() / 'summary.json'}, TensorBoard: tensorboard --logdir "
+                    f"{run_dir.resolve() / 'tensorboard'}")
         finished = True
+    except CheckpointError as exc:
+        _stop(exc, status=2, rank=rank)
+    except NonFiniteError as exc:
+        _stop(exc, status=EXIT_NONFINITE, rank=rank)
     finally:
         shutdown_distributed(wait_for_all=finished)  # after an error another rank may never reach a barrier
+
+
+def _stop(exc: Exception, *, status: int, rank: int) -> None:
+    """One ``error:`` line on stderr (rank 0; every rank meets the same error) and in train.log; exit `status`."""
+    if rank == 0:
+        line = f"error: {' '.join(str(exc).split())}"
+        print(line, file=sys.stderr)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.stream.write(line + "\n")
+                handler.flush()
+    raise SystemExit(status)

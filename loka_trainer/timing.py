@@ -98,10 +98,10 @@ def cuda_graph_timer(fallback: Optional[Timer] = None) -> Timer:
 
 # ``precision.gpu_timer`` / ``precision.layer_timer`` -> how Dispatch times GEMM candidates / a fused Mods layer's
 # whole step on a GPU. "cuda_events" (the GEMMs' default) is what the recorded plans used; "cuda_graph" is GPU time
-# without host cost (``cuda_graph_timer``). End to end on the H200 (Wukong, docs/results.md §2b) the graph-timed
+# without host cost (``cuda_graph_timer``). End to end on the H200 (Wukong, docs/results.md §2) the graph-timed
 # plan chose more FP8 GEMMs and trained 1.8% slower. A fused layer's eager step is host-bound, though: 680-1470 µs
 # by events (six repeats of one step spread by up to 75%) for 32-91 µs of GPU time at batch 4096, whose
-# graph-replay repeats agree within 2% (H200, docs/kernels/README.md, tenth round). So layer choices are timed by
+# graph-replay repeats agree within 2% (H200, docs/kernels/README.md "Measured limits"). So layer choices are timed by
 # graph replay unless ``layer_timer`` says otherwise.
 GPU_TIMERS: dict[str, Callable[[], Timer]] = {"cuda_events": cuda_timer, "cuda_graph": cuda_graph_timer}
 

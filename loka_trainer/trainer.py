@@ -1,6 +1,9 @@
 """The training loop: data -> model -> loss -> backward -> step, with events to callbacks. No FP8 logic here.
 
 Everything that changes the model (Mods, FP8 recipes, LoKA Dispatch) happens in `builders` before training.
+Where a run starts is decided before the trainer exists (`loka_trainer.resume`); `restore` loads that
+checkpoint and `fit` continues from the step it returns. A non-finite loss or gradient is handled by
+`trainer.nonfinite` (`loka_trainer.nonfinite`).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from loka_trainer.callbacks.base import Callback, CallbackList, TrainState
 from loka_trainer.config import RunConfig
 from loka_trainer.data.batch import Batch
 from loka_trainer.metrics import ctr_metrics
+from loka_trainer.nonfinite import NonFiniteError, NonFiniteGuard
+from loka_trainer.resume import checkpoint_root
 from loka_trainer.sharding.dist import DistInfo
 
 logger = logging.getLogger("loka_trainer")
@@ -46,18 +51,19 @@ class Trainer:
         self.sparse_optimizer = self.model.fused_optimizer
         self.callbacks = CallbackList(build_callbacks(run, self.run_dir, extra=extra_callbacks))
         self.autocast_dtype = AUTOCAST_DTYPES[run.precision.compute_dtype]
-        self.checkpoint_root = Path(run.trainer.checkpoint_dir or self.run_dir / "checkpoints")
+        self.checkpoint_root = checkpoint_root(run.trainer.checkpoint_dir, self.run_dir)
         self.state = TrainState(model=self.model, optimizers=(self.dense_optimizer, self.sparse_optimizer),
                                 rank=dist_info.rank, world_size=dist_info.world_size, run_dir=self.run_dir,
                                 total_steps=run.trainer.steps, device=dist_info.device)
+        self.nonfinite = NonFiniteGuard(run.trainer.nonfinite, device=dist_info.device)
         self._window: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._window_start = time.perf_counter()
         if run.data.eval_batches == 0:
             self.log("evaluation skipped: data.eval_batches=0 (no eval metrics in metrics.jsonl or summary.json)")
 
     # ---- loop -------------------------------------------------------------------------------------------
-    def fit(self) -> TrainState:
-        start = self._maybe_resume()
+    def fit(self, start: int = 0) -> TrainState:
+        """Train steps [`start`, stop): `start` is 0 or the step `restore` returned."""
         t = self.run.trainer
         last = (t.stop_after or t.steps) - 1
         self.state.step = start
@@ -68,9 +74,12 @@ class Trainer:
                 self._train_step(next(self.train_iter))
                 done = step + 1
                 if t.eval_interval and done % t.eval_interval == 0 and done != t.steps:
+                    self._raise_if_nonfinite()
                     self._evaluate()
                 if _saved_at(t, done):
+                    self._raise_if_nonfinite()
                     self._save_checkpoint(done)
+            self._raise_if_nonfinite()
             if last + 1 == t.steps:
                 self._evaluate()
                 if t.checkpoint_at_end and start < t.steps and not _saved_at(t, t.steps):
@@ -94,13 +103,22 @@ class Trainer:
         loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         state.loss = loss
         self.callbacks.fire("on_after_forward", state)
-        loss.backward()
-        self.callbacks.fire("on_after_backward", state)
-        self.dense_optimizer.step()
+        if self.nonfinite.skip(loss, step=state.step + 1):  # before backward: the embedding update is in it
+            state.skipped_steps = self.nonfinite.skipped_steps
+            self.log(f"warning: step {state.step + 1}: non-finite loss, step skipped (no backward, no dense or "
+                     f"embedding update; {state.skipped_steps} skipped so far)")
+        else:
+            loss.backward()
+            self.callbacks.fire("on_after_backward", state)
+            self.nonfinite.record_gradients((p.grad for g in self.dense_optimizer.param_groups
+                                             for p in g["params"]), step=state.step + 1)
+            self.dense_optimizer.step()
+            self._window.append((loss.detach(), logits.detach(), batch.labels))
         self.dense_optimizer.zero_grad(set_to_none=True)
-        self._window.append((loss.detach(), logits.detach(), batch.labels))
         if (state.step + 1) % self.run.trainer.log_interval == 0:
-            state.metrics = self._window_metrics()
+            self._raise_if_nonfinite()  # nothing computed from a non-finite state is logged
+            state.metrics = {**(self._window_metrics() if self._window else {}),
+                             "skipped_steps": self.nonfinite.skipped_steps}
         self.callbacks.fire("on_step_end", state)
 
     def _window_metrics(self) -> dict[str, float]:
@@ -150,28 +168,46 @@ class Trainer:
         return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype)
 
     # ---- checkpoints ------------------------------------------------------------------------------------
+    def _raise_if_nonfinite(self) -> None:
+        """Collective: stop with one line if any rank met a non-finite loss or gradient since the start."""
+        found = self.nonfinite.first_bad()
+        if found is None:
+            return
+        kind, step = found
+        policy = self.nonfinite.policy
+        why = (" (skip_step skips a non-finite loss before backward; here the loss was finite and the embedding "
+               "update had already happened inside backward)" if policy == "skip_step" else "")
+        latest = self.state.checkpoint_dir
+        raise NonFiniteError(f"non-finite {kind} at step {step} (trainer.nonfinite={policy}){why}: stopped at step "
+                             f"{self.state.step + 1} without saving that state; latest checkpoint: "
+                             f"{latest if latest is not None else 'none'}")
+
     def _save_checkpoint(self, done_steps: int) -> None:
         local = {"train_stream": self.streams.train.state_dict(),
                  "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks.callbacks}}
         path = ckpt.save_checkpoint(self.checkpoint_root, done_steps, model=self.model,
                                     dense_optimizer=self.dense_optimizer, sparse_optimizer=self.sparse_optimizer,
-                                    extra={"step": done_steps}, local=local, rank=self.dist.rank)
+                                    extra={"step": done_steps, "skipped_steps": self.nonfinite.skipped_steps},
+                                    local=local, rank=self.dist.rank, world_size=self.dist.world_size)
         self.state.checkpoint_dir = path
         self.log(f"checkpoint: {path}")
         self.callbacks.fire("on_checkpoint_save", self.state)
 
-    def _maybe_resume(self) -> int:
-        path = ckpt.latest_checkpoint(self.checkpoint_root) if self.run.trainer.resume else None
-        if path is None:
-            return 0
+    def restore(self, path: Path) -> int:
+        """Collective: load the complete checkpoint `path` (chosen by `resume.plan_start`); returns its step.
+        `checkpoint.CheckpointError` (one line) when a file is refused or DCP cannot load it."""
         extra, local = ckpt.load_checkpoint(path, model=self.model, dense_optimizer=self.dense_optimizer,
                                             sparse_optimizer=self.sparse_optimizer, extra_template={"step": 0},
                                             rank=self.dist.rank)
-        self.streams.train.load_state_dict(local["train_stream"])
+        self.nonfinite.skipped_steps = self.state.skipped_steps = int(extra.get("skipped_steps", 0))
+        try:
+            self.streams.train.load_state_dict(local["train_stream"])
+            for cb in self.callbacks.callbacks:
+                if cb.state_key in local["callbacks"]:
+                    cb.load_state_dict(local["callbacks"][cb.state_key])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ckpt.CheckpointError(f"{path} does not fit this run ({type(exc).__name__}: {exc})") from None
         self.train_iter = iter(self.streams.train)
-        for cb in self.callbacks.callbacks:
-            if cb.state_key in local["callbacks"]:
-                cb.load_state_dict(local["callbacks"][cb.state_key])
         self.state.checkpoint_dir = path
         self.log(f"resumed from {path} at step {extra['step']}")
         self.callbacks.fire("on_checkpoint_load", self.state)

@@ -1,24 +1,24 @@
 """GPU benchmark of LoKA Dispatch kernels (H200; torch 2.11 + triton; torchao / torchrec optional).
 
-    python scripts/bench_dispatch_gpu.py OUT_DIR [--quick] [--suites a,b,c] [--fig13-variants v1,v2]
-        [--fig13-shapes 7680x256 ...] [--fig13-forward-only] [--wukong-batch 4096] [--num-gemm-shapes N]
+    python -m scripts.bench_dispatch_gpu OUT_DIR [--quick] [--suites a,b,c] [--mods-layer-variants v1,v2]
+        [--mods-layer-shapes 7680x256 ...] [--mods-layer-forward-only] [--wukong-batch 4096] [--num-gemm-shapes N]
         [--accumulate-grads]
 
 Suites (forward+backward unless said, GPU time from CUDA-graph replay with ``triton.testing.do_bench_cudagraph``;
 launch-bound eager time reported separately with ``triton.testing.do_bench``; gradients reset before every
-timed call unless ``--accumulate-grads``; see ``bench_timing``):
+timed call unless ``--accumulate-grads``; see ``scripts.bench_timing``):
 (a) LRM GEMM shapes: the three GEMMs of one Linear (forward, input-grad, weight-grad), quantization
     included, per available backend vs BF16.
-(b) The paper's figure-13 layers at batch 1024: Linear(bias)+LayerNorm+SiLU in BF16 (eager, compiled), the
-    Mods in plain PyTorch compiled, torchao FP8 rowwise + Mods compiled, the fused Mods layer
-    (``mods_ops.linear_mods``: fused forward + fused dz backward; BF16 fused / split, FP8 forward fused /
-    split (``_scaled_mm`` + epilogue kernel), FP8 dgrad (rowwise or tensorwise) with dz's amax from the dz
-    kernel, FP8 all three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
+(b) Mods layers at the paper's figure-13 shapes (``MODS_LAYER_SHAPES``), batch 1024: Linear(bias)+LayerNorm+SiLU
+    in BF16 (eager, compiled), the Mods in plain PyTorch compiled, torchao FP8 rowwise + Mods compiled, the fused
+    Mods layer (``loka_trainer.mods.ops.linear_mods``: fused forward + fused dz backward; BF16 fused / split, FP8
+    forward fused / split (``_scaled_mm`` + epilogue kernel), FP8 dgrad (rowwise or tensorwise) with dz's amax from
+    the dz kernel, FP8 all three GEMMs), and an ablation (no-bias / BlockNorm / HardSwish one at a time, compiled).
     ``fused_best`` = the fastest fused variant per shape (what Dispatch picks by measuring). ``*_serial_grads``:
     the backward's two GEMMs in order instead of on two streams (``ModsKernelConfig(backward_streams=False)``;
     not candidates for fused_best).
-    ``--fig13-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
-    ``fig13_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
+    ``--mods-layer-forward-only``: the same variants' inference forward under ``torch.no_grad`` instead (suite
+    ``mods_layer_fwd``; the paper's figure 13 reports latency, without saying whether backward is in it).
 (c) The zoo's Wukong dense arch (default WukongConfig; dense MLP, interaction layers, over arch), forward +
     backward of ``logits.sum()``, compute only: the sparse embeddings are replaced by a fixed (B, F_s, D)
     tensor. BF16 = the published model (bias, LayerNorm, SiLU), eager and compiled; each uniform torchao
@@ -42,21 +42,19 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from loka_trainer.kernels.backends import available_backends  # noqa: E402
-from loka_trainer.mods.triton_mods import autotune_picks  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_targets import target_lines  # noqa: E402
-from bench_timing import both_ends, time_row  # noqa: E402
-from fig13_variants import (  # noqa: E402
-    BATCH, FIG13_SHAPES, FUSED_VARIANTS, build_fig13_variants, fig13_variant_names,
+from loka_trainer.kernels.backends import available_backends
+from loka_trainer.mods.triton_mods import autotune_picks
+from scripts.bench_targets import target_lines
+from scripts.bench_timing import both_ends, time_row
+from scripts.mods_layer_variants import (
+    BATCH, FUSED_VARIANTS, MODS_LAYER_SHAPES, build_mods_layer_variants, mods_layer_variant_names,
 )
 
 GEMM_SHAPES = [(2048, 256, 768), (2048, 512, 512), (4096, 1024, 1024), (8192, 2048, 2048),
                (16384, 1024, 4096), (8192, 4096, 4096), (8192, 8192, 8192)]
-FIG13_SUITES = ("fig13", "fig13_fwd")  # forward + backward (training), forward only (inference)
+MODS_LAYER_SUITES = ("mods_layer", "mods_layer_fwd")  # forward + backward (training), forward only (inference)
+
+
 def bench_gemms(shapes, progress) -> list[dict]:
     """Suite (a): per shape and backend, the three GEMMs of one Linear with quantization included."""
     rows = []
@@ -85,18 +83,18 @@ def _inference(f, x):
     return call
 
 
-def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool = True,
+def bench_mods_layers(shapes, progress, only: Optional[set] = None, reset_grads: bool = True,
                 forward_only: bool = False) -> list[dict]:
-    """Suite (b): one figure-13 layer fwd+bwd at batch 1024 per variant (``only``: names to keep;
+    """Suite (b): one Mods layer fwd+bwd at batch 1024 per variant and (K, N) shape (``only``: names to keep;
     ``reset_grads``: see ``time_row``'s grad_to_none). ``forward_only``: the inference forward instead (under
-    ``torch.no_grad``), suite name ``fig13_fwd``."""
+    ``torch.no_grad``), suite name ``mods_layer_fwd``."""
     rows = []
-    suite = "fig13_fwd" if forward_only else "fig13"
+    suite = "mods_layer_fwd" if forward_only else "mods_layer"
     for K, N in shapes:
         torch._dynamo.reset()  # the lambdas share code objects across shapes: keep each shape's graphs fresh
         x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16, requires_grad=not forward_only)
         dy = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
-        variants, params = build_fig13_variants(K, N, only)
+        variants, params = build_mods_layer_variants(K, N, only)
         for name, f in variants.items():
             progress.set_postfix_str(f"{suite} ({K},{N}) {name}")
             row = {"suite": suite, "M": BATCH, "K": K, "N": N, "variant": name}
@@ -108,9 +106,9 @@ def bench_fig13(shapes, progress, only: Optional[set] = None, reset_grads: bool 
 
 
 def add_fused_best(rows: list[dict]) -> None:
-    """Append, per figure-13 suite and shape, a ``fused_best`` row: the fastest fused variant (Dispatch's choice).
+    """Append, per Mods layer suite and shape, a ``fused_best`` row: the fastest fused variant (Dispatch's choice).
     It copies that row's times but not its ``wall_s``: the per-suite wall time would count that variant twice."""
-    for key in sorted({(r["suite"], r["M"], r["K"], r["N"]) for r in rows if r["suite"] in FIG13_SUITES}):
+    for key in sorted({(r["suite"], r["M"], r["K"], r["N"]) for r in rows if r["suite"] in MODS_LAYER_SUITES}):
         fused = [r for r in rows if (r["suite"], r["M"], r["K"], r["N"]) == key
                  and r["variant"] in FUSED_VARIANTS and r.get("graph_us")]
         if fused:
@@ -226,7 +224,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xticks([j + 0.4 for j in range(len(shapes))], [f"{m}x{k}x{n}" for m, k, n in shapes],
                       rotation=45, ha="right", fontsize=7)
         ax.set_ylabel("speedup vs baseline (graph replay)")
-        ax.set_title(f"{suite}: " + ("forward only (no_grad)" if suite == "fig13_fwd" else "fwd+bwd"))
+        ax.set_title(f"{suite}: " + ("forward only (no_grad)" if suite == "mods_layer_fwd" else "fwd+bwd"))
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -242,24 +240,24 @@ def main() -> None:
     p.add_argument("out_dir", type=Path)
     p.add_argument("--quick", action="store_true", help="two shapes per suite")
     p.add_argument("--suites", default="a,b,c", help="comma-separated subset of a,b,c")
-    p.add_argument("--fig13-variants", default="default",
+    p.add_argument("--mods-layer-variants", default="default",
                    help="(b): 'default' (the issue's comparisons and the fused modes that win somewhere), 'all', "
                         "or comma-separated variant names")
     p.add_argument("--wukong-batch", type=int, default=4096)
     p.add_argument("--num-gemm-shapes", type=int, default=len(GEMM_SHAPES), help="first N shapes of suite (a)")
     p.add_argument("--accumulate-grads", action="store_true",
-                   help="(b), (c): keep adding into .grad across timed calls (the runs before r5) instead of "
-                        "resetting it to None before each call as a training step does")
-    p.add_argument("--fig13-shapes", nargs="+", default=None, metavar="INxOUT",
-                   help="only these figure-13 shapes in (b), e.g. 7680x256")
-    p.add_argument("--fig13-forward-only", action="store_true",
+                   help="(b), (c): keep adding into .grad across timed calls (as the runs recorded before "
+                        "2026-11-30 did) instead of resetting it to None before each call as a training step does")
+    p.add_argument("--mods-layer-shapes", nargs="+", default=None, metavar="INxOUT",
+                   help="only these (in, out) shapes in (b), e.g. 7680x256 (default: MODS_LAYER_SHAPES)")
+    p.add_argument("--mods-layer-forward-only", action="store_true",
                    help="(b): time the inference forward (torch.no_grad) instead of forward + backward")
     args = p.parse_args()
     try:
-        only = set(fig13_variant_names(args.fig13_variants))
+        only = set(mods_layer_variant_names(args.mods_layer_variants))
     except ValueError as e:
         raise SystemExit(f"bench_dispatch_gpu: {e}")
-    # Every figure-13 shape recompiles the same lambdas: without this dynamo stops compiling after 8 and
+    # Every Mods layer shape recompiles the same lambdas: without this dynamo stops compiling after 8 and
     # silently runs them eagerly, which is what made "compiled" rows slow at the later shapes.
     torch._dynamo.config.cache_size_limit = 512
     if hasattr(torch._dynamo.config, "recompile_limit"):
@@ -268,40 +266,40 @@ def main() -> None:
         raise SystemExit("bench_dispatch_gpu: needs a CUDA device")
     suites = set(args.suites.split(","))
     gemm_shapes = (GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES[:args.num_gemm_shapes]) if "a" in suites else []
-    fig_shapes = (FIG13_SHAPES[:2] if args.quick else FIG13_SHAPES) if "b" in suites else []
-    if args.fig13_shapes and "b" in suites:
-        fig_shapes = [tuple(int(v) for v in s.split("x")) for s in args.fig13_shapes]
+    layer_shapes = (MODS_LAYER_SHAPES[:2] if args.quick else MODS_LAYER_SHAPES) if "b" in suites else []
+    if args.mods_layer_shapes and "b" in suites:
+        layer_shapes = [tuple(int(v) for v in s.split("x")) for s in args.mods_layer_shapes]
     rows = []
     args.out_dir.mkdir(parents=True, exist_ok=True)
     partial = args.out_dir / "bench_dispatch.partial.json"  # survives a run cut short by a time limit
-    with tqdm(total=len(gemm_shapes) + len(fig_shapes) + ("c" in suites), desc="bench_dispatch") as progress:
-        for shape in fig_shapes:  # saved per shape: a run cut short keeps the shapes it measured
-            rows += bench_fig13([shape], progress, only, reset_grads=not args.accumulate_grads,
-                                forward_only=args.fig13_forward_only)
+    with tqdm(total=len(gemm_shapes) + len(layer_shapes) + ("c" in suites), desc="bench_dispatch") as progress:
+        for shape in layer_shapes:  # saved per shape: a run cut short keeps the shapes it measured
+            rows += bench_mods_layers([shape], progress, only, reset_grads=not args.accumulate_grads,
+                                      forward_only=args.mods_layer_forward_only)
             partial.write_text(json.dumps(rows))
         if "c" in suites:
             rows += bench_wukong(args.wukong_batch, progress, reset_grads=not args.accumulate_grads)
             partial.write_text(json.dumps(rows))
         rows += bench_gemms(gemm_shapes, progress)
     add_fused_best(rows)
-    add_ratios(rows, {"gemm": "bf16", "fig13": "base_eager", "fig13_fwd": "base_eager",
+    add_ratios(rows, {"gemm": "bf16", "mods_layer": "base_eager", "mods_layer_fwd": "base_eager",
                       "wukong": "bf16_compiled"})
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": _triton_version(), "command": " ".join(sys.argv), "rows": rows,
               "geomean_speedup": geomeans(rows), "targets": target_lines(rows)}
-    if fig_shapes:  # which of the fused forward kernel's configs won where (to prune the list with data)
+    if layer_shapes:  # which of the fused forward kernel's configs won where (to prune the list with data)
         result["fused_forward_autotune"] = autotune_picks()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "bench_dispatch.json").write_text(json.dumps(result, indent=2))
     plot(rows, args.out_dir / "bench_dispatch.png")
-    print(f"\n{'suite':<6} {'M×K×N':>17} {'variant':<30} {'graph µs':>9} {'eager µs':>9} {'speedup':>8}")
+    print(f"\n{'suite':<14} {'M×K×N':>17} {'variant':<30} {'graph µs':>9} {'eager µs':>9} {'speedup':>8}")
     for r in rows:
         if r["variant"] == "log":
             print("\n".join(r["log"]))
             continue
         g, e, s = r.get("graph_us"), r.get("eager_us"), r.get("speedup")
-        print(f"{r['suite']:<6} {r['M']}×{r['K']}×{r['N']:<7} {r['variant']:<30} "
+        print(f"{r['suite']:<14} {r['M']}×{r['K']}×{r['N']:<7} {r['variant']:<30} "
               f"{g or float('nan'):>9.1f} {e or float('nan'):>9.1f} {s or float('nan'):>8.2f}"
               + (f"  {r['error'][:60]}" if "error" in r else ""))
     errs = [r for r in rows if "graph_error" in r]

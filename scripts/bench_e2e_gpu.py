@@ -1,7 +1,8 @@
 """End-to-end training-step and inference throughput of zoo models per precision, measured side by side.
 
-    python scripts/bench_e2e_gpu.py OUT_DIR [--models wukong interformer] [--batch 4096] [--steps 20] [--vocab 100000]
-        [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka] [--no-compile | --compile-mode reduce-overhead] [--budget-s 240]
+    python -m scripts.bench_e2e_gpu OUT_DIR [--models wukong interformer] [--batch 4096] [--steps 20]
+        [--vocab 100000] [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka]
+        [--no-compile | --compile-mode reduce-overhead] [--budget-s 240]
 
 One process, one device. Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
 e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`, on
@@ -38,15 +39,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from loka_trainer import register_weight_cache_hook
+from loka_trainer.data import DataConfig, build_stream, data_schema
+from loka_trainer.dispatch.compile import reserve_compile_cache
+from loka_trainer.models.zoo import MODELS, build_model
+from loka_trainer.precision import PrecisionConfig, apply_precision
+from loka_trainer.sharding.parallelize import embedding_modules
 
-from loka_trainer import register_weight_cache_hook  # noqa: E402
-from loka_trainer.data import DataConfig, build_stream, data_schema  # noqa: E402
-from loka_trainer.dispatch.compile import reserve_compile_cache  # noqa: E402
-from loka_trainer.models.zoo import MODELS, build_model  # noqa: E402
-from loka_trainer.precision import PrecisionConfig, apply_precision  # noqa: E402
-from loka_trainer.sharding.parallelize import embedding_modules  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # the repository: its conf/ holds the precision and model presets
 
 # Kernel name markers per category, checked in this order (first match wins). Attention first: cuDNN's and
 # CUTLASS's attention kernels also carry GEMM-like markers ("sm90_", "cutlass").

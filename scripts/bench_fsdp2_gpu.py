@@ -1,10 +1,10 @@
 """Multi-GPU training throughput with FSDP2 on the dense part, LoKA on vs off, measured side by side.
 
-    torchrun --nproc_per_node=2 scripts/bench_fsdp2_gpu.py OUT_DIR [--model wukong] [--batch 4096]
+    torchrun --nproc_per_node=2 -m scripts.bench_fsdp2_gpu OUT_DIR [--model wukong] [--batch 4096]
         [--precisions bf16 fp8_rowwise_gw_hp bf16+mods loka] [--vocab 10000] [--steps 20] [--no-compile]
         [--device cpu]   (gloo on CPU: a functional check of this script, its times mean nothing)
 
-Each variant is built as in ``bench_e2e_gpu.py`` (zoo model at its paper-size defaults, precision applied as
+Each variant is built as in ``scripts.bench_e2e_gpu`` (zoo model at its paper-size defaults, precision applied as
 ``train.py`` does; a ``loka`` plan is measured on rank 0 and broadcast), then every dense unit
 (``model.dense_units()``) gets FSDP2 ``fully_shard`` with a BF16 gradient reduce (``MixedPrecisionPolicy``,
 as ``sharding.fsdp_reduce_dtype=bfloat16`` does in training) and is compiled.
@@ -35,8 +35,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_e2e_gpu import build_variant, timed_ms  # noqa: E402
+from scripts.bench_e2e_gpu import build_variant, timed_ms
 
 
 def shard_dense_units(model: torch.nn.Module) -> None:

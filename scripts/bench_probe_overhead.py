@@ -1,6 +1,6 @@
 """Overhead of the LoKA Probe where users pay it: train.py with the probe off and on, side by side in one run.
 
-    python scripts/bench_probe_overhead.py --out DIR [--rounds 2] [--nproc 1] [--warmup-steps 100] \
+    python -m scripts.bench_probe_overhead --out DIR [--rounds 2] [--nproc 1] [--warmup-steps 100] \
         -- model=wukong_h200 precision=bf16 trainer.device=cuda trainer.compile=true data.batch_size=8192 \
            trainer.steps=500
 

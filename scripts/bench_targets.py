@@ -22,9 +22,9 @@ class Target:
 
 
 TARGETS = (
-    Target("fig13", "fused_best", ("base_eager",), 2.0,
+    Target("mods_layer", "fused_best", ("base_eager",), 2.0,
            "fused Mods layer vs Linear(bias)+LayerNorm+SiLU BF16, figure-13 shapes, batch 1024"),
-    Target("fig13", "fused_best", ("mods_compiled",), 1.0, "fused Mods layer vs the Mods in PyTorch compiled",
+    Target("mods_layer", "fused_best", ("mods_compiled",), 1.0, "fused Mods layer vs the Mods in PyTorch compiled",
            strictly=True),
     Target("wukong", "loka_compiled", ("torchao_tensorwise_compiled", "torchao_rowwise_compiled",
                                        "torchao_rowwise_with_gw_hp_compiled"), 1.05,

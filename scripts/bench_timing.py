@@ -2,21 +2,17 @@
 
 ``time_row(row, fn, grad_to_none)`` fills a result row with ``graph_us`` (``dispatch.cuda_graph_us``; when its
 capture fails, the traceback's both ends and a fallback capture with PyTorch's recipe) and ``eager_us``
-(``triton.testing.do_bench``). Used by ``bench_dispatch_gpu.py`` and ``bench_mods_stack_gpu.py``.
+(``triton.testing.do_bench``). Used by ``scripts.bench_dispatch_gpu`` and the layer benchmarks in ``benchmarks/``.
 """
 from __future__ import annotations
 
 import gc
-import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from loka_trainer.timing import cuda_graph_us  # noqa: E402
+from loka_trainer.timing import cuda_graph_us
 
 
 def with_grads_reset(fn, grad_to_none):
@@ -72,7 +68,7 @@ def time_row(row: dict, fn, grad_to_none=None) -> None:
 
     ``grad_to_none``: leaf tensors whose ``.grad`` is reset before each call (a training step after
     ``zero_grad(set_to_none=True)``: gradients are written, not added into the last call's); None keeps them
-    accumulating across calls, as the runs recorded before 2026-11-30 r5 did. ``wall_s``: seconds the whole
+    accumulating across calls, as the runs recorded before 2026-11-30 did (CHANGELOG.md). ``wall_s``: seconds the whole
     measurement took, the first call's compilation and autotuning included (where a suite's time goes)."""
     start = time.perf_counter()
     try:

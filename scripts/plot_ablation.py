@@ -1,8 +1,8 @@
 """Summarize the InterFormer no-bias ablation: eval RLL of every variant here vs the published BF16 runs.
 
-    python scripts/plot_ablation.py
+    python -m scripts.plot_ablation
 
-Each sub-folder is one `scripts/quality_runs.py --precisions bf16` run set (its `quality.json` holds the command
+Each sub-folder is one `python -m scripts.quality_runs --precisions bf16` run set (its `quality.json` holds the command
 and the overrides); the reference is the published-model BF16 run of the same seed in docs/results/quality_cpu.
 Writes ablation.json and ablation_rll.png into docs/results/interformer_mods_cpu.
 NOTE: since the fix, InterFormer's default is `model.mods.keep_bias=[input_arch.merge]

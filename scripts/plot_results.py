@@ -1,7 +1,7 @@
 """Tables and plots for docs/results from the JSON the runs wrote (regenerates every figure without re-running).
 
-    python scripts/plot_results.py                      # every figure under docs/results
-    python scripts/plot_results.py docs/results/quality_cpu/quality.json [more JSON ...]
+    python -m scripts.plot_results                      # every figure under docs/results
+    python -m scripts.plot_results docs/results/quality_cpu/quality.json [more JSON ...]
 
 Per JSON file name (``PLOTTERS``): ``quality.json`` (quality_runs.py) -> quality_rll.png and a table;
 ``bench_e2e.json`` (bench_e2e_gpu.py) -> bench_e2e.png and its table; ``bench_fsdp2.json`` (bench_fsdp2_gpu.py)
@@ -113,7 +113,7 @@ def _quality(path: Path) -> None:
 
 
 def _e2e(path: Path) -> None:
-    from bench_e2e_gpu import plot, recategorized, table  # the benchmark's own plot, from its JSON
+    from scripts.bench_e2e_gpu import plot, recategorized, table  # the benchmark's own plot, from its JSON
     rows = [recategorized(r) for r in json.loads(path.read_text())["rows"]]
     plot(rows, path.parent / "bench_e2e.png")
     print(table(rows))
@@ -121,13 +121,13 @@ def _e2e(path: Path) -> None:
 
 
 def _fsdp2(path: Path) -> None:
-    from bench_fsdp2_gpu import plot  # the benchmark's own plot, from its JSON
+    from scripts.bench_fsdp2_gpu import plot  # the benchmark's own plot, from its JSON
     plot(json.loads(path.read_text()), path.parent / "bench_fsdp2.png")
     print(f"plot: {path.parent / 'bench_fsdp2.png'}")
 
 
 def _ablation(path: Path) -> None:
-    import plot_ablation
+    from scripts import plot_ablation
     plot_ablation.main()
 
 
@@ -147,6 +147,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

@@ -1,13 +1,13 @@
 """Quality runs for the evidence report: every (model, precision, seed) trained on the same planted-teacher data.
 
-    python scripts/quality_runs.py --out docs/results/quality_cpu --steps 300 --seeds 0 1 2 \
+    python -m scripts.quality_runs --out docs/results/quality_cpu --steps 300 --seeds 0 1 2 \
         --models wukong interformer --precisions bf16 fp8_tensorwise fp8_rowwise loka [-- extra overrides]
 
 Each run is `torchrun --nproc_per_node=N train.py model=M precision=P trainer.seed=S ...` with the data seed
 fixed, so runs of one seed see identical batches and their train losses are comparable window by window.
 Writes `<out>/quality.json` (per run: the train-loss trajectory and final eval metrics; plus relative log loss
 (RLL) vs the BF16 run of the same seed and the BF16 seed-to-seed noise floor) and draws the plots with
-`scripts/plot_results.py`. Runs already finished under `<out>/runs/` are reused.
+`scripts.plot_results`. Runs already finished under `<out>/runs/` are reused.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from plot_results import plot_quality, quality_table  # noqa: E402
+from scripts.plot_results import plot_quality, quality_table
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
 
 
 def run_one(run_dir: Path, model: str, precision: str, seed: int, *, steps: int, nproc: int,

@@ -1,6 +1,6 @@
 """Take a PNG screenshot of an icicle HTML (or any local HTML) with headless Chromium, offline.
 
-    python scripts/screenshot_icicle.py DIR/bench_icicle.html [--out shot.png] [--size 1400,900]
+    python -m scripts.screenshot_icicle DIR/bench_icicle.html [--out shot.png] [--size 1400,900]
 
 Assumes Debian's ``chromium`` (``apt-get install -y chromium``); every network feature is switched off, so a
 chart that renders here needs nothing beyond the HTML file itself. Exits 2 when Chromium is absent.

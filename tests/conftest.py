@@ -16,4 +16,4 @@ def _one_intra_op_thread():
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a test over ~10 s (end-to-end runs through train.py)")
+    config.addinivalue_line("markers", "slow: takes more than ~10 s (deselect with -m 'not slow')")

@@ -13,9 +13,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.parametrize("module", sorted(f"{p.parent.name}.{p.stem}" for folder in ("scripts", "benchmarks")
+                                          for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"))
+def test_every_script_and_benchmark_imports_as_a_module_without_running(module):
+    # what `python -m scripts.<name>` / `python -m benchmarks.<name>` resolve first: the package's current module
+    # paths and the sibling modules; importing starts no measurement (no CUDA here: any GPU work would raise)
+    mod = importlib.import_module(module)
+    assert callable(getattr(mod, "main", None)) or module in {"scripts.bench_targets", "scripts.bench_timing",
+                                                              "scripts.mods_layer_variants"}
+
+
 def test_fsdp2_bench_runs_two_ranks_and_reports_every_variant(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "scripts" / "bench_fsdp2_gpu.py"), str(tmp_path), "--device", "cpu", "--no-compile",
+           "-m", "scripts.bench_fsdp2_gpu", str(tmp_path), "--device", "cpu", "--no-compile",
            "--model", "dlrm", "--batch", "32", "--vocab", "50", "--steps", "1", "--warmup", "1",
            "--precisions", "bf16", "loka"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -31,7 +41,7 @@ def test_fsdp2_bench_runs_two_ranks_and_reports_every_variant(tmp_path):
 
 
 def test_mods_stack_bench_builds_and_steps_every_variant():
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_mods_stack_gpu.py"), "unused", "--device", "cpu",
+    cmd = [sys.executable, "-m", "benchmarks.bench_mods_stack_gpu", "unused", "--device", "cpu",
            "--widths", "256", "512", "256", "--batch", "32"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -40,9 +50,7 @@ def test_mods_stack_bench_builds_and_steps_every_variant():
 
 
 def test_mods_stack_variants_have_the_layers_they_claim():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_mods_stack_gpu import build_variants
-
+    from benchmarks.bench_mods_stack_gpu import build_variants
     from loka_trainer.mods.module import FusedLinearMods
     v = build_variants([256, 512, 256], "cpu", compile_=False)
     fused = {name: [m for m in v[name].modules() if isinstance(m, FusedLinearMods)] for name in v}
@@ -81,8 +89,8 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     fsdp2.write_text(json.dumps({"meta": meta, "rows": [
         {"precision": "bf16", "step_ms": 2.0, "examples_per_s": 64.0e3},
         {"precision": "loka", "step_ms": 1.6, "examples_per_s": 80.0e3}, {"precision": "x", "status": "error"}]}))
-    script = str(ROOT / "scripts" / "plot_results.py")
-    proc = subprocess.run([sys.executable, script, str(quality), str(e2e), str(fsdp2)], cwd=ROOT,
+    script = ["-m", "scripts.plot_results"]
+    proc = subprocess.run([sys.executable, *script, str(quality), str(e2e), str(fsdp2)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (quality.parent / "quality_rll.png").stat().st_size > 0 and (e2e.parent / "bench_e2e.png").is_file()
@@ -90,7 +98,7 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     assert "| wukong | loka | 2 |" in proc.stdout  # the RLL table, both seeds
     bad = tmp_path / "other.json"
     bad.write_text("{}")
-    proc = subprocess.run([sys.executable, script, str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, *script, str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "no plot for a file named 'other.json'" in proc.stderr
 
 
@@ -104,14 +112,12 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     ("quant_rowwise_kernel", "other"),
 ])
 def test_e2e_kernel_categories(name, category):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_e2e_gpu import kernel_category
+    from scripts.bench_e2e_gpu import kernel_category
     assert kernel_category(name) == category
 
 
 def test_e2e_rows_before_the_attention_split_are_resplit_from_their_kernels():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_e2e_gpu import recategorized
+    from scripts.bench_e2e_gpu import recategorized
     kernels = [["cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 5000.0, 7], ["fused_fwd_kernel", 1000.0, 8],
                ["nvjet_sm90_tst_128x192", 2000.0, 20]]
     old = {"train_gemm_ms": 9.0, "train_other_ms": 4.0, "train_top_kernels": kernels,
@@ -122,8 +128,7 @@ def test_e2e_rows_before_the_attention_split_are_resplit_from_their_kernels():
 
 
 def test_e2e_rows_drop_gpu_annotations_counted_as_kernels():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_e2e_gpu import is_gpu_annotation, recategorized
+    from scripts.bench_e2e_gpu import is_gpu_annotation, recategorized
     kernels = [["Optimizer.step#Adam.step", 3800.0, 1], ["multi_tensor_apply_kernel", 3700.0, 23],
                ["nvjet_sm90_tst_256x128", 2000.0, 13]]
     row = {"train_gemm_ms": 2.0, "train_attention_ms": 0.0, "train_other_ms": 8.0, "train_top_kernels": kernels,
@@ -136,8 +141,7 @@ def test_e2e_rows_drop_gpu_annotations_counted_as_kernels():
 
 
 def test_e2e_precision_variants_apply_their_suffixes_and_reject_unknown_ones():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_e2e_gpu import precision_config
+    from scripts.bench_e2e_gpu import precision_config
     assert precision_config("loka").gpu_timer == "cuda_events"
     timed = precision_config("loka+graph_timed")
     assert timed.gpu_timer == "cuda_graph" and timed.dispatch and timed.mods
@@ -148,7 +152,7 @@ def test_e2e_precision_variants_apply_their_suffixes_and_reject_unknown_ones():
 
 
 def test_e2e_bench_rejects_bad_names_before_touching_a_device():
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_e2e_gpu.py"), "unused", "--models", "wukong",
+    cmd = [sys.executable, "-m", "scripts.bench_e2e_gpu", "unused", "--models", "wukong",
            "--precisions", "bf16", "loka+turbo"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "unknown suffix ['turbo']" in proc.stderr
@@ -156,11 +160,9 @@ def test_e2e_bench_rejects_bad_names_before_touching_a_device():
 
 
 def test_dispatch_bench_fused_variants_run_forward_and_backward_on_cpu():
-    # every figure-13 fused variant names a real forward mode and backends (torch's FP8 GEMM runs on CPU)
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from fig13_variants import FUSED_VARIANTS, SERIAL_GRADS_VARIANTS
-
+    # every fused Mods layer variant names a real forward mode and backends (torch's FP8 GEMM runs on CPU)
     from loka_trainer.mods.ops import linear_mods
+    from scripts.mods_layer_variants import FUSED_VARIANTS, SERIAL_GRADS_VARIANTS
     torch.manual_seed(0)
     x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
     w = (torch.randn(256, 64) / 8).to(torch.bfloat16).requires_grad_()
@@ -172,9 +174,8 @@ def test_dispatch_bench_fused_variants_run_forward_and_backward_on_cpu():
     assert set(SERIAL_GRADS_VARIANTS) <= set(FUSED_VARIANTS)
 
 
-def test_fig13_gemm_bench_covers_a_linears_three_gemms_and_reports_their_ratio(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_fig13_gemms_gpu import GEMM_RECIPES, gemm_dims, plot, summarize
+def test_mods_layer_gemm_bench_covers_a_linears_three_gemms_and_reports_their_ratio(tmp_path):
+    from benchmarks.bench_mods_layer_gemms_gpu import GEMM_RECIPES, gemm_dims, plot, summarize
 
     M, K, N = 32, 48, 16
     x, w, dy = torch.randn(M, K), torch.randn(N, K), torch.randn(M, N)
@@ -196,19 +197,19 @@ def test_fig13_gemm_bench_covers_a_linears_three_gemms_and_reports_their_ratio(t
 
 
 def test_dispatch_bench_forward_only_suite_gets_its_own_best_and_ratios():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_dispatch_gpu import _inference, add_fused_best, add_ratios
+    from scripts.bench_dispatch_gpu import _inference, add_fused_best, add_ratios
 
     row = lambda suite, variant, us: {"suite": suite, "M": 1024, "K": 256, "N": 256, "variant": variant,  # noqa: E731
                                       "graph_us": us, "wall_s": 2.0}
-    rows = [row("fig13", "base_eager", 30.0), row("fig13", "split_bf16", 15.0), row("fig13", "fused_bf16", 20.0),
-            row("fig13_fwd", "base_eager", 12.0), row("fig13_fwd", "split_bf16", 8.0),
-            row("fig13_fwd", "fused_bf16", 4.0)]
+    rows = [row("mods_layer", "base_eager", 30.0), row("mods_layer", "split_bf16", 15.0),
+            row("mods_layer", "fused_bf16", 20.0),
+            row("mods_layer_fwd", "base_eager", 12.0), row("mods_layer_fwd", "split_bf16", 8.0),
+            row("mods_layer_fwd", "fused_bf16", 4.0)]
     add_fused_best(rows)
-    add_ratios(rows, {"fig13": "base_eager", "fig13_fwd": "base_eager"})
+    add_ratios(rows, {"mods_layer": "base_eager", "mods_layer_fwd": "base_eager"})
     best = {r["suite"]: r for r in rows if r["variant"] == "fused_best"}
-    assert best["fig13"]["picked"] == "split_bf16" and best["fig13"]["speedup"] == 2.0
-    assert best["fig13_fwd"]["picked"] == "fused_bf16" and best["fig13_fwd"]["speedup"] == 3.0
+    assert best["mods_layer"]["picked"] == "split_bf16" and best["mods_layer"]["speedup"] == 2.0
+    assert best["mods_layer_fwd"]["picked"] == "fused_bf16" and best["mods_layer_fwd"]["speedup"] == 3.0
     assert sum(r.get("wall_s", 0) for r in rows) == 12.0  # the picked rows' wall seconds are not counted twice
     w = torch.ones(4, 4, requires_grad=True)
     y = _inference(lambda x: x @ w, torch.ones(2, 4))()
@@ -217,8 +218,7 @@ def test_dispatch_bench_forward_only_suite_gets_its_own_best_and_ratios():
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the fused kernels' autotune list needs triton")
 def test_fused_forward_bench_sweeps_the_autotune_list_and_finds_the_fastest_config(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_fused_forward_gpu import autotune_list, best_configs, config_grid, config_table, plot_configs
+    from benchmarks.bench_fused_forward_gpu import autotune_list, best_configs, config_grid, config_table, plot_configs
 
     for stages in [(3, 4), (2,)]:
         grid = {tuple(c.values()) for c in config_grid(stages)}
@@ -236,48 +236,47 @@ def test_fused_forward_bench_sweeps_the_autotune_list_and_finds_the_fastest_conf
 
 
 def test_dispatch_bench_variant_names_default_all_and_unknown():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from fig13_variants import ALL_FIG13_VARIANTS, DEFAULT_FIG13_VARIANTS, fig13_variant_names
+    from scripts.mods_layer_variants import (
+        ALL_MODS_LAYER_VARIANTS, DEFAULT_MODS_LAYER_VARIANTS, mods_layer_variant_names,
+    )
 
-    assert fig13_variant_names(None) == fig13_variant_names("default") == DEFAULT_FIG13_VARIANTS
-    assert set(DEFAULT_FIG13_VARIANTS) < set(ALL_FIG13_VARIANTS) == set(fig13_variant_names("all"))
-    assert fig13_variant_names("split_bf16,base_eager") == ("split_bf16", "base_eager")
+    assert mods_layer_variant_names(None) == mods_layer_variant_names("default") == DEFAULT_MODS_LAYER_VARIANTS
+    assert set(DEFAULT_MODS_LAYER_VARIANTS) < set(ALL_MODS_LAYER_VARIANTS) == set(mods_layer_variant_names("all"))
+    assert mods_layer_variant_names("split_bf16,base_eager") == ("split_bf16", "base_eager")
     with pytest.raises(ValueError, match=r"\['splitbf16'\]"):
-        fig13_variant_names("base_eager,splitbf16")
+        mods_layer_variant_names("base_eager,splitbf16")
     # the script refuses it before looking for a GPU
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_dispatch_gpu.py"), "unused",
-                           "--fig13-variants", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "unknown figure-13 variant(s) ['nope']" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench_dispatch_gpu", "unused",
+                           "--mods-layer-variants", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "unknown Mods layer variant(s) ['nope']" in proc.stderr
     assert "needs a CUDA device" not in proc.stderr
 
 
 def test_bench_targets_take_the_fastest_reference_per_shape_and_the_geomean():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_targets import TARGETS, Target, target_lines, target_ratio
+    from scripts.bench_targets import TARGETS, Target, target_lines, target_ratio
 
     row = lambda suite, variant, us, K=256: {"suite": suite, "M": 1024, "K": K, "N": 256,  # noqa: E731
                                              "variant": variant, "graph_us": us}
     # shape 1: 40 / 10 = 4x, shape 2: 30 / 30 = 1x -> geomean 2x; a shape without the variant is left out
-    rows = [row("fig13", "base_eager", 40.0), row("fig13", "fused_best", 10.0),
-            row("fig13", "base_eager", 30.0, K=512), row("fig13", "fused_best", 30.0, K=512),
-            row("fig13", "base_eager", 30.0, K=1024)]
-    t = Target("fig13", "fused_best", ("base_eager",), 2.0, "x")
+    rows = [row("mods_layer", "base_eager", 40.0), row("mods_layer", "fused_best", 10.0),
+            row("mods_layer", "base_eager", 30.0, K=512), row("mods_layer", "fused_best", 30.0, K=512),
+            row("mods_layer", "base_eager", 30.0, K=1024)]
+    t = Target("mods_layer", "fused_best", ("base_eager",), 2.0, "x")
     assert target_ratio(rows, t) == (pytest.approx(2.0), 2)
     assert target_lines(rows, [t])[0].endswith(": MET")
-    strict = Target("fig13", "fused_best", ("base_eager",), 2.0, "x", strictly=True)
+    strict = Target("mods_layer", "fused_best", ("base_eager",), 2.0, "x", strictly=True)
     assert target_lines(rows, [strict])[0].endswith("NOT MET")
     # the fastest of several references: 100 (tensorwise) beats 120 -> 100 / 90
     wk = [row("wukong", "torchao_tensorwise_compiled", 100.0), row("wukong", "torchao_rowwise_compiled", 120.0),
           row("wukong", "bf16_compiled", 99.0), row("wukong", "loka_compiled", 90.0)]
-    lines = target_lines(wk)  # only the two Wukong targets: no figure-13 rows
+    lines = target_lines(wk)  # only the two Wukong targets: no Mods layer rows
     assert len(lines) == 2 and "1.11x over 1 shape(s) (needs >= 1.05x): MET" in lines[0]
     assert "1.10x" in lines[1] and lines[1].endswith("NOT MET")
-    assert {t.suite for t in TARGETS} == {"fig13", "wukong"}
+    assert {t.suite for t in TARGETS} == {"mods_layer", "wukong"}
 
 
 def test_layer_timer_bench_parses_shapes_summarizes_spread_and_plots(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_layer_timer_gpu import DEFAULT_SHAPES, parse_shape, plot, spread
+    from benchmarks.bench_layer_timer_gpu import DEFAULT_SHAPES, parse_shape, plot, spread
 
     assert parse_shape("4096x720x512:fused_bf16") == (4096, 720, 512, "fused_bf16")
     assert parse_shape("8x16x256") == (8, 16, 256, "split_bf16")
@@ -290,11 +289,10 @@ def test_layer_timer_bench_parses_shapes_summarizes_spread_and_plots(tmp_path):
 
 
 def test_dispatch_bench_serial_grads_variants_are_fused_variants_with_the_backward_in_order():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from fig13_variants import ALL_FIG13_VARIANTS, FUSED_VARIANTS, SERIAL_GRADS, SERIAL_GRADS_VARIANTS
+    from scripts.mods_layer_variants import ALL_MODS_LAYER_VARIANTS, FUSED_VARIANTS, SERIAL_GRADS, SERIAL_GRADS_VARIANTS
 
     assert set(SERIAL_GRADS_VARIANTS) <= set(FUSED_VARIANTS)
-    assert {f"{n}_serial_grads" for n in SERIAL_GRADS_VARIANTS} <= set(ALL_FIG13_VARIANTS)
+    assert {f"{n}_serial_grads" for n in SERIAL_GRADS_VARIANTS} <= set(ALL_MODS_LAYER_VARIANTS)
     assert SERIAL_GRADS.backward_streams is False
 
 

@@ -1,10 +1,13 @@
 """Built-in observers on rank 0: metrics.jsonl + summary.json, TensorBoard scalars, a progress bar.
 
 Run-directory contract (other tools and tests rely on it):
-- ``metrics.jsonl``: one JSON object per logged step (``step, loss, examples_per_s`` and train ``ne, auc``)
-  and per evaluation (``step, eval_auc, eval_logloss, eval_ne``); appended across resumes.
+- ``metrics.jsonl``: one JSON object per logged step (``step, loss, examples_per_s``, train ``ne, auc`` and
+  ``skipped_steps``, the running count of steps skipped for a non-finite loss; a logged step whose whole window
+  was skipped has only ``step, skipped_steps``) and per evaluation (``step, eval_auc, eval_logloss, eval_ne``);
+  appended across resumes (a resume first drops the records after its checkpoint: `loka_trainer.resume`).
 - ``summary.json``: written at the end (model, precision, world_size, steps, final eval metrics, mean
-  examples_per_s over logged steps, and the run totals in ``TrainState.counts`` such as ``malformed_rows``).
+  examples_per_s over logged steps, skipped_steps, and the run totals in ``TrainState.counts`` such as
+  ``malformed_rows``).
 - ``tensorboard/``: event files (scalars under ``train/`` and ``eval/``).
 """
 from __future__ import annotations
@@ -29,7 +32,8 @@ class MetricsLogger(Callback):
 
     def on_step_end(self, state: TrainState) -> None:
         if state.is_rank_zero and state.metrics:
-            self.throughputs.append(state.metrics["examples_per_s"])
+            if "examples_per_s" in state.metrics:
+                self.throughputs.append(state.metrics["examples_per_s"])
             self._append({"step": state.step + 1, **state.metrics})
 
     def on_eval_end(self, state: TrainState) -> None:
@@ -42,7 +46,8 @@ class MetricsLogger(Callback):
             return
         mean_throughput = sum(self.throughputs) / len(self.throughputs) if self.throughputs else float("nan")
         summary = {**self.run_info, "world_size": state.world_size, "steps": state.step + 1,
-                   **self.last_eval, "examples_per_s": mean_throughput, **state.counts}
+                   **self.last_eval, "examples_per_s": mean_throughput, "skipped_steps": state.skipped_steps,
+                   **state.counts}
         self.summary_path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
 
     def _append(self, record: dict[str, Any]) -> None:
@@ -99,7 +104,7 @@ class ProgressBar(Callback):
         if self.bar is None:
             return
         self.bar.update(1)
-        if state.metrics:
+        if "loss" in state.metrics:
             self.bar.set_postfix(loss=f"{state.metrics['loss']:.4f}",
                                  ex_per_s=f"{state.metrics['examples_per_s']:.0f}")
 

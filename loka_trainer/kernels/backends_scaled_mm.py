@@ -10,7 +10,8 @@ Recipes (a · bᵀ with a (R, C), b (P, C), contraction over C; see backend_base
   cores' own accumulator, never promoted to fp32 registers during the K loop) in all three GEMMs. torchao uses
   them for the forward GEMM only by default; here Dispatch decides per GEMM from MERE and timings like for any
   other backend. On the H200 at the figure-13 GEMMs (batch 1024) they were up to 1.3x faster, with outputs
-  within 3e-3 (relative Frobenius) of the exact-accumulation ones (docs/kernels/README.md, r30a). On CPU the flag
+  within 3e-3 (relative Frobenius) of the exact-accumulation ones (docs/kernels/README.md, "Fast accumulation";
+  ``benchmarks/fast_accum_gemms.py``). On CPU the flag
   changes nothing (torch's reference accumulates in fp32 either way).
 """
 from __future__ import annotations

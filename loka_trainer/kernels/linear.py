@@ -97,7 +97,7 @@ class _LoKALinearFn(torch.autograd.Function):
         x, w = ctx.saved_tensors
         dgrad, wgrad = ctx.names
         # NOTE: in order on one stream. On two streams (as ``mods.ops.LinearModsFn`` runs them) this layer was
-        # slower per step at 15 of 18 figure-13 cases on the H200, by 1.4-4.3 us (docs/kernels/README.md, r9).
+        # slower per step at 15 of 18 figure-13 cases on the H200, by 1.4-4.3 us (docs/kernels/README.md "Backward").
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = get_backend(dgrad).input_grad(dy, w, wt_q=ctx.wt_q).to(x.dtype)

@@ -6,9 +6,9 @@ its writes are visible. In a replayed CUDA graph this hides part of each launch 
 
 The next kernel is scheduled when this one's programs exit. Calling ``gdc_launch_dependents`` first thing instead
 (the next kernel scheduled once all of this one's programs have started) was measured on the H200 and not kept:
-no faster in the split and BF16 modes, up to 5% slower with the fused FP8 forward (docs/kernels/README.md, r19).
-Plain launches are not offered: with PDL the fused layer was faster in 33 of 36 (mode, shape) pairs on the H200
-and at most 0.53 µs slower in the other three (r18 there).
+no faster in the split and BF16 modes, up to 5% slower with the fused FP8 forward (CHANGELOG.md, "Tried and
+reverted"). Plain launches are not offered: with PDL the fused layer was faster in 33 of 36 (mode, shape) pairs on
+the H200 and at most 0.53 µs slower in the other three (docs/kernels/README.md "Backward", pdl_2026-11-30.json).
 """
 from __future__ import annotations
 

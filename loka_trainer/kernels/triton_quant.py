@@ -61,10 +61,10 @@ def _tile(R: int, C: int, row_major: bool) -> tuple[int, int, bool, int]:
     """(ROWS, COLS, single_pass, warps) per program.
 
     Row-major t with C <= SINGLE_PASS_MAX_COLS: whole rows, ROWS = 2048 // C' (at least 1, C' = C rounded up
-    to a power of two), one read, 4 warps. On the H200 (M = 1024, r29) this took 2.2-3.0 µs at C = 2048-4096
-    and 1.0-1.2 µs at C = 256-512, against 2.4-3.3 and 1.23-1.33 µs with ~4K-element tiles on 8 warps; the
-    earlier two-pass 8 x 512 tile took 16.2 µs for a (1024, 7680) bf16 t and 9.6 µs for (1024, 4096) (only
-    R / 8 = 128 programs: latency-bound). Longer rows: 512 wide, two passes.
+    to a power of two), one read, 4 warps. On the H200 (M = 1024, ``benchmarks/sweep_memory_kernels.py``) this
+    took 2.2-3.0 µs at C = 2048-4096 and 1.0-1.2 µs at C = 256-512, against 2.4-3.3 and 1.23-1.33 µs with
+    ~4K-element tiles on 8 warps; a two-pass 8 x 512 tile took 16.2 µs for a (1024, 7680) bf16 t and 9.6 µs for
+    (1024, 4096) (only R / 8 = 128 programs: latency-bound). Longer rows: 512 wide, two passes.
     A transposed view (t = a.t(), contiguous along R): 16 rows (one 32-byte sector of each row of ``a``) by
     256 along C, so (R / 16) programs fill the GPU. On the H200 this took quant(a.t()) for a (1024, C) bf16
     from 16.4 / 16.7 / 19.2 µs (64 x 64 tiles) to 5.5 / 8.2 / 12.3 µs at C = 2048 / 4096 / 7680.

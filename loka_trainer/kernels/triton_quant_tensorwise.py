@@ -6,8 +6,8 @@ dtype)`` returns q (R, C) contiguous fp8 and scale_inv () fp32 with ``t ≈ q * 
 
 Why: the eager chain (abs, amax, clamp, div, float, mul, clamp, cast) makes ~5 passes over t with fp32
 temporaries; on the H200 it made ``scaled_mm_tensorwise`` 4.2x slower than BF16 at 8192x2048x2048 with
-quantization included (docs/kernels/README.md, suite (a)). Here both kernels tile t along its contiguous dim
-(a transposed view is read with its own strides, no ``.contiguous()`` copy) and each reads t once.
+quantization included (suite (a) of docs/kernels/README.md "Measured limits"). Here both kernels tile t along its
+contiguous dim (a transposed view is read with its own strides, no ``.contiguous()`` copy) and each reads t once.
 """
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ class TokenMix(nn.Module):
     (B, n_in, D) -> (B, n_out, D). The weight lives in an ``nn.Linear`` child (state_dict ``linear.weight``) so
     Probe, Dispatch and torchao see the GEMM. While that child is a plain ``nn.Linear`` without forward
     pre-hooks, the mix runs as ``token_linear`` (no transposed copies of the tokens: on an H200 the transposing
-    copy of the Linear route took 3-5 ms per Wukong layer at batch 8192, docs/results.md section 2b); when a precision
+    copy of the Linear route took 3-5 ms per Wukong layer at batch 8192, CHANGELOG.md 2026-11-30); when a precision
     transform replaced the child (an FP8 Linear) or a hook observes it (the Probe, Dispatch calibration), the
     child runs on the transposed tokens, so it sees its (B, D, n_in) input. Same math either way.
     """

@@ -25,5 +25,6 @@ FORWARD_MODES: dict[str, ForwardMode] = {
 }
 
 # Without a Dispatch plan (or a plan built off-GPU): cuBLAS + the epilogue kernel. On the H200 it was faster than
-# the single fused kernel at 8 of 9 figure-13 shapes and within 1.5% at the ninth (docs/kernels/README.md, r5).
+# the single fused kernel at 8 of 9 figure-13 shapes and within 1.5% at the ninth (CHANGELOG.md, 2026-11-30; in
+# the current layer table, docs/kernels/README.md, a split mode is the fastest at eight shapes).
 DEFAULT_FORWARD_MODE = "split_bf16"

@@ -8,7 +8,7 @@ unchanged; on CUDA it runs ``mods.ops.LinearModsFn`` (fused forward, fused dz ba
 ``torch.compile`` when all three GEMMs are BF16 (``plain_math_route``): inductor fuses BlockNorm + HardSwish
 itself about as well as our kernels (H200, Wukong dense arch: Mods-only compiled 2202.9 µs vs fused 2173.3 µs,
 docs/kernels/README.md) and launches them from its own wrapper, while each custom-op call of ours costs host time
-that host-bound steps pay in full (InterFormer, docs/results.md section 2b). The FP8 handoff between two fused
+that host-bound steps pay in full (InterFormer, CHANGELOG.md 2026-11-30). The FP8 handoff between two fused
 layers (``emit_fp8``, ``_fp8_source``) is linked by ``mods.transform.chain_fp8_handoffs``.
 """
 from __future__ import annotations

@@ -57,10 +57,10 @@ FP8_WEIGHT_BACKEND = "scaled_mm_rowwise"  # its cached rowwise e4m3 weights are 
 # The split FP8 forward's GEMM is cuBLASLt's tensorwise FP8 GEMM with unit scales; the epilogue kernel applies x's
 # and W's rowwise scales (z = sx·(xq·wqᵀ)·sw, one bf16 rounding). On the H200 it took the split FP8 layer from
 # 1.56x to 1.65x geomean over the rowwise-scaled GEMM (faster at 6 of 9 figure-13 shapes by up to 10.7 µs, within
-# 1.2 µs at the other 3; docs/kernels/README.md, r24d). It runs on the fast-accumulation kernel, as torchao runs
-# its forward GEMM: never more than 0.03 µs slower, up to 1.3x faster, output within 3e-3 of exact accumulation
-# (r30a). The split modes' backward reads z (the GEMM's output, in memory anyway) instead of u: one (M, N) tensor
-# fewer to write, faster at all 9 shapes for split_fp8_dgrad (r26).
+# 1.2 µs at the other 3; docs/kernels/README.md "Forward: four modes"). It runs on the fast-accumulation kernel,
+# as torchao runs its forward GEMM: never more than 0.03 µs slower, up to 1.3x faster, output within 3e-3 of exact
+# accumulation ("Fast accumulation" there). The split modes' backward reads z (the GEMM's output, in memory anyway)
+# instead of u: one (M, N) tensor fewer to write, faster at all 9 shapes for split_fp8_dgrad ("Keep z" there).
 FP8_FORWARD_FAST_ACCUM = True
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 

@@ -7,11 +7,11 @@ Why: at the small figure-13 shapes ((K, N) = (256, 256), (512, 512), batch 1024)
 of GPU time in a replayed CUDA graph whatever its size, and the two run on two streams (a fork and a join). One
 grid holding both GEMMs' tiles, launched with programmatic dependent launch (``pdl``) behind the dz kernel, took
 5.3 / 5.6 µs for dz + both GEMMs against 6.8 / 10.1 µs for dz + cuBLAS on two streams on the H200; at
-(256, 7680), (7680, 256) and (7680, 512) it was slower than cuBLAS (docs/kernels/README.md, twelfth round), hence
-``MAX_WEIGHT_ELEMENTS``. The plain GEMM loops pipeline well; the earlier attempt to also compute dz inside them
-(one kernel for the whole backward) did not (r22 there). Nor did computing dz in this launch by programs of its
-own, the GEMM programs waiting for them on a counter (release / acquire atomics): 12.0 vs 10.8 µs a layer step at
-(256, 256) and 14.1 vs 12.5 at (512, 512) on the H200 (r25 there; removed).
+(256, 7680), (7680, 256) and (7680, 512) it was slower than cuBLAS (docs/kernels/README.md "Backward"), hence
+``MAX_WEIGHT_ELEMENTS``. The plain GEMM loops pipeline well; also computing dz inside them (one kernel for the
+whole backward) did not. Nor did computing dz in this launch by programs of its own, the GEMM programs waiting for
+them on a counter (release / acquire atomics): 12.0 vs 10.8 µs a layer step at (256, 256) and 14.1 vs 12.5 at
+(512, 512) on the H200 (both in CHANGELOG.md, "Tried and reverted").
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def _gemm_tile(tile, a_ptr, b_ptr, c_ptr, ROWS, COLS, RED, stride_a_row, stride_
 
 
 # (BM_X, BK_X, BR_X, BN_W, BK_W, BR_W, warps, stages): the fastest of 50 at (K, N) = (256, 256) and (512, 512),
-# M = 1024 on the H200 (the first two), and neighbours of them (docs/kernels/README.md, twelfth round)
+# M = 1024 on the H200 (the first two), and neighbours of them
 configs = [triton.Config(dict(BM_X=a, BK_X=b, BR_X=c, BN_W=d, BK_W=e, BR_W=f), num_warps=w, num_stages=s)
            for a, b, c, d, e, f, w, s in [(64, 128, 64, 64, 32, 64, 4, 4), (64, 128, 64, 64, 64, 128, 4, 4),
                                           (64, 128, 64, 64, 64, 64, 4, 4), (64, 64, 64, 64, 32, 64, 4, 3),

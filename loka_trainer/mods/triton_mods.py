@@ -192,11 +192,12 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
 # The epilogue and dz kernels' programs: ~4K elements each (16 rows at B = 256: enough bytes in flight, no register
 # spills) when that grid has at least SMALL_GRID_PER_SM programs per SM, else half as many rows on 8 warps (more,
 # smaller programs in flight). On the H200 at M = 1024 the smaller programs took each of those kernels 0.15-0.74 µs
-# faster at N <= 512 (1-2 norm blocks), and were slower at N >= 2048 (docs/kernels/README.md, r29).
+# faster at N <= 512 (1-2 norm blocks), and were slower at N >= 2048 (docs/kernels/README.md "Backward", Launch;
+# ``benchmarks/sweep_memory_kernels.py``, which also measured the two warp counts below).
 SMALL_GRID_PER_SM = 2
-DZ_WARPS = 8  # the dz kernel's, whatever the grid (r29: 0.45-0.75 µs faster than 4 warps at every shape without an
-# FP8 cast, within 0.35 µs either way with one)
-CAST_ROWS, CAST_WARPS = 16, 8  # the rowwise cast of dz (no fold): r29, up to 0.19 µs faster than 4 warps but at
+DZ_WARPS = 8  # the dz kernel's, whatever the grid: 0.45-0.75 µs faster than 4 warps at every shape without an
+# FP8 cast, within 0.35 µs either way with one
+CAST_ROWS, CAST_WARPS = 16, 8  # the rowwise cast of dz (no fold): up to 0.19 µs faster than 4 warps but at
 # N = 7680 (0.33 µs slower)
 
 

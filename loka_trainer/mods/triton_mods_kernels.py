@@ -37,7 +37,7 @@ def _epilogue(acc, offs_m, offs_n, mask_m, y_ptr, u_ptr, r_ptr, q_ptr, stride_ym
         tl.store(q_ptr + idx, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 # the two 4-warp 64-row tiles: 17.1 vs 22.8 us (FP8) and 37.4 vs 41.9 us (bf16) at (K, N) = (4096, 2048), M = 1024,
-# against the autotuner's pick among the others (H200, docs/kernels/README.md, eighth round)
+# against the autotuner's pick among the others (H200, ``benchmarks/bench_fused_forward_gpu.py``)
 configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
            for bm, bk, w, s in [(64, 64, 8, 3), (128, 64, 8, 3), (64, 128, 8, 3), (64, 128, 4, 3), (64, 64, 4, 4),
                                 (32, 64, 4, 4), (32, 128, 4, 3), (16, 128, 4, 4), (16, 256, 4, 3)]]
@@ -82,11 +82,12 @@ def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, w
 
 _FWD_KEY = ["M", "N", "K", "HAS_SCALES", "WRITE_FP8", "SAVE_FOR_BACKWARD", "SPLIT_K"]
 # NOTE: timed eagerly (Triton's benchmarker, L2 flushed), not by graph replay (triton_autotune): with replay the
-# picks made the layer up to 10% slower at the large figure-13 shapes on the H200 (docs/kernels/README.md, r24c)
+# picks made the layer up to 10% slower at the large figure-13 shapes on the H200 (CHANGELOG.md, "Tried and
+# reverted")
 fused_fwd_eager_tuned = triton.autotune(configs=configs, key=_FWD_KEY)(fused_fwd_kernel)
 # the same kernel timed by graph replay, for a short K (triton_mods.REPLAY_TUNED_MAX_K): a few µs of GPU time
 # under a launch's, which eager timing ranks by noise (on the H200 its picks at (K, N) = (512, 512) differed from
-# run to run by 2.3 µs of 5.7; docs/kernels/README.md, fifteenth round)
+# run to run by 2.3 µs of 5.7; CHANGELOG.md, 2026-12-01)
 fused_fwd_replay_tuned = triton.autotune(configs=configs, key=_FWD_KEY, do_bench=graph_replay_bench)(
     fused_fwd_kernel)
 

@@ -12,12 +12,12 @@ transposed: (dz·sx)ᵀ (N, M) and xqᵀ (K, M).
 
 Where the operands come from: ``wgrad_fold`` makes them from the bf16 dz (an amax pass over dz·sx, then one
 launch writing both transposes); behind a fused FP8 dgrad the dz kernels make (dz·sx)ᵀ (``triton_mods.
-backward_dz_fp8(fold_sx=)``) and ``wgrad_folded_dz`` only transposes xq. Measured on the H200 (docs/kernels/
-README.md, thirteenth and fourteenth rounds): the FP8 GEMM saves 7-11 µs over the BF16 one at the four large
-figure-13 shapes; since the dz kernel stores tile maxima instead of atomic maxima, the layer with the folded
-weight grad was the fastest mode at (4096, 2048) and (2560, 4096) (r26), and slower at the small shapes. Writing
-xqᵀ in the forward's quantization of x instead (a two-launch quantizer) made it 1-10 µs slower (r27). r5's
-separate transposed quantizers of x and dz had cost 15.6 µs at (K, N) = (4096, 2048), M = 1024.
+backward_dz_fp8(fold_sx=)``) and ``wgrad_folded_dz`` only transposes xq. Measured on the H200: the FP8 GEMM saves
+7-11 µs over the BF16 one at the four large figure-13 shapes; with the backward's FP8 GEMMs on fast accumulation
+the layer with the folded weight grad is the fastest mode at (4096, 2048), (4096, 2560) and (2048, 4096), and
+slower at the small shapes (docs/kernels/README.md, "The current layer table"). Writing xqᵀ in the forward's
+quantization of x instead (a two-launch quantizer) made it 1-10 µs slower; separate transposed quantizers of x and
+dz cost 15.6 µs at (K, N) = (4096, 2048), M = 1024 (CHANGELOG.md, "Tried and reverted").
 
 Numerics against the ``scaled_mm_tensorwise`` backend's weight grad (xᵀ tensorwise e4m3, dzᵀ tensorwise
 e5m2): x keeps the forward's finer rowwise scales, and dz's tensorwise scale covers dz·sx instead of dz

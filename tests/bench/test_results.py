@@ -3,7 +3,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,7 @@ import torch
 
 from loka_trainer.bench import ExampleProvider, run_bench, write_results
 from loka_trainer.bench.icicle import icicle_figure
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import screenshot_icicle  # noqa: E402
+from scripts import screenshot_icicle
 
 HAS_CHROMIUM = Path("/usr/bin/chromium").exists()
 

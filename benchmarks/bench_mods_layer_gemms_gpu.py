@@ -1,16 +1,16 @@
-"""The pieces of one figure-13 layer timed alone: its three GEMMs per FP8 recipe (operands pre-quantized) and
+"""The pieces of one Mods layer timed alone: its three GEMMs per FP8 recipe (operands pre-quantized) and
 the quantization kernels of their operands.
 
-    python scripts/bench_fig13_gemms_gpu.py OUT_DIR [--shapes 4096x2048 7680x256]
+    python -m benchmarks.bench_mods_layer_gemms_gpu OUT_DIR [--shapes 4096x2048 7680x256]
 
-Per figure-13 shape (K in, N out; batch M = 1024) the three GEMMs of the layer, each as ``a (R, C) · b (P, C)ᵀ``:
-forward (M, K, N), input grad (M, N, K), weight grad (N, M, K). Recipes: ``bf16`` (cuBLAS), ``tw_e4m3``
+Per Mods layer shape (``MODS_LAYER_SHAPES``: K in, N out; batch M = 1024) the three GEMMs of the layer, each as
+``a (R, C) · b (P, C)ᵀ``: forward (M, K, N), input grad (M, N, K), weight grad (N, M, K). Recipes: ``bf16`` (cuBLAS), ``tw_e4m3``
 (``torch._scaled_mm`` tensorwise, both e4m3), ``tw_e5m2`` (tensorwise, e5m2 gradient operand · e4m3: the
 ``scaled_mm_tensorwise`` recipe's input/weight grads), ``rowwise`` (``torch._scaled_mm`` rowwise e4m3). Then the
 quantizers on x (M, K), dz (M, N) and their transposed views: ``quant_rowwise`` and ``quant_tensorwise``.
 This is what bounds a fused layer: its GEMM time at best, plus what it pays to quantize.
 
-GPU µs from CUDA-graph replay (``triton.testing.do_bench_cudagraph`` median). Writes OUT_DIR/fig13_gemms.json
+GPU µs from CUDA-graph replay (``triton.testing.do_bench_cudagraph`` median). Writes OUT_DIR/mods_layer_gemms.json
 and a PNG (GEMM speedup vs BF16 per shape and recipe); prints a table last.
 """
 from __future__ import annotations
@@ -25,14 +25,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fig13_variants import BATCH, FIG13_SHAPES  # noqa: E402
-from bench_timing import time_row  # noqa: E402
-
-from loka_trainer.kernels.triton_quant import quant_rowwise  # noqa: E402
-from loka_trainer.kernels.triton_quant_tensorwise import quant_tensorwise  # noqa: E402
+from loka_trainer.kernels.triton_quant import quant_rowwise
+from loka_trainer.kernels.triton_quant_tensorwise import quant_tensorwise
+from scripts.bench_timing import time_row
+from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 GEMMS = ("forward", "input_grad", "weight_grad")
@@ -131,7 +127,7 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks([j + width for j in range(len(shapes))], [str(s) for s in shapes], rotation=20)
     ax.set_ylabel("3-GEMM speedup vs BF16 (pre-quantized)")
-    ax.set_title(f"Figure-13 layer GEMMs, batch {BATCH}, {device}")
+    ax.set_title(f"Mods layer GEMMs, batch {BATCH}, {device}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -142,15 +138,15 @@ def main() -> None:
     p.add_argument("out_dir", type=Path)
     p.add_argument("--shapes", nargs="+", default=None, metavar="INxOUT")
     args = p.parse_args()
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else FIG13_SHAPES
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes else MODS_LAYER_SHAPES
     args.out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for K, N in tqdm(shapes, desc="fig13 gemms"):
+    for K, N in tqdm(shapes, desc="mods layer gemms"):
         rows += bench_shape(K, N)
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "command": " ".join(sys.argv), "batch": BATCH}
-    (args.out_dir / "fig13_gemms.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    plot(rows, args.out_dir / "fig13_gemms.png", meta["device"])
+    (args.out_dir / "mods_layer_gemms.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    plot(rows, args.out_dir / "mods_layer_gemms.png", meta["device"])
     print("\n".join(summarize(rows)))
 
 

@@ -1,24 +1,21 @@
-"""The figure-13 layer variants the GPU benchmarks time (suite (b) of ``bench_dispatch_gpu``, ``profile_fig13_gpu``):
-their names, the default set, and ``build_fig13_variants`` building them at one shape. Forward callables x -> y; the
-base is Linear(bias) -> LayerNorm -> SiLU, the Mods are no bias -> BlockNorm -> HardSwish (``mods_ref``).
+"""The Mods layer variants the GPU benchmarks time at the paper's figure-13 shapes (suite (b) of
+``scripts.bench_dispatch_gpu``, ``benchmarks.profile_mods_layers_gpu``): their names, the default set, and
+``build_mods_layer_variants`` building them at one shape. Forward callables x -> y; the base is Linear(bias) ->
+LayerNorm -> SiLU, the Mods are no bias -> BlockNorm -> HardSwish (``loka_trainer.mods.reference``).
 """
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loka_trainer.mods.config import ModsKernelConfig
+from loka_trainer.mods.reference import block_norm, hard_swish
 
-from loka_trainer.mods.config import ModsKernelConfig  # noqa: E402
-from loka_trainer.mods.reference import block_norm, hard_swish  # noqa: E402
-
-FIG13_SHAPES = [(256, 256), (7680, 256), (512, 512), (7680, 512), (4096, 2048), (4096, 2560), (2048, 4096),
-                (2560, 4096), (256, 7680)]
+MODS_LAYER_SHAPES = [(256, 256), (7680, 256), (512, 512), (7680, 512), (4096, 2048), (4096, 2560), (2048, 4096),
+                     (2560, 4096), (256, 7680)]  # (K in, N out), the paper's figure 13
 BATCH = 1024
 FUSED_VARIANTS = {
     "fused_bf16": dict(mode="fused_bf16"),
@@ -31,13 +28,14 @@ FUSED_VARIANTS = {
     "split_bf16_fp8_dgrad": dict(mode="split_bf16", dgrad="scaled_mm_rowwise"),
     "split_fp8_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise"),
     # the dgrad on tensorwise FP8 (e5m2 dz; the dz kernel folds its amax into one scalar, then one cast pass):
-    # cuBLAS's tensorwise FP8 GEMM is faster than its rowwise one at every figure-13 shape (bench_fig13_gemms)
+    # cuBLAS's tensorwise FP8 GEMM is faster than its rowwise one at every shape here
+    # (benchmarks/bench_mods_layer_gemms_gpu.py)
     "split_bf16_tw_dgrad": dict(mode="split_bf16", dgrad="scaled_mm_tensorwise"),
     "split_fp8_tw_dgrad": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise"),
     "fused_fp8_dgrad": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise"),  # the fused FP8 forward + FP8 dgrad
     "split_fp8_all": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
     # the weight grad on tensorwise FP8 from the forward's FP8 x, its row scales folded into dz (``wgrad_fold``;
-    # r5's version quantized dzᵀ and xᵀ in separate passes and was no faster than split_fp8_all)
+    # quantizing dzᵀ and xᵀ in separate passes instead was no faster than split_fp8_all: CHANGELOG.md)
     "split_fp8_dgrad_tw_wgrad": dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
     "split_fp8_tw_grads": dict(mode="split_fp8", dgrad="scaled_mm_tensorwise", wgrad="scaled_mm_tensorwise"),
     "fused_fp8_dgrad_tw_wgrad": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
@@ -55,36 +53,36 @@ FUSED_VARIANTS = {
 # ``ModsKernelConfig(backward_streams=False)``; by default ``streams.side_by_side`` runs them on two streams)
 SERIAL_GRADS_VARIANTS = ("split_bf16", "split_fp8_dgrad", "fused_fp8_fwd", "split_fp8_tw_dgrad")
 SERIAL_GRADS = ModsKernelConfig(backward_streams=False)
-COMPILED_FIG13 = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
-ALL_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
-                      *(f"{n}_serial_grads" for n in SERIAL_GRADS_VARIANTS))
+COMPILED_VARIANTS = ("base_compiled", "mods_compiled", "ablate_no_bias", "ablate_blocknorm", "ablate_hardswish")
+ALL_MODS_LAYER_VARIANTS = ("base_eager", *COMPILED_VARIANTS, "torchao_rowwise_mods_compiled", *FUSED_VARIANTS,
+                           *(f"{n}_serial_grads" for n in SERIAL_GRADS_VARIANTS))
 # what suite (b) times unless told otherwise: the issue's comparisons (base eager and compiled, the Mods and
-# torchao FP8 + Mods compiled, the ablation) and the fused modes that were fastest at some figure-13 shape on
-# the H200 (r10-r15; split_fp8_dgrad_tw_wgrad: r26; the three "_fa" ones: r30); ``--fig13-variants all`` adds the
-# rest (modes never fastest, the serial-grads variants)
-DEFAULT_FIG13_VARIANTS = ("base_eager", *COMPILED_FIG13, "torchao_rowwise_mods_compiled", "split_bf16",
-                          "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad", "split_fp8_tw_dgrad",
-                          "split_fp8_dgrad_tw_wgrad", "split_bf16_tw_dgrad_fa", "split_fp8_dgrad_tw_wgrad_fa",
-                          "split_fp8_tw_grads_fa")
+# torchao FP8 + Mods compiled, the ablation) and the fused modes that were the fastest at some shape in a run on
+# the H200 (docs/kernels/README.md "The current layer table"; earlier runs in CHANGELOG.md);
+# ``--mods-layer-variants all`` adds the rest (modes never fastest, the serial-grads variants)
+DEFAULT_MODS_LAYER_VARIANTS = ("base_eager", *COMPILED_VARIANTS, "torchao_rowwise_mods_compiled", "split_bf16",
+                               "fused_bf16", "fused_fp8_fwd", "split_fp8_dgrad", "fused_fp8_dgrad",
+                               "split_fp8_tw_dgrad", "split_fp8_dgrad_tw_wgrad", "split_bf16_tw_dgrad_fa",
+                               "split_fp8_dgrad_tw_wgrad_fa", "split_fp8_tw_grads_fa")
 
 
-def fig13_variant_names(arg: Optional[str]) -> tuple[str, ...]:
-    """``--fig13-variants``: None or "default" -> DEFAULT_FIG13_VARIANTS, "all" -> every variant, else the
-    comma-separated names (an unknown name raises ValueError naming it and the valid ones)."""
+def mods_layer_variant_names(arg: Optional[str]) -> tuple[str, ...]:
+    """``--mods-layer-variants``: None or "default" -> DEFAULT_MODS_LAYER_VARIANTS, "all" -> every variant, else
+    the comma-separated names (an unknown name raises ValueError naming it and the valid ones)."""
     if arg in (None, "default"):
-        return DEFAULT_FIG13_VARIANTS
+        return DEFAULT_MODS_LAYER_VARIANTS
     if arg == "all":
-        return ALL_FIG13_VARIANTS
+        return ALL_MODS_LAYER_VARIANTS
     names = tuple(n for n in arg.split(",") if n)
-    unknown = [n for n in names if n not in ALL_FIG13_VARIANTS]
+    unknown = [n for n in names if n not in ALL_MODS_LAYER_VARIANTS]
     if unknown or not names:
-        raise ValueError(f"unknown figure-13 variant(s) {unknown}; valid: default, all, or names from "
-                         f"{', '.join(ALL_FIG13_VARIANTS)}")
+        raise ValueError(f"unknown Mods layer variant(s) {unknown}; valid: default, all, or names from "
+                         f"{', '.join(ALL_MODS_LAYER_VARIANTS)}")
     return names
 
 
-def build_fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, list[torch.Tensor]]:
-    """(name -> forward fn(x) -> y for one figure-13 layer, the layer's parameters); compiled variants are
+def build_mods_layer_variants(K: int, N: int, only: Optional[set] = None) -> tuple[dict, list[torch.Tensor]]:
+    """(name -> forward fn(x) -> y for one layer (K in, N out), the layer's parameters); compiled variants are
     built only if kept."""
     dev, bf = "cuda", torch.bfloat16
     w = (torch.randn(N, K, device=dev, dtype=bf) / math.sqrt(K)).requires_grad_()
@@ -98,7 +96,7 @@ def build_fig13_variants(K: int, N: int, only: Optional[set] = None) -> tuple[di
     mods = lambda x: hard_swish(block_norm(F.linear(x, w)))
     keep = lambda name: only is None or name in only
     v = {"base_eager": base}
-    for name, f in zip(COMPILED_FIG13, (base, mods, no_bias, bnorm, hswish)):
+    for name, f in zip(COMPILED_VARIANTS, (base, mods, no_bias, bnorm, hswish)):
         if keep(name):  # dynamic=False: each shape gets its own specialized graph (no dynamic-shape kernels)
             v[name] = torch.compile(f, dynamic=False)
     from loka_trainer.kernels.linear import WeightCache

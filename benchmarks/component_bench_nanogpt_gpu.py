@@ -1,6 +1,6 @@
 """GPU run of the Component Benchmark on a GPT-2-small-shaped nanoGPT (the paper's LLM example), no Hydra.
 
-    python docs/bench/gpu_nanogpt.py OUT_DIR
+    python -m benchmarks.component_bench_nanogpt_gpu OUT_DIR
 Writes OUT_DIR/bench_nanogpt.{csv,json,md} and OUT_DIR/bench_nanogpt_icicle.html (+ traces/ when tracing).
 """
 from __future__ import annotations

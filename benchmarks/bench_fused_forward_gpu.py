@@ -1,12 +1,14 @@
 """The fused Mods forward kernel alone (training forward: h, u and r written): split-K and tile configs.
 
-    python scripts/bench_fused_forward_gpu.py OUT_DIR [--shapes 7680x256 4096x2048] [--config-shapes 4096x2048] [--grid-stages 2 3]
+    python -m benchmarks.bench_fused_forward_gpu OUT_DIR [--shapes 7680x256 4096x2048] [--config-shapes 4096x2048]
+        [--grid-stages 2 3]
 
 The config sweep compiles and times ~30 kernels per shape and input dtype: over all nine shapes it ran past 9
 minutes on an H200, so ``--config-shapes`` (default: none) picks where it runs; results are written after each
 shape (OUT_DIR/fused_forward.partial.json), so a cut run keeps what it measured.
 
-Per figure-13 shape (K in, N out; batch M = 1024), bf16 and FP8 (rowwise e4m3 operands, quantized beforehand):
+Per Mods layer shape (``MODS_LAYER_SHAPES``: K in, N out; batch M = 1024), bf16 and FP8 (rowwise e4m3 operands,
+quantized beforehand):
 - ``splits``: cuBLAS GEMM (``x @ wᵀ`` / ``torch._scaled_mm``) + the epilogue kernel, against
   ``triton_mods.fused_forward`` at split_k 1, 2, 4, 8 and the default (``split_k_for``);
 - ``configs``: the fused kernel (split_k 1) at every tile config of a small grid (BLOCK_M 16-128, BLOCK_K
@@ -29,16 +31,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fig13_variants import BATCH, FIG13_SHAPES  # noqa: E402
-from bench_timing import time_row  # noqa: E402
-
-from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt  # noqa: E402
-from loka_trainer.kernels.triton_quant import quant_rowwise  # noqa: E402
-from loka_trainer.mods import triton_mods  # noqa: E402
-from loka_trainer.timing import cuda_graph_us  # noqa: E402
+from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
+from loka_trainer.kernels.triton_quant import quant_rowwise
+from loka_trainer.mods import triton_mods
+from loka_trainer.timing import cuda_graph_us
+from scripts.bench_timing import time_row
+from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
 SPLITS = (1, 2, 4, 8)
 GRID_STAGES = (3, 4)
@@ -180,7 +178,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_fused_forward_gpu: needs a CUDA device")
     parse = lambda specs: [tuple(int(v) for v in s.split("x")) for s in specs]  # noqa: E731
-    shapes = parse(args.shapes) if args.shapes else FIG13_SHAPES
+    shapes = parse(args.shapes) if args.shapes else MODS_LAYER_SHAPES
     config_shapes = set(parse(args.config_shapes))
     grid = config_grid(tuple(args.grid_stages)) if config_shapes else []
     args.out_dir.mkdir(parents=True, exist_ok=True)

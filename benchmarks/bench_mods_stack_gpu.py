@@ -1,6 +1,6 @@
 """A stack of dense layers (an MLP of a recommendation model), published vs LoKA, forward + backward.
 
-    python scripts/bench_mods_stack_gpu.py OUT_DIR [--widths 1024 2048 2048 1024 512] [--batch 1024 4096]
+    python -m benchmarks.bench_mods_stack_gpu OUT_DIR [--widths 1024 2048 2048 1024 512] [--batch 1024 4096]
         [--profile split_fp8 split_fp8_handoff]
 
 Per batch size, the same MLP widths as
@@ -31,12 +31,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from loka_trainer.models.layers import mlp  # noqa: E402
-from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods  # noqa: E402
+from loka_trainer.models.layers import mlp
+from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
 
 PUBLISHED = dict(bias=True, norm="layernorm", activation="silu", block_size=256)
 MODS = dict(bias=False, norm="blocknorm", activation="hardswish", block_size=256)
@@ -80,8 +76,8 @@ def step_fn(model: nn.Module, x: torch.Tensor, dy: torch.Tensor):
 def measure(widths: list[int], batch: int, progress, profile: tuple[str, ...] = ()) -> list[dict]:
     """One row per variant at this batch; variants named in ``profile`` also get ``kernels_us`` (kernel name ->
     GPU µs per step)."""
-    from bench_timing import time_row
-    from profile_fig13_gpu import kernel_times
+    from benchmarks.profile_mods_layers_gpu import kernel_times
+    from scripts.bench_timing import time_row
     rows = []
     torch._dynamo.reset()
     x = torch.randn(batch, widths[0], device="cuda", dtype=torch.bfloat16, requires_grad=True)

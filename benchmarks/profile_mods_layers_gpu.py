@@ -1,11 +1,13 @@
-"""Where one figure-13 layer's GPU time goes: per-kernel GPU µs of one forward+backward, per variant and shape.
+"""Where one Mods layer's GPU time goes: per-kernel GPU µs of one forward+backward, per variant and shape.
 
-    python scripts/profile_fig13_gpu.py OUT_DIR [--shapes 4096x2048 7680x256] [--variants base_eager split_bf16]
+    python -m benchmarks.profile_mods_layers_gpu OUT_DIR [--shapes 4096x2048 7680x256]
+        [--variants base_eager split_bf16]
 
-Variants are ``bench_dispatch_gpu``'s figure-13 ones (batch 1024). Each is warmed up, then ``--steps`` steps
-run under ``torch.profiler`` (CUDA activity); kernel times are summed per kernel name and divided by the
-steps. Kernels are classed by ``bench_e2e_gpu.kernel_category`` (GEMM = cuBLAS / CUTLASS / nvjet / our fused
-GEMM kernels), so the table shows how much of the layer is GEMM time that no epilogue fusion removes. Writes OUT_DIR/profile_fig13.json; prints a table last.
+Variants are ``scripts.mods_layer_variants``'s (suite (b) of ``scripts.bench_dispatch_gpu``; batch 1024). Each
+is warmed up, then ``--steps`` steps run under ``torch.profiler`` (CUDA activity); kernel times are summed per
+kernel name and divided by the steps. Kernels are classed by ``scripts.bench_e2e_gpu.kernel_category`` (GEMM =
+cuBLAS / CUTLASS / nvjet / our fused GEMM kernels), so the table shows how much of the layer is GEMM time that no
+epilogue fusion removes. Writes OUT_DIR/profile_mods_layers.json; prints a table last.
 """
 from __future__ import annotations
 
@@ -17,11 +19,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fig13_variants import BATCH, build_fig13_variants  # noqa: E402
-from bench_e2e_gpu import is_gpu_annotation, kernel_category  # noqa: E402
-from bench_timing import with_grads_reset  # noqa: E402
+from scripts.bench_e2e_gpu import is_gpu_annotation, kernel_category
+from scripts.bench_timing import with_grads_reset
+from scripts.mods_layer_variants import BATCH, build_mods_layer_variants
 
 
 def is_gemm(kernel_name: str) -> bool:
@@ -50,19 +50,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", type=Path)
     p.add_argument("--shapes", nargs="+", default=["4096x2048", "2048x4096", "7680x512", "7680x256"],
-                   help="(in)x(out) figure-13 shapes")
+                   help="(in)x(out) layer shapes")
     p.add_argument("--variants", nargs="+", default=["base_eager", "mods_compiled", "split_bf16", "split_fp8_dgrad"])
     p.add_argument("--steps", type=int, default=10)
     args = p.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("profile_fig13_gpu: needs a CUDA device")
+        raise SystemExit("profile_mods_layers_gpu: needs a CUDA device")
     rows = []
     for shape in args.shapes:
         K, N = (int(v) for v in shape.split("x"))
         torch._dynamo.reset()
         x = torch.randn(BATCH, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(BATCH, N, device="cuda", dtype=torch.bfloat16)
-        variants, params = build_fig13_variants(K, N, set(args.variants))
+        variants, params = build_mods_layer_variants(K, N, set(args.variants))
         for name, f in variants.items():
             try:
                 kernels = kernel_times(lambda f=f: f(x).backward(dy), [x, *params], args.steps)
@@ -75,7 +75,7 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "command": " ".join(sys.argv), "batch": BATCH}
-    (args.out_dir / "profile_fig13.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (args.out_dir / "profile_mods_layers.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"{'(in,out)':>12} {'variant':<18} {'total µs':>9} {'GEMM µs':>8} {'other µs':>9}  top non-GEMM kernels")
     for r in rows:
         if "error" in r:

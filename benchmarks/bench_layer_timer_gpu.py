@@ -1,10 +1,10 @@
-"""How Dispatch's two GPU timers see a fused Mods layer's whole training step (``fused_linear.time_input_grads``).
+"""How Dispatch's two GPU timers see a fused Mods layer's whole training step (``mods_timing.time_input_grads``).
 
-    python scripts/bench_layer_timer_gpu.py OUT_DIR [--shapes 4096x720x512 ...] [--repeats 3]
+    python -m benchmarks.bench_layer_timer_gpu OUT_DIR [--shapes 4096x720x512 ...] [--repeats 3]
 
 Per shape (M×K×N, forward mode), the layer's forward + backward is timed with its BF16 input grad and with the
-fused rowwise-FP8 one, by CUDA events on eager calls (``dispatch.cuda_timer``, Dispatch's GEMM default) and by
-CUDA-graph replay (``dispatch.cuda_graph_timer``), ``--repeats`` times in each candidate order. The spread of
+fused rowwise-FP8 one, by CUDA events on eager calls (``timing.cuda_timer``, Dispatch's GEMM default) and by
+CUDA-graph replay (``timing.cuda_graph_timer``), ``--repeats`` times in each candidate order. The spread of
 the repeats says whether a timer can choose between the two (``precision.layer_timer``). Writes
 OUT_DIR/layer_timer.json and OUT_DIR/layer_timer.png; prints a table last.
 """
@@ -19,10 +19,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from loka_trainer.dispatch.mods_timing import time_input_grads  # noqa: E402
-from loka_trainer.timing import GPU_TIMERS  # noqa: E402
+from loka_trainer.dispatch.mods_timing import time_input_grads
+from loka_trainer.timing import GPU_TIMERS
 
 # the Wukong dense arch's fused layers at batch 4096 (interaction-layer MLP inputs, over arch) and their modes
 DEFAULT_SHAPES = ("4096x720x512:fused_bf16", "4096x768x512:fused_bf16", "4096x4096x512:split_bf16")

@@ -1,0 +1,155 @@
+"""Where a run starts, decided before anything in the run directory is written.
+
+Rules (the README's "Run directory" section states them for users):
+
+- ``trainer.resume=true`` (default): the checkpoint directories are scanned newest first and the run continues
+  from the newest *complete* one (`checkpoint.verify_checkpoint`); each newer incomplete one gets one warning
+  line with the reason. If checkpoint directories exist and none is complete, the run stops with one line
+  (exit 2) and changes nothing. A complete checkpoint written by another number of ranks also stops the run:
+  per-rank data positions and RNG states cannot be redistributed.
+- A run never starts over silently. Starting at step 0 in a run directory that holds an earlier run's outputs
+  (``trainer.resume=false``, or ``trainer.resume=true`` with no checkpoint at all) first moves those outputs
+  (checkpoints, ``metrics.jsonl``, ``summary.json``, ``.hydra/``, ``train.log``, ``dispatch_plan.json``,
+  ``tensorboard/``, ``probe/``) into ``<run dir>/previous/<date>_<time>/`` and says so. Nothing is deleted.
+- Resuming from step S keeps one series in ``metrics.jsonl``: records with ``step <= S`` stay, later ones
+  (written after the checkpoint by the interrupted run; this run writes them again) are dropped, after the whole
+  original file was copied to ``previous/<date>_<time>/metrics.jsonl``. Incomplete checkpoint directories newer
+  than S move there too (this run writes those steps again), and ``latest`` names S.
+
+`plan_start` only reads; `set_aside_previous_run` (fresh start) and `prepare_resumed_run` (after a successful
+load) are rank 0's writes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from loka_trainer.checkpoint import LATEST, CheckpointError, checkpoint_dirs, verify_checkpoint
+
+PREVIOUS = "previous"
+METRICS_FILE = "metrics.jsonl"
+RUN_OUTPUTS = (".hydra", "train.log", METRICS_FILE, "summary.json", "dispatch_plan.json", "tensorboard", "probe")
+
+
+@dataclasses.dataclass(frozen=True)
+class StartPlan:
+    """The resume decision: `checkpoint` None means step 0; `skipped` = newer incomplete checkpoints and why."""
+
+    checkpoint: Optional[Path]
+    step: int
+    skipped: tuple[tuple[Path, str], ...] = ()
+
+    def warnings(self) -> list[str]:
+        return [f"warning: skipped checkpoint {path}: {reason}" for path, reason in self.skipped]
+
+
+def checkpoint_root(checkpoint_dir: Optional[str], run_dir: Path) -> Path:
+    """``trainer.checkpoint_dir``, default ``<run dir>/checkpoints``."""
+    return Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / "checkpoints"
+
+
+def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int) -> StartPlan:
+    """Decide where the run starts (reads only). `CheckpointError` when checkpoints exist and none is usable."""
+    if not resume:
+        return StartPlan(checkpoint=None, step=0)
+    found = checkpoint_dirs(checkpoint_root)
+    skipped: list[tuple[Path, str]] = []
+    for step, path in found:
+        try:
+            record = verify_checkpoint(path)
+        except CheckpointError as exc:
+            skipped.append((path, str(exc)))
+            continue
+        if record["world_size"] != world_size:
+            raise CheckpointError(
+                f"checkpoint {path} was written by {record['world_size']} rank(s) and this run has {world_size}: "
+                f"restart with {record['world_size']} rank(s), or trainer.resume=false to start over")
+        return StartPlan(checkpoint=path, step=step, skipped=tuple(skipped))
+    if found:
+        reasons = "; ".join(f"{p.name}: {r}" for p, r in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        raise CheckpointError(
+            f"no complete checkpoint among the {len(found)} in {checkpoint_root} ({reasons}); nothing was changed: "
+            f"repair them, or set trainer.resume=false to start over (they are then moved to "
+            f"{PREVIOUS}/ in the run directory)")
+    return StartPlan(checkpoint=None, step=0)
+
+
+def set_aside_previous_run(run_dir: Path, checkpoint_root: Path) -> list[str]:
+    """Before a run starts at step 0: move an earlier run's outputs into ``previous/<stamp>/``; lines to log."""
+    ckpt_entries = [p for _, p in checkpoint_dirs(checkpoint_root)]
+    if (checkpoint_root / LATEST).is_file():
+        ckpt_entries.append(checkpoint_root / LATEST)
+    outputs = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not ckpt_entries and not outputs:
+        return []
+    dest = _new_previous_dir(run_dir)
+    for path in outputs:
+        shutil.move(str(path), str(dest / path.name))
+    if ckpt_entries:
+        (dest / "checkpoints").mkdir()
+        for path in ckpt_entries:
+            shutil.move(str(path), str(dest / "checkpoints" / path.name))
+    moved = ", ".join([p.name for p in outputs] + ([f"{len(ckpt_entries)} checkpoint entries"] if ckpt_entries
+                                                    else []))
+    return [f"starting at step 0: the earlier run's outputs ({moved}) were moved to {dest}"]
+
+
+def prepare_resumed_run(run_dir: Path, checkpoint_root: Path, plan: StartPlan) -> list[str]:
+    """After a successful load at step S: newer incomplete checkpoints and metrics records after S go to
+    ``previous/<stamp>/``; ``latest`` names S. Returns lines to log."""
+    assert plan.checkpoint is not None
+    lines: list[str] = []
+    dest: Optional[Path] = None
+    newer = [path for step, path in checkpoint_dirs(checkpoint_root) if step > plan.step]
+    if newer:
+        dest = _new_previous_dir(run_dir)
+        (dest / "checkpoints").mkdir()
+        for path in newer:
+            shutil.move(str(path), str(dest / "checkpoints" / path.name))
+        lines.append(f"moved {len(newer)} incomplete checkpoint(s) newer than step {plan.step} to "
+                     f"{dest / 'checkpoints'}")
+    metrics = run_dir / METRICS_FILE
+    if metrics.is_file():
+        kept, dropped = _split_records(metrics.read_text().splitlines(), plan.step)
+        if dropped:
+            dest = dest or _new_previous_dir(run_dir)
+            shutil.copy2(metrics, dest / METRICS_FILE)
+            tmp = metrics.with_name(f".{METRICS_FILE}.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.replace(metrics)
+            lines.append(f"{METRICS_FILE}: kept the records up to step {plan.step}; the {len(dropped)} after it "
+                         f"(this run writes them again) are in {dest / METRICS_FILE}")
+    latest = checkpoint_root / LATEST
+    if not latest.is_file() or latest.read_text().strip() != plan.checkpoint.name:
+        tmp = latest.with_name(f".{LATEST}.tmp")
+        tmp.write_text(plan.checkpoint.name)
+        tmp.replace(latest)
+    return lines
+
+
+def _split_records(lines: list[str], step: int) -> tuple[list[str], list[str]]:
+    """(records with step <= `step`, later ones); a line that does not parse is kept (it is not ours to judge)."""
+    kept, dropped = [], []
+    for line in lines:
+        try:
+            later = int(json.loads(line)["step"]) > step
+        except (ValueError, KeyError, TypeError):
+            later = False
+        (dropped if later else kept).append(line)
+    return kept, dropped
+
+
+def _new_previous_dir(run_dir: Path) -> Path:
+    base = run_dir / PREVIOUS / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    path, n = base, 1
+    while path.exists():
+        path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    path.mkdir(parents=True)
+    return path
+
+
+__all__ = ["StartPlan", "checkpoint_root", "plan_start", "prepare_resumed_run", "set_aside_previous_run"]

@@ -1,0 +1,178 @@
+"""Checkpoint completeness, the resume decision and safe loading on a tiny model (no process group, seconds)."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer import checkpoint as ckpt
+from loka_trainer.resume import plan_start, prepare_resumed_run, set_aside_previous_run
+
+
+def _save(root: Path, step: int, *, model=None) -> Path:
+    model = model or nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    return ckpt.save_checkpoint(root, step, model=model, dense_optimizer=opt, sparse_optimizer=None,
+                                extra={"step": step}, local={"train_stream": {"position": step}, "callbacks": {}},
+                                rank=0, world_size=1)
+
+
+def _tree(path: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `path` -> (bytes, mtime_ns)."""
+    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def three(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    return root, [_save(root, step) for step in (2, 4, 6)]
+
+
+def test_a_saved_checkpoint_is_complete_and_lists_its_files(three):
+    root, paths = three
+    record = ckpt.verify_checkpoint(paths[-1])
+    assert record["step"] == 6 and record["world_size"] == 1
+    assert {".metadata", "rank0.pt"} <= record["files"].keys()
+    assert any(name.endswith(".distcp") for name in record["files"])
+    assert (root / ckpt.LATEST).read_text() == "step_000006"
+
+
+@pytest.mark.parametrize("fault, reason", [
+    (lambda p: (p / ".metadata").unlink(), ".metadata is missing"),
+    (lambda p: (p / "__0_0.distcp").unlink(), "__0_0.distcp is missing"),
+    (lambda p: os.truncate(p / "__0_0.distcp", 100), "__0_0.distcp has 100 bytes"),
+    (lambda p: (p / "rank0.pt").unlink(), "rank0.pt is missing"),
+    (lambda p: (p / "rank0.pt").write_bytes(b"garbage"), "rank0.pt has 7 bytes"),
+    (lambda p: (p / "complete.json").unlink(), "no complete.json"),
+    (lambda p: (p / "complete.json").write_text("{not json"), "complete.json is unreadable"),
+])
+def test_plan_start_skips_each_damaged_newest_checkpoint_with_its_reason(three, fault, reason):
+    root, paths = three
+    fault(paths[-1])
+    plan = plan_start(root, resume=True, world_size=1)
+    assert plan.checkpoint == paths[1] and plan.step == 4
+    [warning] = plan.warnings()
+    assert "step_000006" in warning and reason in warning and "world size" not in warning
+
+
+def test_same_size_rewrite_of_a_rank_file_is_caught_by_its_digest(three):
+    _, paths = three
+    data = bytearray((paths[-1] / "rank0.pt").read_bytes())
+    data[-40] ^= 0xFF
+    (paths[-1] / "rank0.pt").write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match="SHA-256 mismatch"):
+        ckpt.verify_checkpoint(paths[-1])
+
+
+def test_no_complete_checkpoint_is_one_line_error_and_changes_nothing(three):
+    root, paths = three
+    for p in paths:
+        (p / ".metadata").unlink()
+    before = _tree(root)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        plan_start(root, resume=True, world_size=1)
+    assert "no complete checkpoint among the 3" in str(info.value) and "trainer.resume=false" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert _tree(root) == before
+
+
+def test_another_world_size_names_the_real_cause(three):
+    root, _ = three
+    with pytest.raises(ckpt.CheckpointError, match=r"written by 1 rank\(s\) and this run has 2"):
+        plan_start(root, resume=True, world_size=2)
+
+
+def test_no_checkpoints_and_resume_false_start_at_zero(tmp_path, three):
+    assert plan_start(tmp_path / "empty", resume=True, world_size=1).checkpoint is None
+    root, _ = three
+    assert plan_start(root, resume=False, world_size=1).checkpoint is None
+
+
+def test_fresh_start_moves_the_earlier_run_aside_untouched(three):
+    root, _ = three
+    run_dir = root.parent
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n')
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "config.yaml").write_text("a: 1\n")
+    before_ckpt, before_metrics = _tree(root), (run_dir / "metrics.jsonl").read_bytes()
+    [line] = set_aside_previous_run(run_dir, root)
+    [dest] = list((run_dir / "previous").iterdir())
+    assert str(dest) in line and "metrics.jsonl" in line
+    assert _tree(dest / "checkpoints") == before_ckpt  # same bytes, same mtimes: moved, not rewritten
+    assert (dest / "metrics.jsonl").read_bytes() == before_metrics
+    assert (dest / ".hydra" / "config.yaml").read_text() == "a: 1\n"
+    assert not (run_dir / "metrics.jsonl").exists() and ckpt.checkpoint_dirs(root) == []
+    assert set_aside_previous_run(run_dir, root) == []  # nothing left to move: no empty folder, no line
+
+
+def test_resume_keeps_one_metrics_series_and_moves_newer_incomplete_checkpoints(three):
+    root, paths = three
+    run_dir = root.parent
+    records = [{"step": s, "loss": 1.0 / s} for s in range(1, 8)] + [{"step": 6, "eval_auc": 0.6}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (paths[-1] / ".metadata").unlink()
+    plan = plan_start(root, resume=True, world_size=1)
+    good = _tree(paths[0]), _tree(paths[1])
+    lines = prepare_resumed_run(run_dir, root, plan)
+    assert len(lines) == 2
+    kept = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in kept] == [1, 2, 3, 4]
+    [dest] = list((run_dir / "previous").iterdir())
+    assert len((dest / "metrics.jsonl").read_text().splitlines()) == len(records)  # the original, whole
+    assert (dest / "checkpoints" / "step_000006").is_dir() and not paths[-1].exists()
+    assert (_tree(paths[0]), _tree(paths[1])) == good
+    assert (root / ckpt.LATEST).read_text() == "step_000004"
+
+
+class _Payload:
+    """Unpickling this runs ``os.mkdir(target)``: a stand-in for arbitrary code in a crafted file."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return os.mkdir, (self.target,)
+
+
+def test_a_rank_file_holding_a_pickled_object_is_refused_not_executed(tmp_path):
+    target = tmp_path / "payload_ran"
+    file = tmp_path / "rank0.pt"
+    with file.open("wb") as f:
+        pickle.dump({"rng": _Payload(str(target))}, f)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.load_rank_state(file)
+    assert "weights_only=True" in str(info.value) and "trusted source" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert not target.exists()
+
+
+def test_rng_states_round_trip_through_a_weights_only_file(tmp_path):
+    torch.manual_seed(1), random.seed(2), np.random.seed(3)
+    np.random.normal()  # leaves a cached Gaussian in numpy's state
+    torch.save({"rng": ckpt.rng_state()}, tmp_path / "rank0.pt")
+    want = torch.rand(3), random.random(), np.random.normal(), np.random.rand()
+    torch.manual_seed(9), random.seed(9), np.random.seed(9)
+    ckpt.set_rng_state(ckpt.load_rank_state(tmp_path / "rank0.pt")["rng"])
+    got = torch.rand(3), random.random(), np.random.normal(), np.random.rand()
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+
+
+def test_load_restores_the_model_and_refuses_nothing_good(three):
+    root, paths = three
+    model = nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters())
+    saved = torch.load(paths[-1] / "rank0.pt", weights_only=True)
+    extra, local = ckpt.load_checkpoint(paths[-1], model=model, dense_optimizer=opt, sparse_optimizer=None,
+                                        extra_template={"step": 0}, rank=0)
+    assert extra == {"step": 6} and local["train_stream"] == saved["train_stream"]
+    assert opt.state_dict()["state"][0]["step"].item() == 1

@@ -1,0 +1,141 @@
+"""Restarting train.py over damaged checkpoints: the newest complete one wins, nothing good is overwritten."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.launch import SMALL, run_train
+
+COMMON = ["model=dlrm", "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.checkpoint_interval=2",
+          "callbacks.tensorboard=false", *SMALL]
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _tree(path: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """1 rank, 8 steps planned, stopped after 6: checkpoints at steps 2, 4, 6; metrics for steps 1-6."""
+    run_dir = tmp_path_factory.mktemp("resume") / "base"
+    run_train([*COMMON, "trainer.steps=8", "trainer.stop_after=6", f"hydra.run.dir={run_dir}"])
+    return run_dir
+
+
+def _copy(stopped_run: Path, tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(stopped_run, run_dir)
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, reason", [
+    (lambda p: (p / ".metadata").unlink(), ".metadata is missing"),
+    (lambda p: os.truncate(p / "__0_0.distcp", 1000), "__0_0.distcp has 1000 bytes"),
+], ids=["metadata_removed", "distcp_truncated"])  # every other fault: tests/test_checkpoint_files.py
+def test_restart_resumes_from_the_newest_complete_checkpoint(stopped_run, tmp_path, fault, reason):
+    run_dir = _copy(stopped_run, tmp_path)
+    ckpts = run_dir / "checkpoints"
+    fault(ckpts / "step_000006")
+    good = {name: _tree(ckpts / name) for name in ("step_000002", "step_000004")}
+    proc = run_train([*COMMON, "trainer.steps=8", f"hydra.run.dir={run_dir}"])
+    log = (run_dir / "train.log").read_text()
+    [warning] = [line for line in log.splitlines() if "skipped checkpoint" in line]
+    assert "step_000006" in warning and reason in warning
+    assert f"resumed from {ckpts / 'step_000004'} at step 4" in log
+    assert {name: _tree(ckpts / name) for name in good} == good  # read, never rewritten
+    train_steps = [r["step"] for r in _records(run_dir) if "loss" in r]
+    assert train_steps == list(range(1, 9))  # one series: 1-4 from the first run, 5-8 from this one
+    assert (ckpts / "latest").read_text() == "step_000008"
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_no_complete_checkpoint_exits_2_with_one_line_and_writes_nothing(stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    for step in (2, 4, 6):
+        (run_dir / "checkpoints" / f"step_{step:06d}" / "__0_0.distcp").unlink()
+    before = _tree(run_dir)
+    proc = run_train([*COMMON, "trainer.steps=8", "trainer.lr=0.01", f"hydra.run.dir={run_dir}"], check=False,
+                     timeout=120)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: no complete checkpoint among the 3") and "trainer.resume=false" in line
+    assert _tree(run_dir) == before  # .hydra/config.yaml, overrides.yaml, metrics.jsonl, train.log untouched
+
+
+@pytest.mark.slow
+def test_resume_false_starts_over_and_moves_the_earlier_run_aside(stopped_run, tmp_path):
+    run_dir = _copy(stopped_run, tmp_path)
+    before_ckpt, before_metrics = _tree(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_bytes()
+    run_train([*COMMON, "trainer.steps=4", "trainer.resume=false", f"hydra.run.dir={run_dir}"])
+    [dest] = list((run_dir / "previous").iterdir())
+    assert _tree(dest / "checkpoints") == before_ckpt
+    assert (dest / "metrics.jsonl").read_bytes() == before_metrics
+    assert "trainer.steps=8" in (dest / ".hydra" / "overrides.yaml").read_text()
+    assert "trainer.steps=4" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert f"were moved to {dest}" in (run_dir / "train.log").read_text()
+    assert [r["step"] for r in _records(run_dir) if "loss" in r] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_000002", "step_000004"]
+
+
+class _Payload:
+    def __init__(self, target: str):
+        self.target = target
+
+    def __reduce__(self):
+        return os.mkdir, (self.target,)
+
+
+@pytest.mark.slow
+def test_crafted_rank_file_is_refused_with_one_line_not_executed(stopped_run, tmp_path):
+    """Even with the marker rewritten to match it, a pickled object in rankN.pt never runs (weights_only)."""
+    run_dir = _copy(stopped_run, tmp_path)
+    newest, target = run_dir / "checkpoints" / "step_000006", tmp_path / "payload_ran"
+    with (newest / "rank0.pt").open("wb") as f:
+        pickle.dump({"rng": _Payload(str(target))}, f)
+    if (newest / "complete.json").is_file():  # (a checkpoint written without markers is loaded as it is)
+        marker = json.loads((newest / "complete.json").read_text())
+        data = (newest / "rank0.pt").read_bytes()
+        marker["files"]["rank0.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (newest / "complete.json").write_text(json.dumps(marker))
+    before = {name: (run_dir / name).read_bytes() for name in (".hydra/config.yaml", ".hydra/overrides.yaml",
+                                                               "metrics.jsonl")}
+    proc = run_train([*COMMON, "trainer.steps=8", "trainer.lr=0.01", f"hydra.run.dir={run_dir}"], check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = _error_lines(proc.stderr)
+    assert "rank0.pt" in line and "weights_only=True" in line and "trusted source" in line
+    assert "Traceback" not in proc.stderr
+    assert not target.exists()
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_past_a_deleted_rank_file_step_for_step(tmp_path):
+    """2 gloo ranks: rank1.pt of the newest checkpoint deleted; the rerun of steps 5-6 matches the first run's."""
+    common, run_dir = [*COMMON, "trainer.steps=8"], tmp_path / "run"
+    run_train([*common, "trainer.stop_after=6", f"hydra.run.dir={run_dir}"], nproc=2)
+    first = {r["step"]: r["loss"] for r in _records(run_dir) if "loss" in r}
+    (run_dir / "checkpoints" / "step_000006" / "rank1.pt").unlink()
+    run_train([*common, f"hydra.run.dir={run_dir}"], nproc=2)
+    log = (run_dir / "train.log").read_text()
+    assert "step_000006: rank1.pt is missing" in log and "at step 4" in log
+    got = [(r["step"], r["loss"]) for r in _records(run_dir) if "loss" in r]
+    assert [s for s, _ in got] == list(range(1, 9))
+    for step, loss in got[:6]:
+        assert loss == pytest.approx(first[step], rel=1e-6, abs=1e-7), step
