@@ -1,29 +1,39 @@
-"""Hydra at the edge: compose `conf/<name>.yaml` with command-line overrides, fail fast in one line, make the run dir.
+"""Hydra at the edge: Hydra's own command line (``--help``, ``--cfg``, ``-m``...), one-line failures, the run dir.
 
-We use Hydra's compose API rather than ``@hydra.main`` so that a bad override (unknown model, unknown key,
-wrong type, failed validation) becomes one line on stderr and exit code 2, before any process group or data
-exists, and so that every torchrun rank resolves the same run directory:
+`run_app` hands the command line to Hydra's ``@hydra.main`` machinery, so every Hydra flag works, after a
+pre-flight that composes and validates every run first (each sweep point under ``-m``): a bad override
+(unknown group option or key, wrong type, failed validation) becomes one line on stderr and exit status 2,
+before any process group or data exists. Every torchrun rank resolves the same run directory:
 
-- ``hydra.run.dir=DIR`` wins;
-- otherwise ``outputs/<date>/<time>`` for a single process, and ``outputs/torchrun-<run id>`` under torchrun
-  (all ranks share TORCHELASTIC_RUN_ID; their clocks may differ by a second).
+- ``hydra.run.dir=DIR`` (``hydra.sweep.dir=DIR`` under ``-m``) wins;
+- otherwise ``outputs/<date>/<time>`` (``multirun/...``) for a single process, and ``outputs/torchrun-<run id>``
+  under torchrun (all ranks share TORCHELASTIC_RUN_ID; their clocks may differ by a second).
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Optional, TypeVar
 
+import hydra
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 # The configs ship inside the package; LOKA_CONF_DIR points at another tree of them (tests use a throwaway one).
 CONF_DIR = Path(os.environ.get("LOKA_CONF_DIR", Path(__file__).resolve().parent / "conf"))
 T = TypeVar("T")
+# job(config without its `hydra` node, resolved; run dir; this job's overrides)
+Job = Callable[[DictConfig, Path, list[str]], None]
+# Hydra flags that show something instead of running: the config is composed but not validated for a run.
+SHOW_FLAGS = ("help", "cfg", "info")
 
 
 def run_name() -> str:
@@ -38,12 +48,12 @@ if not OmegaConf.has_resolver("loka_run_name"):
 
 
 def fail(message: object) -> NoReturn:
-    """One line on stderr, exit status 2 (Hydra's search-path listing is noise for a user)."""
-    text = str(message)
+    """One line on stderr, exit status 2 (Hydra's search-path listing and append hint are noise for a user)."""
+    text = str(message).split("Config search path")[0]
+    text = " ".join(line for line in text.splitlines() if not line.startswith("To append to your config use"))
     cause = getattr(message, "__cause__", None)
     if cause is not None and str(cause).splitlines():
         text += f" ({str(cause).splitlines()[0]})"
-    text = text.split("Config search path")[0]
     print(f"error: {' '.join(text.split())}", file=sys.stderr)
     raise SystemExit(2)
 
@@ -70,6 +80,69 @@ def typed_config(cfg: DictConfig, convert: Callable[[DictConfig], T]) -> T:
         return convert(cfg)
     except Exception as exc:  # ValueError from validation, OmegaConf errors from conversion
         fail(exc)
+
+
+def sweep_points(overrides: list[str]) -> list[list[str]]:
+    """The override list of every run of ``-m`` (Hydra's basic sweeper: the cross product of ``a=x,y`` values)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        return [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch]
+    except Exception as exc:  # grammar errors, unsupported sweep types
+        fail(exc)
+
+
+def parse_hydra_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Hydra's own argument parser (the one ``@hydra.main`` uses); a bad flag is a one-line failure."""
+    parser = get_args_parser()
+    parser.error = fail  # type: ignore[method-assign]  # argparse would print usage on a second line
+    return parser, parser.parse_args(argv)
+
+
+def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[DictConfig], object]) -> None:
+    """Compose (and, for a run, validate) every run the command line asks for; fail in one line otherwise."""
+    if args.hydra_help or args.shell_completion:
+        return
+    if args.config_path is not None:
+        fail("--config-path is not supported: train.py's configs live in conf/; add yours with --config-dir DIR")
+    search = []
+    if args.config_dir is not None:
+        if not os.path.isdir(args.config_dir):
+            fail(f"--config-dir {args.config_dir!r} is not a directory")
+        search = [f"hydra.searchpath=[file://{os.path.abspath(args.config_dir)}]"]
+    showing = any(getattr(args, flag) for flag in SHOW_FLAGS)
+    for point in sweep_points(args.overrides) if args.multirun else [args.overrides]:
+        cfg, _ = compose_config(args.config_name or config_name, [*search, *point])
+        if not showing:
+            typed_config(cfg, validate)
+    GlobalHydra.instance().clear()
+
+
+def run_app(config_name: str, argv: list[str], job: Job, *, validate: Callable[[DictConfig], object]) -> None:
+    """``train.py``'s command line: Hydra's flags and overrides, a pre-flight, then ``job`` once per run.
+
+    ``validate(cfg)`` raises on a bad config (it runs for every sweep point before the first run starts).
+    Under ``-m`` the runs follow one another in this process, each in ``<sweep dir>/<job number>``.
+    """
+    parser, args = parse_hydra_args(argv)
+    preflight(config_name, args, validate)
+    rank = int(os.environ.get("RANK", 0))
+    extra = [] if rank == 0 else ["hydra/hydra_logging=none"]  # Hydra's sweep lines once, not once per rank
+    # A crash inside a run keeps Python's full traceback (Hydra would shorten it and exit 1 all the same).
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+
+    def task(cfg: DictConfig) -> None:
+        hydra_cfg = HydraConfig.get()
+        with open_dict(cfg):
+            OmegaConf.resolve(cfg)
+        job(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+
+    main = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "train.py", *argv, *extra]
+    try:
+        main()
+    finally:
+        sys.argv = saved
 
 
 def write_run_config(run_dir: Path, cfg: DictConfig, argv: list[str], *, rank: int) -> None:

@@ -11,14 +11,20 @@ from typing import Any, List, Optional
 
 import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from loka_trainer.callbacks.probe import ProbeConfig
-from loka_trainer.data.config import DataConfig
+from loka_trainer.data.config import DataConfig, check_data_files
+from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan
+from loka_trainer.dispatch.targets import target_linears
+from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
+from loka_trainer.models.mods import LOKA_MODS, resolve_mods
+from loka_trainer.mods.modes import FORWARD_MODES
 from loka_trainer.nonfinite import NONFINITE_POLICIES
 from loka_trainer.precision import PrecisionConfig
 from loka_trainer.sharding.config import ShardingConfig
+from loka_trainer.sharding.dist import launch_env, resolve_device
 
 # trainer.dense_optimizer -> the torch optimizer of the dense part (embeddings use TorchRec's fused optimizer)
 DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
@@ -116,17 +122,84 @@ class RunConfig:
 
 
 def register_schemas() -> None:
+    """Store every schema at the root of Hydra's config tree (``conf/<group>/*.yaml`` extend them with
+    ``- /<name>_schema@_here_``), so that no group lists a schema as an option: ``model=dlrm_schema`` is unknown,
+    and neither ``--help`` nor an error message offers it."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    cs.store(group="data", name="data_schema", node=DataConfig)
-    cs.store(group="precision", name="precision_schema", node=PrecisionConfig)
-    cs.store(group="sharding", name="sharding_schema", node=ShardingConfig)
+    cs.store(name="data_schema", node=DataConfig)
+    cs.store(name="precision_schema", node=PrecisionConfig)
+    cs.store(name="sharding_schema", node=ShardingConfig)
     for name, config_cls in MODEL_CONFIGS.items():
-        cs.store(group="model", name=f"{name}_schema", node=config_cls)
+        cs.store(name=f"{name}_schema", node=config_cls)
+
+
+def check_known_keys(node: Any, path: str = "") -> None:
+    """Reject a key that the node's schema dataclass does not declare, anywhere in the tree.
+
+    Hydra's ``+key=value`` adds a key even to a structured node (past struct mode) and ``OmegaConf.to_object``
+    then drops it silently; a typo must fail instead.
+    """
+    if isinstance(node, ListConfig) and not node._is_none() and not node._is_missing():
+        for i, item in enumerate(node):
+            check_known_keys(item, f"{path}[{i}]")
+        return
+    if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
+        return
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        fields = [f.name for f in dataclasses.fields(schema)]
+        for key in node.keys():
+            if key not in fields:
+                raise ValueError(f"unknown key {path}{key}: {schema.__name__} has no field {key!r} "
+                                 f"(fields: {', '.join(fields)})")
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)):
+            check_known_keys(child, f"{path}{key}.")
+
+
+def check_model_mods(model: Any) -> None:
+    """``model.mods``'s switches and BlockNorm block size, as the model builder resolves them (a pure check)."""
+    if getattr(model, "mods", None) is not None:
+        resolve_mods(model.mods, published=LOKA_MODS, loka_mods=True)
+
+
+def check_plan_file(run: RunConfig) -> None:
+    """``precision.plan``: readable JSON of the plan's layout (checked first, cheaply), whose layers and shapes
+    are the model's Dispatch targets and whose backends run on this rank's device."""
+    if run.precision.plan is None or not run.precision.dispatch:
+        return
+    check_plan_against_model(load_plan(run.precision.plan), run)
+
+
+def check_plan_against_model(plan: DispatchPlan, run: RunConfig) -> None:
+    """``plan`` against the run's model, built with tiny embedding tables: the target
+    Linears' shapes depend on the model's widths and feature counts, not on the tables' row counts."""
+    device = resolve_device(run.trainer.device, local_rank=launch_env()[2])
+    linears = target_linears(build_small_model(run), min_features=run.precision.min_features)
+    validate_plan(plan, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()},
+                  list(available_backends(device)), mods_modes={mode: spec.fp8 for mode, spec in FORWARD_MODES.items()},
+                  source=f"precision.plan {run.precision.plan!r}")
+
+
+def build_small_model(run: RunConfig) -> Any:
+    """The run's model with 16-row embedding tables: the same dense layers, for checks before training."""
+    from loka_trainer.data import data_schema  # lazy: TorchRec
+    from loka_trainer.models.zoo import build_model
+
+    small = dataclasses.replace(run.data, max_vocab_size=min(run.data.max_vocab_size, 16),
+                                sequence_vocab_size=min(run.data.sequence_vocab_size, 16))
+    return build_model(run.model, schema=data_schema(small), loka_mods=run.precision.mods)
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
-    """Typed objects from the composed config, each validated (one-line `ValueError` on the first bad field)."""
+    """Typed objects from the composed config, each validated (one-line `ValueError` on the first bad field).
+
+    Also checks what can be checked without a process group or data: unknown keys, the model's Mods, a plan
+    file against the model, and that the Criteo eval slice holds a batch on every rank.
+    """
+    check_known_keys(cfg)
     parts = {key: OmegaConf.to_object(cfg[key]) for key in ("model", "data", "precision", "sharding",
                                                           "trainer", "callbacks")}
     run = RunConfig(**parts)
@@ -136,6 +209,9 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         run.model.validate()
     if hasattr(run.callbacks.probe, "validate"):
         run.callbacks.probe.validate()
+    check_model_mods(run.model)
+    check_data_files(run.data, world_size=launch_env()[1])
+    check_plan_file(run)
     return run
 
 

@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from omegaconf import DictConfig
+
 from loka_trainer.checkpoint import CheckpointError
-from loka_trainer.cli import compose_config, fail, parse_argv, typed_config, write_run_config
+from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_config
 from loka_trainer.config import register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.resume import checkpoint_root, plan_start, prepare_resumed_run, set_aside_previous_run
@@ -40,9 +42,13 @@ def setup_logging(run_dir: Path, *, rank: int) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    argv = parse_argv(argv)
+    """Hydra's command line (``--help``, ``--cfg job``, ``-m``...); every run is checked before the first starts."""
     register_schemas()
-    cfg, run_dir = compose_config("config", argv)
+    run_app("config", parse_argv(argv), train_run, validate=to_run_config)
+
+
+def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
+    """One run: ``cfg`` composed and resolved, ``argv`` its overrides (one sweep point's under ``-m``)."""
     run = typed_config(cfg, to_run_config)  # every bad input fails here, before any process group or data
     rank, world_size, _ = launch_env()
     ckpt_root = checkpoint_root(run.trainer.checkpoint_dir, run_dir)

@@ -58,6 +58,8 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(run.trainer.nonfinite, device=dist_info.device)
         self._window: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._window_start = time.perf_counter()
+        if run.data.eval_batches == 0:
+            self.log("evaluation skipped: data.eval_batches=0 (no eval metrics in metrics.jsonl or summary.json)")
 
     # ---- loop -------------------------------------------------------------------------------------------
     def fit(self, start: int = 0) -> TrainState:
@@ -82,6 +84,7 @@ class Trainer:
                 self._evaluate()
                 if t.checkpoint_at_end and start < t.steps and not _saved_at(t, t.steps):
                     self._save_checkpoint(t.steps)
+            self._count_malformed_rows()
             self.callbacks.fire("on_train_end", self.state)
         except BaseException as exc:
             self.callbacks.fire("on_exception", self.state, exc)
@@ -132,6 +135,8 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self) -> None:
+        if self.run.data.eval_batches == 0:  # said once at start-up
+            return
         self.model.eval()
         metrics = CTRMetrics(device=self.dist.device)
         for batch in self.streams.eval:
@@ -144,6 +149,17 @@ class Trainer:
                  f"ne {m['eval_ne']:.4f}")
         self.callbacks.fire("on_eval_end", self.state)
         self._window_start = time.perf_counter()  # eval time is not training throughput
+
+    def _count_malformed_rows(self) -> None:
+        """Skipped malformed data rows, summed over ranks (train and eval), into train.log and summary.json."""
+        counts = torch.tensor([self.streams.train.num_malformed, self.streams.eval.num_malformed],
+                              dtype=torch.int64, device=self.dist.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(counts)
+        train, evals = counts.tolist()
+        self.state.counts["malformed_rows"] = train + evals
+        if train + evals:
+            self.log(f"malformed data rows skipped: {train + evals} (train {train}, eval {evals}; all ranks)")
 
     def _autocast(self):
         if self.autocast_dtype is None:

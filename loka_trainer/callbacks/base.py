@@ -74,6 +74,7 @@ class TrainState:
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     checkpoint_dir: Optional[Path] = None  # set for on_checkpoint_save / on_checkpoint_load
     skipped_steps: int = 0  # steps skipped for a non-finite loss so far (trainer.nonfinite=skip_step)
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)  # run totals for summary.json (all ranks)
 
     @property
     def is_rank_zero(self) -> bool:

@@ -6,7 +6,8 @@ Run-directory contract (other tools and tests rely on it):
   was skipped has only ``step, skipped_steps``) and per evaluation (``step, eval_auc, eval_logloss, eval_ne``);
   appended across resumes (a resume first drops the records after its checkpoint: `loka_trainer.resume`).
 - ``summary.json``: written at the end (model, precision, world_size, steps, final eval metrics, mean
-  examples_per_s over logged steps, skipped_steps).
+  examples_per_s over logged steps, skipped_steps, and the run totals in ``TrainState.counts`` such as
+  ``malformed_rows``).
 - ``tensorboard/``: event files (scalars under ``train/`` and ``eval/``).
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ class MetricsLogger(Callback):
             return
         mean_throughput = sum(self.throughputs) / len(self.throughputs) if self.throughputs else float("nan")
         summary = {**self.run_info, "world_size": state.world_size, "steps": state.step + 1,
-                   **self.last_eval, "examples_per_s": mean_throughput, "skipped_steps": state.skipped_steps}
+                   **self.last_eval, "examples_per_s": mean_throughput, "skipped_steps": state.skipped_steps,
+                   **state.counts}
         self.summary_path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
 
     def _append(self, record: dict[str, Any]) -> None:

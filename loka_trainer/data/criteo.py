@@ -182,6 +182,56 @@ def build_criteo_stream(cfg: DataConfig, *, split: str, rank: int, world_size: i
                         max_batches=cfg.eval_batches, identity=identity)
 
 
+def count_rows(path: str, start: int, end: int, *, limit: int, max_vocab_size: int) -> int:
+    """How many valid Criteo rows start in bytes [start, end) of ``path``, counting no further than ``limit``."""
+    vocab = sparse_vocab_sizes(CRITEO_NUM_SPARSE, max_vocab_size)
+    found = 0
+    with open(path, "rb") as f:
+        f.seek(start)
+        offset = start
+        while found < limit and offset < end:
+            line = f.readline()
+            if not line:
+                break
+            offset += len(line)
+            found += parse_line(line, vocab) is not None
+    return found
+
+
+def check_shards(cfg: DataConfig, *, world_size: int) -> None:
+    """Every rank's train shard holds a valid row and, when evaluating, its eval shard a full batch.
+
+    Reads at most ``batch_size`` valid rows per rank and shard (plus the malformed ones among them), so it is
+    cheap even on a Terabyte day file. Raises a one-line ``ValueError`` naming the sizes otherwise (a partial
+    eval batch is dropped, so an eval shard smaller than one batch yields nothing to evaluate).
+    """
+    splits = {"train": 1, "eval": cfg.batch_size} if cfg.eval_batches > 0 else {"train": 1}
+    for split, need in splits.items():
+        path, lo, hi = _split_range(cfg, split)
+        for rank in range(world_size):
+            start, end = shard_range(path, lo, hi, rank, world_size)
+            rows = count_rows(path, start, end, limit=need, max_vocab_size=cfg.max_vocab_size)
+            if rows >= need:
+                continue
+            where = _describe_range(cfg, split, path, lo, hi)
+            share = f"rank {rank}'s share (of {world_size})" if world_size > 1 else "it"
+            if split == "train":
+                raise ValueError(f"data.path {path!r}: {where} has no valid Criteo row in {share} "
+                                 f"(bytes [{start}, {end}))")
+            raise ValueError(f"{where} holds {rows} valid rows in {share} (bytes [{start}, {end})), fewer than one "
+                             f"batch of data.batch_size={cfg.batch_size}; lower data.batch_size, raise "
+                             f"data.eval_fraction, set data.eval_path, or skip evaluation with data.eval_batches=0")
+
+
+def _describe_range(cfg: DataConfig, split: str, path: str, lo: int, hi: int) -> str:
+    if split == "eval" and cfg.eval_path is None:
+        return (f"the eval slice of data.path {path!r} (its last data.eval_fraction={cfg.eval_fraction}: "
+                f"{hi - lo} of {hi} bytes)")
+    if split == "eval":
+        return f"data.eval_path {path!r} ({hi} bytes)"
+    return f"the train slice ({hi - lo} bytes)"
+
+
 def _split_range(cfg: DataConfig, split: str) -> tuple[str, int, int]:
     if cfg.eval_path is not None:
         path = cfg.path if split == "train" else cfg.eval_path

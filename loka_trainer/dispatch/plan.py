@@ -132,39 +132,68 @@ class DispatchPlan:
                 "min_speedup": self.min_speedup, "layers": layers}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], *, source: str = "plan") -> "DispatchPlan":
-        if d.get("version") != PLAN_VERSION:
+    def from_dict(cls, d: Any, *, source: str = "plan") -> "DispatchPlan":
+        """The plan held by ``d`` (parsed JSON); a one-line ValueError naming ``source`` and the first bad field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: must be a JSON object with 'version' and 'layers', got {type(d).__name__}")
+        if type(d.get("version")) is not int or d["version"] != PLAN_VERSION:
             raise ValueError(f"{source}: version must be {PLAN_VERSION}, got {d.get('version')!r}")
         if not isinstance(d.get("layers"), dict):
             raise ValueError(f"{source}: 'layers' must be an object mapping layer FQN -> entry")
         layers = {fqn: _layer_from_dict(e, where=f"{source}: layer {fqn!r}") for fqn, e in d["layers"].items()}
-        return cls(device=str(d.get("device", "unknown")), layers=layers,
-                   mere_threshold=float(d.get("mere_threshold", 0.2)),
-                   min_speedup=float(d.get("min_speedup", 1.05)))
+        settings = {key: _number(d.get(key, default), where=f"{source}: {key!r}")
+                    for key, default in (("mere_threshold", 0.2), ("min_speedup", 1.05))}
+        return cls(device=str(d.get("device", "unknown")), layers=layers, **settings)
+
+
+def _number(v: Any, *, where: str, optional: bool = False) -> Optional[float]:
+    """``v`` as a float (None allowed when ``optional``); a ValueError naming ``where`` for anything else."""
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{where} must be a number{' or null' if optional else ''}, got {v!r}")
+    return float(v)
+
+
+def _numbers(m: Any, *, where: str) -> dict[str, Optional[float]]:
+    """A JSON object of name -> number or null (times, a candidate's evidence)."""
+    if m is None:
+        return {}
+    if not isinstance(m, dict):
+        raise ValueError(f"{where} must be an object of numbers, got {m!r}")
+    return {str(k): _number(v, where=f"{where} {k!r}", optional=True) for k, v in m.items()}
+
+
+def _gemm_from_dict(c: Any, *, where: str) -> GemmChoice:
+    if not isinstance(c, dict) or not isinstance(c.get("backend"), str):
+        raise ValueError(f"{where} needs a string 'backend' (valid GEMMs: {list(GEMMS)})")
+    candidates = c.get("candidates") or {}
+    if not isinstance(candidates, dict):
+        raise ValueError(f"{where} 'candidates' must be an object of backend -> evidence, got {candidates!r}")
+    return GemmChoice(backend=c["backend"],
+                      **{k: _number(c.get(k), where=f"{where} {k!r}", optional=True)
+                         for k in ("mere", "time_us", "bf16_time_us")},
+                      candidates={str(name): _numbers(ev, where=f"{where} candidate {name!r}")
+                                  for name, ev in candidates.items()})
 
 
 def _layer_from_dict(e: Any, *, where: str) -> LayerPlan:
     if not isinstance(e, dict) or not isinstance(e.get("shape"), dict):
         raise ValueError(f"{where}: needs a 'shape' object with M, K, N")
-    try:
-        M, K, N = (int(e["shape"][k]) for k in ("M", "K", "N"))
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"{where}: 'shape' needs integer M, K, N, got {e['shape']!r}") from None
-    choices = {}
-    for g in GEMMS:
-        c = e.get(g, {"backend": "bf16"})
-        if not isinstance(c, dict) or not isinstance(c.get("backend"), str):
-            raise ValueError(f"{where}: '{g}' needs a string 'backend' (valid GEMMs: {list(GEMMS)})")
-        fields = {f.name for f in dataclasses.fields(GemmChoice)}
-        choices[g] = GemmChoice(**{k: v for k, v in c.items() if k in fields})
+    shape = e["shape"]
+    if not all(type(shape.get(k)) is int and shape[k] > 0 for k in ("M", "K", "N")):
+        raise ValueError(f"{where}: 'shape' needs integer M, K, N, got {shape!r}")
+    choices = {g: _gemm_from_dict(e.get(g, {"backend": "bf16"}), where=f"{where}: '{g}'") for g in GEMMS}
     mods = {}
     for key in MODS_CHOICES:
         m = e.get(key)
         if m is not None:
             if not isinstance(m, dict) or not isinstance(m.get("mode"), str):
                 raise ValueError(f"{where}: '{key}' needs a string 'mode'")
-            mods[key] = ModsChoice(mode=m["mode"], times_us=dict(m.get("times_us") or {}), speedup=m.get("speedup"))
-    return LayerPlan(M=M, K=K, N=N, **mods, **choices)
+            mods[key] = ModsChoice(mode=m["mode"],
+                                   times_us=_numbers(m.get("times_us"), where=f"{where}: '{key}' times_us"),
+                                   speedup=_number(m.get("speedup"), where=f"{where}: '{key}' speedup", optional=True))
+    return LayerPlan(M=shape["M"], K=shape["K"], N=shape["N"], **mods, **choices)
 
 
 def save_plan(plan: DispatchPlan, path: str | Path) -> Path:
@@ -183,14 +212,19 @@ def load_plan(path: str | Path) -> DispatchPlan:
     if not path.is_file():
         raise ValueError(f"precision.plan: file {str(path)!r} does not exist")
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"precision.plan: {str(path)!r} is not UTF-8 text, so not a plan file ({e.reason} at "
+                         f"byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"precision.plan: {str(path)!r} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise ValueError(f"precision.plan: cannot read {str(path)!r} ({e.strerror})") from None
     return DispatchPlan.from_dict(d, source=f"precision.plan {str(path)!r}")
 
 
 def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], valid_backends: list[str],
-                  mods_modes: Optional[dict[str, bool]] = None) -> None:
+                  mods_modes: Optional[dict[str, bool]] = None, *, source: str = "plan") -> None:
     """Check a plan against a model: layer_shapes maps FQN -> (K, N) of each target Linear; ``mods_modes`` maps
     each fused-layer forward mode to whether it is FP8.
 
@@ -198,34 +232,37 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
     backend name not in ``valid_backends``, a Mods forward mode not in ``mods_modes`` or an FP8 one on a layer
     whose forward GEMM is BF16 (no FP8 candidate passed the accuracy test there), a Mods input-grad backend not
     in ``valid_backends`` or one whose measured input-grad MERE is not below the plan's threshold. Layers of the
-    model missing from the plan are allowed (they stay BF16) so a plan can be trimmed by hand.
+    model missing from the plan are allowed (they stay BF16) so a plan can be trimmed by hand. ``source`` names
+    the plan in the messages.
     """
     for fqn, lp in plan.layers.items():
         if fqn not in layer_shapes:
-            raise ValueError(f"plan: unknown layer {fqn!r}; model layers: {sorted(layer_shapes)}")
+            raise ValueError(f"{source}: unknown layer {fqn!r}, not a target of this model (a plan of another model "
+                             f"or config?); model layers: {sorted(layer_shapes)}")
         if (lp.K, lp.N) != tuple(layer_shapes[fqn]):
-            raise ValueError(f"plan: layer {fqn!r} has shape K={lp.K}, N={lp.N} but the model's is "
-                             f"K={layer_shapes[fqn][0]}, N={layer_shapes[fqn][1]}")
+            raise ValueError(f"{source}: layer {fqn!r} has shape K={lp.K}, N={lp.N} but the model's is "
+                             f"K={layer_shapes[fqn][0]}, N={layer_shapes[fqn][1]} (a plan of another model or "
+                             f"config?)")
         for g, name in lp.backends().items():
             if name not in valid_backends:
-                raise ValueError(f"plan: layer {fqn!r} {g}: backend {name!r} is unknown or unavailable on this "
+                raise ValueError(f"{source}: layer {fqn!r} {g}: backend {name!r} is unknown or unavailable on this "
                                  f"device; valid: {sorted(valid_backends)}")
         if lp.mods_forward is not None and mods_modes is not None:
             mode = lp.mods_forward.mode
             if mode not in mods_modes:
-                raise ValueError(f"plan: layer {fqn!r} mods_forward: unknown mode {mode!r}; "
+                raise ValueError(f"{source}: layer {fqn!r} mods_forward: unknown mode {mode!r}; "
                                  f"valid: {sorted(mods_modes)}")
             if mods_modes[mode] and lp.forward.backend == "bf16":
-                raise ValueError(f"plan: layer {fqn!r} mods_forward: FP8 mode {mode!r} but the forward GEMM is bf16 "
+                raise ValueError(f"{source}: layer {fqn!r} mods_forward: FP8 mode {mode!r} but the forward GEMM is bf16 "
                                  f"(no FP8 kernel was accurate enough there)")
         if lp.mods_input_grad is not None:
             name = lp.mods_input_grad.mode
             if name not in valid_backends:
-                raise ValueError(f"plan: layer {fqn!r} mods_input_grad: backend {name!r} is unknown or unavailable "
+                raise ValueError(f"{source}: layer {fqn!r} mods_input_grad: backend {name!r} is unknown or unavailable "
                                  f"on this device; valid: {sorted(valid_backends)}")
             err = lp.input_grad.candidate_mere(name)
             if name != "bf16" and err is not None and err >= plan.mere_threshold:
-                raise ValueError(f"plan: layer {fqn!r} mods_input_grad: {name!r} has input-grad MERE {err:.4g} >= "
+                raise ValueError(f"{source}: layer {fqn!r} mods_input_grad: {name!r} has input-grad MERE {err:.4g} >= "
                                  f"{plan.mere_threshold} (not accurate enough there)")
 
 

@@ -63,7 +63,7 @@ def hydra_conf(tmp_path):
     """A throwaway primary config that uses the real ``conf/data`` group against the ``DataConfig`` schema."""
     shutil.copytree(CONF_DATA, tmp_path / "data")
     (tmp_path / "config.yaml").write_text("defaults:\n  - data: synthetic\n  - _self_\n")
-    ConfigStore.instance().store(group="data", name="data_schema", node=DataConfig)
+    ConfigStore.instance().store(name="data_schema", node=DataConfig)  # at the root, as register_schemas does
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
         yield tmp_path

@@ -145,3 +145,15 @@ def test_writer_refuses_what_criteo_cannot_hold(tmp_path):
     scaled = dataclasses.replace(seq, dense=seq.dense * 0.5, sequences=None)
     with pytest.raises(ValueError, match="log1p of non-negative integer counts"):
         write_criteo_tsv([scaled], str(tmp_path / "z.txt"), 10)
+
+
+def test_shard_check_names_the_rank_whose_eval_share_is_under_a_batch(tsv):
+    from loka_trainer.data.criteo import check_shards
+
+    cfg = _criteo_cfg(tsv, eval_fraction=0.25)  # 400 rows: about 100 eval rows, 50 per rank of 2
+    check_shards(dataclasses.replace(cfg, batch_size=40), world_size=2)  # about 50 each: a batch of 40 fits
+    with pytest.raises(ValueError, match=r"holds \d+ valid rows in rank [01]'s share \(of 2\).*data.batch_size=60"):
+        check_shards(dataclasses.replace(cfg, batch_size=60), world_size=2)
+    check_shards(dataclasses.replace(cfg, batch_size=60, eval_batches=0), world_size=2)  # no eval: no check
+    with pytest.raises(ValueError, match="fewer than one batch of data.batch_size=60"):
+        check_shards(dataclasses.replace(cfg, batch_size=60, eval_path=str(tsv), eval_fraction=0.0), world_size=8)

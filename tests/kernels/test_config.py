@@ -14,7 +14,7 @@ NAMES = ["fp32", "bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "
 @pytest.mark.parametrize("name", NAMES)
 def test_yaml_matches_schema_and_validates(name):
     raw = OmegaConf.load(CONF / f"{name}.yaml")
-    assert list(raw.pop("defaults")) == ["precision_schema", "_self_"]
+    assert list(raw.pop("defaults")) == ["/precision_schema@_here_", "_self_"]
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrecisionConfig), raw))
     assert cfg.validate().name == name
     assert (cfg.fp8_recipe is not None) == name.startswith("fp8_")

@@ -153,3 +153,36 @@ def test_mods_input_grad_bf16_over_an_fp8_plan_choice_is_counted_as_timed_bf16()
 def test_bad_mods_input_grad_is_rejected(backend, mere, match):
     with pytest.raises(ValueError, match=match):
         validate_plan(_with_mods_input_grad(backend, mere), {"dense.mlp.0": (128, 64), "over.1": (64, 64)}, VALID)
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\xff\xfe\x00garbage\x80", "not UTF-8 text"),
+    (b"[]", "must be a JSON object with 'version' and 'layers', got list"),
+    (b'"a plan"', "must be a JSON object"),
+    (json.dumps({"version": True, "layers": {}}).encode(), "version must be 1"),
+    (json.dumps({"version": 1, "layers": []}).encode(), "'layers' must be an object"),
+    (json.dumps({"version": 1, "layers": {"a": []}}).encode(), "layer 'a': needs a 'shape'"),
+    (json.dumps({"version": 1, "layers": {"a": {"shape": {"M": 8, "K": 64, "N": 32},
+                                                "forward": {"backend": "bf16", "mere": "low"}}}}).encode(),
+     "'forward' 'mere' must be a number or null, got 'low'"),
+    (json.dumps({"version": 1, "layers": {"a": {"shape": {"M": 8, "K": 64, "N": 32},
+                                                "forward": {"backend": "bf16", "candidates": [1]}}}}).encode(),
+     "'candidates' must be an object"),
+    (json.dumps({"version": 1, "layers": {"a": {"shape": {"M": 8, "K": 64, "N": 32},
+                                                "mods_forward": {"mode": "fused_bf16", "times_us": [3]}}}}).encode(),
+     "'mods_forward' times_us must be an object of numbers"),
+    (json.dumps({"version": 1, "mere_threshold": "strict", "layers": {}}).encode(),
+     "'mere_threshold' must be a number, got 'strict'"),
+])
+def test_plan_file_of_the_wrong_kind_is_one_value_error_naming_the_file(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=match) as err:
+        load_plan(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_plan_of_another_model_names_the_file_and_the_model_layers():
+    with pytest.raises(ValueError, match="unknown layer .*, not a target of this model") as err:
+        validate_plan(_plan(), {"layers.0.mlp": (128, 64)}, VALID, source="precision.plan 'x.json'")
+    assert str(err.value).startswith("precision.plan 'x.json': ") and "layers.0.mlp" in str(err.value)

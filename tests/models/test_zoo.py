@@ -53,8 +53,8 @@ def test_interformer_needs_sequences(schema, batch, small_config):
 
 @pytest.fixture(scope="module")
 def _registered_schemas():
-    for name, spec in MODELS.items():  # what the lead's config.py does
-        ConfigStore.instance().store(group="model", name=f"{name}_schema", node=spec.config_cls)
+    for name, spec in MODELS.items():  # what config.register_schemas does: schemas at the config root
+        ConfigStore.instance().store(name=f"{name}_schema", node=spec.config_cls)
 
 
 @pytest.mark.parametrize("yaml_name", YAMLS)
