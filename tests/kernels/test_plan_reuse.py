@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from torch import nn
 
 from loka_trainer.dispatch import convert as convert_mod
