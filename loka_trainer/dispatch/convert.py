@@ -5,7 +5,8 @@ With ``config.dispatch``: build the plan on the calibration batch (or load ``con
 Linear with an FP8 GEMM in the plan for a ``LoKALinear`` (all-BF16 ones stay ``nn.Linear``), log the plan table,
 write ``run_dir/dispatch_plan.json`` (a loaded plan file is copied byte for byte, and never rewritten when it
 is that file: a reused plan is reproduced exactly). With ``config.mods``: each Linear -> BlockNorm -> HardSwish
-triple then becomes one ``FusedLinearMods`` running the plan's choices (same state_dict keys). Targets: ``dispatch.targets``.
+triple then becomes one ``FusedLinearMods`` running the plan's choices (same state_dict keys).
+Targets: ``dispatch.targets``.
 The FP8 weight operands are cached per optimizer step: attach ``register_weight_cache_hook(model, optimizer)``.
 """
 from __future__ import annotations
