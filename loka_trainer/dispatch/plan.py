@@ -164,6 +164,19 @@ def _numbers(m: Any, *, where: str) -> dict[str, Optional[float]]:
     return {str(k): _number(v, where=f"{where} {k!r}", optional=True) for k, v in m.items()}
 
 
+def _evidence(m: Any, *, where: str) -> dict[str, Any]:
+    """A candidate's evidence: name -> number or null, and ``times_us``: its time in each timing round."""
+    if not isinstance(m, dict):
+        raise ValueError(f"{where} must be an object of numbers, got {m!r}")
+    out: dict[str, Any] = _numbers({k: v for k, v in m.items() if k != "times_us"}, where=where)
+    if "times_us" in m:
+        rounds = m["times_us"]
+        if not isinstance(rounds, list):
+            raise ValueError(f"{where} 'times_us' must be a list of numbers, got {rounds!r}")
+        out["times_us"] = [_number(v, where=f"{where} 'times_us'") for v in rounds]
+    return out
+
+
 def _gemm_from_dict(c: Any, *, where: str) -> GemmChoice:
     if not isinstance(c, dict) or not isinstance(c.get("backend"), str):
         raise ValueError(f"{where} needs a string 'backend' (valid GEMMs: {list(GEMMS)})")
@@ -173,7 +186,7 @@ def _gemm_from_dict(c: Any, *, where: str) -> GemmChoice:
     return GemmChoice(backend=c["backend"],
                       **{k: _number(c.get(k), where=f"{where} {k!r}", optional=True)
                          for k in ("mere", "time_us", "bf16_time_us")},
-                      candidates={str(name): _numbers(ev, where=f"{where} candidate {name!r}")
+                      candidates={str(name): _evidence(ev, where=f"{where} candidate {name!r}")
                                   for name, ev in candidates.items()})
 
 
