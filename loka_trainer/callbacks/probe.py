@@ -59,7 +59,10 @@ class ProbeConfig:
     exclude: Optional[List[str]] = None
     module_types: Optional[List[str]] = None  # class names (or base-class names); None = any nn.Linear
     min_features: int = 1  # skip layers with min(in_features, out_features) below this
-    max_full_covariance: int = 4096  # wider inputs use a block-diagonal scatter (and diagonal weight factors)
+    max_full_covariance: int = 4096  # wider inputs use a block-diagonal scatter
+    # weight covariance factors (U: O x O, V: I x I) wider than this are diagonal: a full 4096-wide factor costs
+    # ~10 s of CPU per observation (2 cores) and is estimated from tens of observations at most
+    max_full_weight_factor: int = 1024
     covariance_block: int = 256  # block width of the block-diagonal representation
     momentum: float = 0.99  # weight (M, U, V) EMA momentum, paper: 0.9 to 0.99 (see probe.weight)
     stats_dtype: str = "float64"  # accumulator dtype: float64 | float32
@@ -72,7 +75,8 @@ class ProbeConfig:
 
 def validate_config(cfg: ProbeConfig) -> None:
     """One-line ValueError naming the field for anything out of range."""
-    for name in ("interval", "save_interval", "min_features", "max_full_covariance", "covariance_block"):
+    for name in ("interval", "save_interval", "min_features", "max_full_covariance", "max_full_weight_factor",
+                 "covariance_block"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"callbacks.probe.{name}={getattr(cfg, name)}; valid values: integers >= 1")
     if not 0.0 < cfg.momentum < 1.0:
@@ -113,7 +117,9 @@ class _WeightWorker(SerialWorker):
     """
 
     def __init__(self) -> None:
-        super().__init__("probe-weight")
+        # One CPU thread: with torch's default (every core) a wide layer's update starved the training's own host
+        # thread, which launches the GPU work (wukong_h200 on an H200 trained at 0.45x with the probe on).
+        super().__init__("probe-weight", cpu_threads=1)
         # One pinned buffer per tracker, reused: a fresh pinned allocation (cudaHostAlloc) costs ~0.4 ms (H200).
         self._buffers: dict[int, tuple[torch.Tensor, concurrent.futures.Future]] = {}
 
@@ -155,7 +161,7 @@ class _LayerProbe:
         self.activation = ActivationTracker(module.in_features, max_full_covariance=cfg.max_full_covariance,
                                             covariance_block=cfg.covariance_block, stats_dtype=cfg.stats_dtype)
         self.weight = WeightTracker(module.out_features, module.in_features, momentum=cfg.momentum,
-                                    max_full_covariance=cfg.max_full_covariance, stats_dtype=cfg.stats_dtype)
+                                    max_full_covariance=cfg.max_full_weight_factor, stats_dtype=cfg.stats_dtype)
         self.weight_seen_at: Optional[int] = None
         self.log_scalars = False  # set on the rank that writes TensorBoard; others skip the extra reductions
         self.scalars: Optional[torch.Tensor] = None  # (4 or 5,) act mean, std, max|x|, |W|, [|b|]
