@@ -39,11 +39,11 @@ def _kernels():
         # NOTE: same guard as quant.amax_to_scale: all-zero groups get a finite scale and exact zeros.
         row_amax = tl.minimum(tl.maximum(tl.max(tl.abs(x), axis=1), EPS_), 3.4028234663852886e38)  # (ROWS,)
         if TILE_SCALE:
-            scale = FP8_MAX / tl.max(row_amax, axis=0)
+            scale = tl.math.div_rn(FP8_MAX, tl.max(row_amax, axis=0))
             q = tl.minimum(tl.maximum(x * scale, -FP8_MAX), FP8_MAX)
             tl.store(s_ptr + pid_r * stride_sr + g, 1.0 / scale)
         else:
-            scale = FP8_MAX / row_amax
+            scale = tl.math.div_rn(FP8_MAX, row_amax)
             q = tl.minimum(tl.maximum(x * scale[:, None], -FP8_MAX), FP8_MAX)
             tl.store(s_ptr + rows * stride_sr + g, 1.0 / scale, mask=rows < R)
         tl.store(q_ptr + rows[:, None] * stride_qr + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)

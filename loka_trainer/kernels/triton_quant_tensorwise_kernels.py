@@ -45,7 +45,7 @@ def cast_kernel(t_ptr, amax_ptr, q_ptr, s_ptr, R, C, stride_r, stride_c, N_AMAX,
     pdl_start(PDL)
     t, rows, cols, mask = _load_tile(t_ptr, R, C, stride_r, stride_c, BLOCK_R, BLOCK_C)
     # NOTE: same guard as quant.amax_to_scale: an all-zero tensor gets a finite scale and exact zeros.
-    scale = FP8_MAX / tl.minimum(tl.maximum(max_of(amax_ptr, N_AMAX), EPS_), 3.4028234663852886e38)
+    scale = tl.math.div_rn(FP8_MAX, tl.minimum(tl.maximum(max_of(amax_ptr, N_AMAX), EPS_), 3.4028234663852886e38))
     q = tl.minimum(tl.maximum(t * scale, -FP8_MAX), FP8_MAX)
     tl.store(q_ptr + rows[:, None] * C + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     if tl.program_id(0) == 0:

@@ -200,8 +200,8 @@ def quant_rows_kernel(dz_ptr, amax_ptr, q_ptr, s_ptr, sx_ptr, fold_amax_ptr, qt_
     if pid_n == 0:
         tl.store(s_ptr + offs_m, 1.0 / scale, mask=mask_m)
     if FOLD:
-        scale_t = FOLD_FP8_MAX / tl.minimum(tl.maximum(max_of(fold_amax_ptr, N_FOLD_AMAX), EPS_),
-                                            3.4028234663852886e38)
+        scale_t = tl.math.div_rn(FOLD_FP8_MAX, tl.minimum(tl.maximum(max_of(fold_amax_ptr, N_FOLD_AMAX), EPS_),
+                                                        3.4028234663852886e38))
         v = dz * tl.load(sx_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
         qt = tl.minimum(tl.maximum(v * scale_t, -FOLD_FP8_MAX), FOLD_FP8_MAX)
         tl.store(qt_ptr + offs_n[None, :] * M + offs_m[:, None], qt.to(qt_ptr.dtype.element_ty), mask=mask)

@@ -44,7 +44,7 @@ def fold_transpose_kernel(dz_ptr, sx_ptr, amax_ptr, dzt_ptr, s_ptr, xq_ptr, xqt_
     if pid < dz_tiles:
         rows, cols, mask = _tile(pid, M, N, BLOCK_R, BLOCK_C)
         # NOTE: same guard as quant.amax_to_scale: an all-zero dz gets a finite scale and exact zeros.
-        scale = FP8_MAX / tl.minimum(tl.maximum(max_of(amax_ptr, N_AMAX), EPS_), 3.4028234663852886e38)
+        scale = tl.math.div_rn(FP8_MAX, tl.minimum(tl.maximum(max_of(amax_ptr, N_AMAX), EPS_), 3.4028234663852886e38))
         v = _scaled_dz(dz_ptr, sx_ptr, rows, cols, mask, M, stride_dzm)
         q = tl.minimum(tl.maximum(v * scale, -FP8_MAX), FP8_MAX)
         tl.store(dzt_ptr + cols[None, :] * M + rows[:, None], q.to(dzt_ptr.dtype.element_ty), mask=mask)
