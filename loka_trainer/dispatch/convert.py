@@ -31,17 +31,25 @@ from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
 PLAN_FILE = "dispatch_plan.json"
 
 
-def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> None:
+def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> nn.Module:
     """Replace each planned Linear with at least one non-BF16 GEMM (by FQN) with a LoKALinear sharing its
-    parameters. An all-BF16 layer stays the ``nn.Linear`` it was: the same GEMMs with no
-    autograd Function, per-layer plan attributes or compile guards around them (host time per step), and
-    modules that compute a plain Linear their own way keep doing so (``models.layers.TokenMix``)."""
-    for fqn, lp in plan.layers.items():
-        if all(b == BASELINE for b in lp.backends().values()):
-            continue
-        parent_name, _, child = fqn.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoKALinear.from_linear(getattr(parent, child), lp.backends()))
+    parameters (torchao's ``swap_linear_layers``). An all-BF16 layer stays the ``nn.Linear`` it was: the same GEMMs
+    with no autograd Function, per-layer plan attributes or compile guards around them (host time per step), and
+    modules that compute a plain Linear their own way keep doing so (``models.layers.TokenMix``). Returns the
+    model (a new module only when the model itself is a planned Linear)."""
+    from torchao.float8.float8_linear_utils import swap_linear_layers  # noqa: PLC0415 -- torchao imports slowly
+
+    fp8_layers = {fqn: lp.backends() for fqn, lp in plan.layers.items()
+                  if any(b != BASELINE for b in lp.backends().values())}
+    chosen: dict[int, dict[str, str]] = {}  # id(Linear) -> its backends, from the filter that sees the FQN
+
+    def take(module: nn.Module, fqn: str) -> bool:
+        if isinstance(module, nn.Linear) and fqn in fp8_layers:
+            chosen[id(module)] = fp8_layers[fqn]
+            return True
+        return False
+
+    return swap_linear_layers(model, lambda lin: LoKALinear.from_linear(lin, chosen[id(lin)]), module_filter_fn=take)
 
 
 def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoice] = None,
