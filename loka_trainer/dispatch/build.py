@@ -4,6 +4,9 @@ modes and input-grad backends and choose those.
 """
 from __future__ import annotations
 
+import statistics
+from typing import Optional, Union
+
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -58,7 +61,8 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: LoKAC
                                        rounds=config.timing_rounds, outlier_factor=config.timing_outlier_factor)
     if config.mods and torch.device(device).type == "cuda" and triton_importable():
         _choose_mods_modes(model, layers, timer=layer_timer, device=device, min_speedup=config.min_speedup,
-                           mere_threshold=config.mere_threshold, compiled=config.compile)
+                           mere_threshold=config.mere_threshold, compiled=config.compile,
+                           rounds=config.timing_rounds, outlier_factor=config.timing_outlier_factor)
     name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
     return DispatchPlan(device=name, layers=layers, mere_threshold=config.mere_threshold,
                         min_speedup=config.min_speedup)
@@ -72,14 +76,22 @@ def fused_input_grad_candidates(lp: LayerPlan, mere_threshold: float) -> list[st
     return list(dict.fromkeys([BASELINE, lp.input_grad.backend, *accurate]))
 
 
+def _medians(times: dict[str, Union[None, float, list[float]]]) -> dict[str, Optional[float]]:
+    """name -> median µs over its rounds (None when it failed): what the plan file records per mode."""
+    return {name: ts if ts is None or isinstance(ts, (int, float)) else statistics.median(ts)
+            for name, ts in times.items()}
+
+
 def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer, device, min_speedup: float,
-                       mere_threshold: float, compiled: bool = False) -> None:
+                       mere_threshold: float, compiled: bool = False, rounds: int = 3,
+                       outlier_factor: float = 3.0) -> None:
     """For each planned Linear that LoKA will fuse with its BlockNorm and HardSwish, time every forward mode it
     may run (FP8 modes only where the plan's forward GEMM is FP8, i.e. passed the accuracy test) at the layer's
     shape and record the choice (``LayerPlan.mods_forward``); then, in that mode, time the layer's whole step
     with each input-grad candidate (``fused_input_grad_candidates``) and record that choice
     (``LayerPlan.mods_input_grad``; only when there is an FP8 candidate). Shapes are timed once. ``compiled``:
-    each timed call runs under ``torch.compile``, as the layer will in a compiled model."""
+    each timed call runs under ``torch.compile``, as the layer will in a compiled model. Times come in ``rounds``
+    interleaved rounds and an FP8 option must win in every one (``select.select_mods_mode``)."""
     timed: dict[tuple, dict] = {}
     for fqn, (seq, i) in find_fusable(model).items():
         lp = layers.get(fqn)
@@ -90,15 +102,17 @@ def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer,
         key = (lp.M, lp.K, lp.N, tuple(is_fp8))
         if key not in timed:
             timed[key] = time_forward_modes(lp.M, lp.K, lp.N, list(is_fp8), block=block, eps=eps, timer=timer,
-                                            device=device, compiled=compiled)
+                                            device=device, compiled=compiled, rounds=rounds,
+                                            outlier_factor=outlier_factor)
         mode, speedup = select_mods_mode(timed[key], is_fp8, min_speedup=min_speedup)
-        lp.mods_forward = ModsChoice(mode=mode, times_us=timed[key], speedup=speedup)
+        lp.mods_forward = ModsChoice(mode=mode, times_us=_medians(timed[key]), speedup=speedup)
         dgrads = fused_input_grad_candidates(lp, mere_threshold)
         if len(dgrads) == 1:
             continue
         key = (lp.M, lp.K, lp.N, mode, lp.weight_grad.backend, tuple(dgrads))
         if key not in timed:
             timed[key] = time_input_grads(lp.M, lp.K, lp.N, dgrads, mode=mode, wgrad=lp.weight_grad.backend,
-                                          block=block, eps=eps, timer=timer, device=device, compiled=compiled)
+                                          block=block, eps=eps, timer=timer, device=device, compiled=compiled,
+                                          rounds=rounds, outlier_factor=outlier_factor)
         dgrad, speedup = select_mods_mode(timed[key], {d: d != BASELINE for d in dgrads}, min_speedup=min_speedup)
-        lp.mods_input_grad = ModsChoice(mode=dgrad, times_us=timed[key], speedup=speedup)
+        lp.mods_input_grad = ModsChoice(mode=dgrad, times_us=_medians(timed[key]), speedup=speedup)

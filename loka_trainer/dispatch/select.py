@@ -70,18 +70,22 @@ def select_backend(candidates: dict[str, dict], bf16_time_us: Times, *, mere_thr
     return best
 
 
-def select_mods_mode(times_us: dict[str, Optional[float]], is_fp8: dict[str, bool], *,
+def select_mods_mode(times_us: dict[str, Times], is_fp8: dict[str, bool], *,
                      min_speedup: float) -> tuple[str, Optional[float]]:
-    """Pick a fused Mods layer's forward mode (or input-grad backend) from measured times (µs; None = failed):
-    the fastest BF16 option, unless an FP8 one in ``is_fp8`` (only offered where it passed the accuracy test) is
-    more than ``min_speedup`` × faster than it. Returns (choice, speedup over the fastest BF16 option)."""
-    def fastest(fp8: bool) -> Optional[str]:
-        ok = [m for m, t in times_us.items() if t is not None and t > 0 and is_fp8[m] == fp8]
-        return min(ok, key=lambda m: times_us[m], default=None)
-
-    bf16, fp8 = fastest(False), fastest(True)
-    if bf16 is None:
+    """Pick a fused Mods layer's forward mode (or input-grad backend) from measured times (µs, one or one per
+    round; None = failed): the BF16 option with the lowest median, unless an FP8 one in ``is_fp8`` (only offered
+    where it passed the accuracy test) beats it by more than ``min_speedup`` in every round
+    (``wins_every_round``); the fastest such FP8 option by median wins. Returns (choice, median speedup over
+    that BF16 option)."""
+    rounds = {m: ([float(t)] if isinstance(t, (int, float)) else [float(u) for u in t])
+              for m, t in times_us.items() if t is not None and (isinstance(t, (int, float)) or len(t))}
+    medians = {m: statistics.median(r) for m, r in rounds.items() if min(r) > 0}
+    bf16_modes = [m for m in medians if not is_fp8[m]]
+    if not bf16_modes:
         raise ValueError(f"select_mods_mode: no BF16 mode was measured: {times_us}")
-    if fp8 is not None and times_us[bf16] / times_us[fp8] > min_speedup:
-        return fp8, times_us[bf16] / times_us[fp8]
+    bf16 = min(bf16_modes, key=medians.__getitem__)
+    winners = [m for m in medians if is_fp8[m] and wins_every_round(rounds[m], rounds[bf16], min_speedup)]
+    if winners:
+        fp8 = min(winners, key=medians.__getitem__)
+        return fp8, medians[bf16] / medians[fp8]
     return bf16, 1.0

@@ -120,11 +120,25 @@ def test_layers_of_one_shape_are_timed_once_per_plan():
     ({"fused_bf16": 120.0, "split_bf16": 100.0, "fused_fp8": 97.0, "split_fp8": None}, ("split_bf16", 1.0)),
     ({"fused_bf16": 120.0, "split_bf16": None}, ("fused_bf16", 1.0)),  # a failed mode is never picked
 ])
-def test_mods_mode_rule(times, expected):
+def test_mods_mode_rule(times, expected):  # one time per mode
     from loka_trainer.dispatch.select import select_mods_mode
     is_fp8 = {m: "fp8" in m for m in times}
     mode, speedup = select_mods_mode(times, is_fp8, min_speedup=1.05)
     assert (mode, speedup) == (expected[0], pytest.approx(expected[1]))
+
+
+@pytest.mark.parametrize("times,expected", [
+    # the FP8 mode wins 2 of 3 rounds by > 1.05x, loses one: not chosen
+    ({"split_bf16": [100.0, 100.0, 100.0], "split_fp8": [80.0, 80.0, 99.0]}, "split_bf16"),
+    # one BF16 round is an outlier (7892 µs): FP8 is not faster in the other rounds, so it is not chosen
+    ({"split_bf16": [50.0, 7892.0, 52.0], "split_fp8": [60.0, 61.0, 59.0]}, "split_bf16"),
+    # wins every round: chosen, speedup from the medians
+    ({"split_bf16": [100.0, 102.0, 98.0], "split_fp8": [80.0, 81.0, 79.0]}, "split_fp8"),
+])
+def test_mods_mode_rule_needs_a_win_in_every_round(times, expected):
+    from loka_trainer.dispatch.select import select_mods_mode
+    mode, _ = select_mods_mode(times, {m: "fp8" in m for m in times}, min_speedup=1.05)
+    assert mode == expected
 
 
 def test_cuda_graph_timer_reports_graph_time_and_falls_back_when_capture_fails(monkeypatch):

@@ -173,8 +173,9 @@ def test_time_input_grads_runs_a_full_step_per_backend(monkeypatch):
         assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
         return 1.0
     times = fused_linear.time_input_grads(32, 64, 256, ["bf16", "scaled_mm_rowwise"], mode="split_bf16",
-                                          wgrad="bf16", block=256, eps=1e-6, timer=timer, device="cpu")
-    assert times == {"bf16": 1.0, "scaled_mm_rowwise": 1.0} and calls == ["bf16", "scaled_mm_rowwise"]
+                                          wgrad="bf16", block=256, eps=1e-6, timer=timer, device="cpu", rounds=2)
+    assert times == {"bf16": [1.0, 1.0], "scaled_mm_rowwise": [1.0, 1.0]}
+    assert calls == ["bf16", "scaled_mm_rowwise", "scaled_mm_rowwise", "bf16"]  # interleaved, order rotated
 
 
 @pytest.mark.parametrize("step_us, mere, chosen", [
