@@ -59,7 +59,9 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     plan_note = None
     if start.checkpoint is not None and run.precision.dispatch:
         run, plan_note = _with_resumed_plan(run, run_dir, start.checkpoint)
-    notes = set_aside_previous_run(run_dir, ckpt_root) if rank == 0 and start.checkpoint is None else []
+    plan_inputs = [Path(run.precision.plan)] if run.precision.plan else []
+    notes = (set_aside_previous_run(run_dir, ckpt_root, inputs=plan_inputs)
+             if rank == 0 and start.checkpoint is None else [])
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank=rank)
     logger = logging.getLogger("loka_trainer")

@@ -26,7 +26,7 @@ import datetime
 import json
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from loka_trainer.checkpoint import LATEST, CheckpointError, checkpoint_dirs, verify_checkpoint
 
@@ -78,8 +78,10 @@ def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int) -> Start
     return StartPlan(checkpoint=None, step=0)
 
 
-def set_aside_previous_run(run_dir: Path, checkpoint_root: Path) -> list[str]:
-    """Before a run starts at step 0: move an earlier run's outputs into ``previous/<stamp>/``; lines to log."""
+def set_aside_previous_run(run_dir: Path, checkpoint_root: Path, *, inputs: Sequence[Path] = ()) -> list[str]:
+    """Before a run starts at step 0: move an earlier run's outputs into ``previous/<stamp>/``; lines to log.
+    An output the new run reads (``inputs``, e.g. ``precision.plan`` pointing at the run's own plan file) is
+    copied there instead, and stays in place."""
     ckpt_entries = [p for _, p in checkpoint_dirs(checkpoint_root)]
     if (checkpoint_root / LATEST).is_file():
         ckpt_entries.append(checkpoint_root / LATEST)
@@ -87,8 +89,12 @@ def set_aside_previous_run(run_dir: Path, checkpoint_root: Path) -> list[str]:
     if not ckpt_entries and not outputs:
         return []
     dest = _new_previous_dir(run_dir)
+    kept = {q.resolve() for q in inputs}
     for path in outputs:
-        shutil.move(str(path), str(dest / path.name))
+        if path.resolve() in kept and path.is_file():
+            shutil.copy2(str(path), str(dest / path.name))
+        else:
+            shutil.move(str(path), str(dest / path.name))
     if ckpt_entries:
         (dest / "checkpoints").mkdir()
         for path in ckpt_entries:

@@ -115,6 +115,20 @@ def test_fresh_start_moves_the_earlier_run_aside_untouched(three):
     assert set_aside_previous_run(run_dir, root) == []  # nothing left to move: no empty folder, no line
 
 
+def test_fresh_start_keeps_the_plan_file_it_is_told_to_run(tmp_path):
+    """precision.plan=<run dir>/dispatch_plan.json with a fresh start: the plan is copied aside, not moved away
+    from under the run that reads it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    plan = run_dir / "dispatch_plan.json"
+    plan.write_text('{"version": 1, "layers": {}}\n')
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    [line] = set_aside_previous_run(run_dir, run_dir / "checkpoints", inputs=[plan])
+    [dest] = list((run_dir / "previous").iterdir())
+    assert plan.read_text() == (dest / "dispatch_plan.json").read_text() == '{"version": 1, "layers": {}}\n'
+    assert not (run_dir / "metrics.jsonl").exists() and (dest / "metrics.jsonl").exists()
+
+
 def test_resume_keeps_one_metrics_series_and_moves_newer_incomplete_checkpoints(three):
     root, paths = three
     run_dir = root.parent
