@@ -301,3 +301,20 @@ def test_dispatch_bench_serial_grads_variants_are_fused_variants_with_the_backwa
     assert SERIAL_GRADS.backward_streams is False
 
 
+
+
+@pytest.mark.slow
+def test_user_path_bench_times_every_variant_through_the_public_api(tmp_path):
+    """The user-path benchmark runs on CPU at a tiny shape: every variant timed, ratios against the published
+    layer, JSON and PNG written (its numbers only mean something on a GPU)."""
+    cmd = [sys.executable, "-m", "scripts.bench_user_path", str(tmp_path), "--shapes", "32,64", "--batch", "32",
+           "--device", "cpu"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "user_path.json").read_text())
+    [row] = result["rows"]
+    assert set(row["us"]) == {"published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled"}
+    assert all(t > 0 for t in row["us"].values())
+    assert result["geomean_vs_published"]["published"] == 1.0
+    assert (tmp_path / "user_path.png").stat().st_size > 0
+    assert "LoKA compiled / plain Mods compiled" in proc.stdout.splitlines()[-1]

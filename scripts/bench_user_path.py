@@ -1,0 +1,131 @@
+"""The fused Mods layer as a user gets it: built with the public API, eager and compiled, against the published layer.
+
+    python -m scripts.bench_user_path OUT [--batch 1024] [--shapes K,N ...] [--device cuda|cpu]
+
+Per (K in, N out) shape (default: the paper's figure-13 layers), forward + backward of one layer (gradients set
+to None before each call, as after ``zero_grad()``), timed by CUDA-graph replay on a GPU (``timing.cuda_graph_timer``:
+GPU time without the host's launch cost; wall clock on CPU):
+
+- ``published``: Linear(bias) -> LayerNorm -> SiLU in BF16, eager (the reference of every ratio) and compiled;
+- ``mods_compiled``: the Mods in plain PyTorch, Linear(no bias) -> BlockNorm(256) -> Hardswish, compiled;
+- ``loka_eager`` / ``loka_compiled``: that plain Mods block handed to ``convert_to_loka`` (Mods fusion + Dispatch,
+  ``LoKAConfig(compile=...)`` matching how it then runs), exactly what a user's code does.
+
+Prints each shape's µs and the geomean ratios (published eager / X) last; writes ``OUT/user_path.json`` and
+``OUT/user_path.png``. The best-of-modes numbers of the fused layer (``scripts.bench_dispatch_gpu --suites b``)
+are what the kernels can do; this is what Dispatch picks for a user.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from loka_trainer import LoKAConfig, convert_to_loka
+from loka_trainer.mods.layers import BlockNorm
+from loka_trainer.timing import cuda_graph_timer, wall_clock_timer
+from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
+
+VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled")
+
+
+def published(K: int, N: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(K, N), nn.LayerNorm(N), nn.SiLU())
+
+
+def plain_mods(K: int, N: int, block: int = 256) -> nn.Module:
+    return nn.Sequential(nn.Linear(K, N, bias=False), BlockNorm(N, block), nn.Hardswish())
+
+
+def training_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> Callable[[], None]:
+    """One forward + backward, gradients written fresh (x (M, K) a leaf that requires grad, dy (M, N))."""
+    params = [p for p in model.parameters()]
+
+    def step() -> None:
+        x.grad = None
+        for p in params:
+            p.grad = None
+        model(x).backward(dy)
+    return step
+
+
+def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer) -> dict[str, float]:
+    """µs of each variant's training step at x (batch, K)."""
+    dtype = torch.bfloat16
+    x = torch.randn(batch, K, device=device, dtype=dtype, requires_grad=True)
+    dy = torch.randn(batch, N, device=device, dtype=dtype)
+    base = published(K, N).to(device, dtype)
+    mods = plain_mods(K, N).to(device, dtype)
+    models = {"published": base, "published_compiled": torch.compile(copy.deepcopy(base)),
+              "mods_compiled": torch.compile(copy.deepcopy(mods))}
+    for name, compiled in (("loka_eager", False), ("loka_compiled", True)):
+        user = copy.deepcopy(mods)
+        convert_to_loka(user, LoKAConfig(compute_dtype="bfloat16", mods=True, dispatch=True, min_features=16,
+                                         compile=compiled),
+                        calibration_batch=x.detach(), device=device, log=lambda _: None)
+        models[name] = torch.compile(user) if compiled else user
+    return {name: timer(training_step(model, x, dy)) for name, model in models.items()}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def summarize(rows: list[dict]) -> dict[str, float]:
+    """Geomean over shapes of published-eager time / each variant's time (> 1: faster than the published layer)."""
+    return {name: geomean([r["us"]["published"] / r["us"][name] for r in rows]) for name in VARIANTS}
+
+
+def plot(rows: list[dict], summary: dict[str, float], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(VARIANTS)
+    for i, name in enumerate(VARIANTS):
+        ax.bar([j + i * width for j in range(len(rows))], [r["us"]["published"] / r["us"][name] for r in rows],
+               width, label=f"{name} (geomean {summary[name]:.2f}x)")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [f"{r['K']}x{r['N']}" for r in rows])
+    ax.set_ylabel("x published layer (eager)")
+    ax.axhline(1.0, color="gray", lw=0.5)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--batch", type=int, default=BATCH)
+    ap.add_argument("--shapes", nargs="+", default=[f"{k},{n}" for k, n in MODS_LAYER_SHAPES])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    timer = cuda_graph_timer() if device.type == "cuda" else wall_clock_timer(repeats=3, warmup=1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for shape in args.shapes:
+        K, N = (int(v) for v in shape.split(","))
+        torch._dynamo.reset()
+        rows.append({"K": K, "N": N, "us": layer_times(K, N, batch=args.batch, device=device, timer=timer)})
+        (args.out / "user_path.json").write_text(json.dumps({"device": str(device), "rows": rows}, indent=2))
+    summary = summarize(rows)
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "batch": args.batch, "rows": rows, "geomean_vs_published": summary}
+    (args.out / "user_path.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(rows, summary, args.out / "user_path.png")
+    print("shape        " + "  ".join(f"{v:>18}" for v in VARIANTS))
+    for r in rows:
+        print(f"{r['K']:>5}x{r['N']:<6} " + "  ".join(f"{r['us'][v]:>16.1f}us" for v in VARIANTS))
+    print("geomean x published: " + ", ".join(f"{v} {summary[v]:.2f}x" for v in VARIANTS))
+    print(f"LoKA compiled / plain Mods compiled: {summary['loka_compiled'] / summary['mods_compiled']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
