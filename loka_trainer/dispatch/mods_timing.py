@@ -1,6 +1,10 @@
 """Dispatch's timing of a fused Mods layer: its forward modes, and its whole step with each input-grad backend.
 
-Notation: M rows, K in-features, N out-features. Times are µs from the ``timer`` given (``loka_trainer.timing``).
+What is timed is the ``FusedLinearMods`` module the model will run with those kernels, compiled when the model
+will be: under ``torch.compile`` an all-BF16 layer runs the plain PyTorch math that inductor fuses
+(``mods.module.plain_math_route``), so the BF16 candidate there is the plain Mods compiled, and an FP8 choice has
+to beat exactly that. Notation: M rows, K in-features, N out-features. Times are µs from the ``timer`` given
+(``loka_trainer.timing``).
 """
 from __future__ import annotations
 
@@ -8,16 +12,25 @@ import warnings
 from typing import Optional
 
 import torch
+from torch import nn
 
 from loka_trainer.dispatch.measure import DEFAULT_OUTLIER_FACTOR, DEFAULT_ROUNDS, time_rounds
-from loka_trainer.kernels.linear import WeightCache
-from loka_trainer.mods.ops import linear_mods_fp8_out
+from loka_trainer.mods.module import FusedLinearMods
 
 
-def _random_layer(M: int, K: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (M, K), w (N, K) random bf16 leaves on ``device`` that require grad."""
+def _random_layer(M: int, K: int, N: int, device) -> tuple[torch.Tensor, nn.Parameter]:
+    """x (M, K) a random bf16 leaf that requires grad, w (N, K) a random bf16 Parameter, on ``device``."""
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16, requires_grad=True)
-    return x, (torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16).requires_grad_()
+    return x, nn.Parameter((torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16))
+
+
+def _layer(w: nn.Parameter, *, block: int, eps: float, mode: str, dgrad: str = "bf16",
+           wgrad: str = "bf16") -> FusedLinearMods:
+    """The fused layer with these kernels, its weight the shared ``w`` (N, K)."""
+    layer = FusedLinearMods(w.shape[1], w.shape[0], block_size=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad,
+                            device="meta")
+    layer.weight = w
+    return layer
 
 
 def _time_each(names: list[str], run, timer, what: str, shape: tuple[int, int, int], compiled: bool = False,
@@ -42,9 +55,8 @@ def time_forward_modes(M: int, K: int, N: int, modes: list[str], *, block: int, 
     """µs per timing round of one training forward (autograd on, weight cast cached as in training) of each
     forward mode at x (M, K), w (N, K) random bf16 on ``device``; a mode that raises there -> None (warned)."""
     x, w = _random_layer(M, K, N, device)
-    cache = WeightCache()
-    run = lambda mode: linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode, cache=cache)  # noqa: E731
-    return _time_each(modes, run, timer, "mods forward mode", (M, K, N), compiled, rounds,
+    layers = {mode: _layer(w, block=block, eps=eps, mode=mode) for mode in modes}
+    return _time_each(modes, lambda mode: layers[mode](x), timer, "mods forward mode", (M, K, N), compiled, rounds,
                       outlier_factor)
 
 
@@ -57,11 +69,10 @@ def time_input_grads(M: int, K: int, N: int, dgrads: list[str], *, mode: str, wg
     (with a warning)."""
     x, w = _random_layer(M, K, N, device)
     dy = torch.randn(M, N, device=device, dtype=torch.bfloat16)
-    cache = WeightCache()
+    layers = {dgrad: _layer(w, block=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad) for dgrad in dgrads}
 
     def step(dgrad: str) -> None:
         x.grad = w.grad = None
-        linear_mods_fp8_out(x, w, block=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad,
-                            cache=cache)[0].backward(dy)
+        layers[dgrad](x).backward(dy)
     return _time_each(dgrads, step, timer, "mods input grad", (M, K, N), compiled, rounds,
                       outlier_factor)

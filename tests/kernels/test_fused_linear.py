@@ -157,25 +157,29 @@ def test_plan_mods_input_grad_overrides_the_planned_dgrad():
                                       ModsChoice(mode="bf16"))["dgrad"] == "bf16"
 
 
-def test_time_input_grads_runs_a_full_step_per_backend(monkeypatch):
-    from loka_trainer.dispatch import mods_timing as fused_linear
+def test_time_input_grads_runs_a_full_step_of_the_module_per_backend(monkeypatch):
+    """What Dispatch times is the FusedLinearMods the model will run (its kernels set, its weight shared), one
+    whole training step per call."""
+    from loka_trainer.dispatch import mods_timing
+    from loka_trainer.mods.module import FusedLinearMods
     calls, leaves = [], []
-    original = fused_linear.linear_mods_fp8_out
+    original = FusedLinearMods.forward
 
-    def spy(x, w, **kw):
-        calls.append(kw["dgrad"])
-        leaves[:] = [x, w]
-        return original(x, w, **kw)
-    monkeypatch.setattr(fused_linear, "linear_mods_fp8_out", spy)
+    def spy(self, x):
+        calls.append((self.mode, self.dgrad, self.wgrad))
+        leaves[:] = [x, self.weight]
+        return original(self, x)
+    monkeypatch.setattr(FusedLinearMods, "forward", spy)
 
     def timer(fn):  # one call, which must be a whole step: fresh, finite gradients for x and w
         fn()
         assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
         return 1.0
-    times = fused_linear.time_input_grads(32, 64, 256, ["bf16", "scaled_mm_rowwise"], mode="split_bf16",
-                                          wgrad="bf16", block=256, eps=1e-6, timer=timer, device="cpu", rounds=2)
+    times = mods_timing.time_input_grads(32, 64, 256, ["bf16", "scaled_mm_rowwise"], mode="split_bf16",
+                                         wgrad="bf16", block=256, eps=1e-6, timer=timer, device="cpu", rounds=2)
     assert times == {"bf16": [1.0, 1.0], "scaled_mm_rowwise": [1.0, 1.0]}
-    assert calls == ["bf16", "scaled_mm_rowwise", "scaled_mm_rowwise", "bf16"]  # interleaved, order rotated
+    assert calls == [("split_bf16", "bf16", "bf16"), ("split_bf16", "scaled_mm_rowwise", "bf16"),
+                     ("split_bf16", "scaled_mm_rowwise", "bf16"), ("split_bf16", "bf16", "bf16")]  # interleaved
 
 
 @pytest.mark.parametrize("step_us, mere, chosen", [
