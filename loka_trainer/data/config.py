@@ -17,10 +17,43 @@ CRITEO_NUM_SPARSE = 26
 
 
 @dataclasses.dataclass
+class OutlierConfig:
+    """Synthetic only, off by default: rare huge dense values and a few dense channels that are always large.
+
+    ``spike_rate``: probability that a dense value is a spike, log-uniform in [``spike_min``, ``spike_max``] times
+    the value (at least 1). ``hot_features`` seed-chosen dense channels are always multiplied by ``hot_scale``.
+    The teacher reads the clipped, rescaled values (``data/outliers.py``), so the labels stay learnable.
+    """
+
+    spike_rate: float = 0.0
+    spike_min: float = 100.0
+    spike_max: float = 10_000.0
+    hot_features: int = 0
+    hot_scale: float = 100.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.spike_rate > 0.0 or self.hot_features > 0
+
+    def validate(self, num_dense: int) -> None:
+        """Raise a one-line ``ValueError`` naming the first bad field."""
+        if not 0.0 <= self.spike_rate <= 1.0:
+            raise ValueError(f"data.outliers.spike_rate must be in [0, 1], got {self.spike_rate}")
+        if not 1.0 <= self.spike_min <= self.spike_max:
+            raise ValueError(f"data.outliers.spike_min and spike_max must satisfy 1 <= spike_min <= spike_max, "
+                             f"got {self.spike_min}, {self.spike_max}")
+        if not 0 <= self.hot_features <= num_dense:
+            raise ValueError(f"data.outliers.hot_features must be in [0, data.num_dense={num_dense}], "
+                             f"got {self.hot_features}")
+        if self.hot_scale <= 0.0:
+            raise ValueError(f"data.outliers.hot_scale must be > 0, got {self.hot_scale}")
+
+
+@dataclasses.dataclass
 class DataConfig:
     """Where batches come from. Sizes are per rank; vocab sizes are Criteo-Kaggle-like, capped.
 
-    Synthetic only: ``zipf_alpha``, ``multi_hot``, sequences, the teacher fields, ``drift``.
+    Synthetic only: ``zipf_alpha``, ``multi_hot``, sequences, the teacher fields, ``drift``, ``outliers``.
     Criteo only: ``path``, ``eval_path`` and ``eval_fraction`` (tail of ``path`` held out when no eval_path).
     ``prefetch``: train batches produced ahead on a background thread (0: off); ``pin_memory`` pins them when
     CUDA is available, so ``Batch.to(device, non_blocking=True)`` is asynchronous.
@@ -48,6 +81,7 @@ class DataConfig:
     eval_fraction: float = 0.1
     prefetch: int = 2
     pin_memory: bool = True
+    outliers: OutlierConfig = dataclasses.field(default_factory=OutlierConfig)
 
     def validate(self) -> None:
         """Raise a one-line ``ValueError`` naming the first bad field; never reads data files."""
@@ -65,6 +99,10 @@ class DataConfig:
             raise ValueError(f"data.target_ctr must be in (0, 1), got {self.target_ctr}")
         if self.teacher_logit_std <= 0.0:
             raise ValueError(f"data.teacher_logit_std must be > 0, got {self.teacher_logit_std}")
+        self.outliers.validate(self.num_dense)
+        if self.name == "criteo" and self.outliers.enabled:
+            raise ValueError("data.outliers is synthetic only: set data.outliers.spike_rate=0 and "
+                             "data.outliers.hot_features=0 with data.name='criteo'")
         if self.name == "criteo":
             self._validate_criteo()
 

@@ -4,7 +4,9 @@ Notation: B batch, F_s sparse features, m ids per bag (multi_hot), F_d dense, F_
 
 Stream layout: global chunk ``g = index * world_size + rank`` of split ``s`` is generated from a generator seeded
 with ``derive_seed(seed, s, g)``. So ranks and splits never share a chunk, batch ``index`` needs no earlier
-batch (O(1) resume), and the union over ranks is the same global sequence for any world size.
+batch (O(1) resume), and the union over ranks is the same global sequence for any world size. With
+``data.outliers`` on, the outliers come from a second generator seeded with ``derive_seed(seed, s, g, "outliers")``:
+the rows are the same as with it off, plus the outliers (labels then follow the teacher's view of them).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from loka_trainer.data.batch import Batch, DataSchema
 from loka_trainer.data.config import DataConfig
 from loka_trainer.data.hashing import derive_seed, generator
+from loka_trainer.data.outliers import channel_scale, hot_channels, inject_outliers, teacher_dense
 from loka_trainer.data.sampling import coprime_multiplier, dense_counts, permute_ids, sequence_lengths, zipf_ranks
 from loka_trainer.data.schema import data_schema, dense_from_counts
 from loka_trainer.data.teacher import TeacherParams, calibrate_teacher, draw_teacher_params, teacher_logits
@@ -116,7 +119,12 @@ class SyntheticSource:
         params = draw_teacher_params(
             seed=cfg.seed, num_dense=cfg.num_dense, num_sparse=cfg.num_sparse,
             num_sequences=cfg.num_sequences, latent_dim=cfg.teacher_latent_dim, drift=cfg.drift)
+        outliers = cfg.outliers
+        self.outlier_scale = (channel_scale(outliers, hot_channels(cfg.seed, cfg.num_dense, outliers.hot_features),
+                                            cfg.num_dense) if outliers.enabled else None)  # (F_d,) or None
         calib = sample_features(self.spec, generator(derive_seed(cfg.seed, "calibration")), CALIBRATION_ROWS)
+        calib = self._with_outliers(calib, derive_seed(cfg.seed, "calibration", "outliers"))
+        calib = self._teacher_view(calib)
         self.teacher: TeacherParams = calibrate_teacher(
             params, calib, target_ctr=cfg.target_ctr, logit_std=cfg.teacher_logit_std)
 
@@ -129,10 +137,24 @@ class SyntheticSource:
         global_index = index * world_size + rank
         gen = generator(derive_seed(self.cfg.seed, split, global_index))
         batch = sample_features(self.spec, gen, self.cfg.batch_size)
-        logits = teacher_logits(self.teacher, batch, self.day_of(split, global_index))
+        batch = self._with_outliers(batch, derive_seed(self.cfg.seed, split, global_index, "outliers"))
+        logits = self.logits(batch, self.day_of(split, global_index))
         batch.labels = torch.bernoulli(torch.sigmoid(logits), generator=gen)
         return batch
 
     def logits(self, batch: Batch, day: float = 0.0) -> torch.Tensor:
         """The teacher's logits for any batch with this schema (e.g. read back from TSV). -> (B,)."""
-        return teacher_logits(self.teacher, batch, day)
+        return teacher_logits(self.teacher, self._teacher_view(batch), day)
+
+    def _with_outliers(self, batch: Batch, seed: int) -> Batch:
+        """``batch`` with ``data.outliers`` applied to its dense features (unchanged when off)."""
+        if self.outlier_scale is None:
+            return batch
+        dense, _ = inject_outliers(batch.dense, self.cfg.outliers, self.outlier_scale, generator(seed))
+        return dataclasses.replace(batch, dense=dense)
+
+    def _teacher_view(self, batch: Batch) -> Batch:
+        """The batch as the teacher reads it: outliers rescaled and clipped (unchanged when off)."""
+        if self.outlier_scale is None:
+            return batch
+        return dataclasses.replace(batch, dense=teacher_dense(batch.dense, self.outlier_scale))

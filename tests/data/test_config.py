@@ -88,3 +88,13 @@ def test_yaml_schema_rejects_unknown_keys_and_bad_types(hydra_conf):
         compose("config", overrides=["data.not_a_field=1"])
     with pytest.raises(Exception, match="batch_size"):
         compose("config", overrides=["data.batch_size=lots"])
+
+
+def test_yaml_outliers_group_composes_and_validates(hydra_conf):
+    cfg = OmegaConf.to_object(compose("config", overrides=["data.outliers.spike_rate=0.001",
+                                                           "data.outliers.hot_features=2"]).data)
+    assert cfg.outliers.enabled and cfg.outliers.spike_rate == 0.001 and cfg.outliers.hot_features == 2
+    cfg.validate()
+    assert not OmegaConf.to_object(compose("config").data).outliers.enabled
+    with pytest.raises(Exception, match="spike_rat"):
+        compose("config", overrides=["data.outliers.spike_rat=0.1"])
