@@ -42,3 +42,21 @@ def kron_distance(u: torch.Tensor, v: torch.Tensor, u_true: torch.Tensor,
 
     distance = max(0.0, 1.0 - (cos(u, u_true) * cos(v, v_true)) ** 2) ** 0.5
     return distance, float(u.norm() * v.norm() / (u_true.norm() * v_true.norm()))
+
+
+def learned_layer_entry(num_in: int = 256, num_out: int = 64) -> dict:
+    """A stats-file layer entry: activations with three outlier features (scale 40, like a trained LRM's) over
+    4096 rows of 128-row calls, and a weight observed 5 times around a fixed random mean."""
+    from loka_trainer.probe.activation import ActivationTracker
+    from loka_trainer.probe.weight import WeightTracker
+
+    gen = torch.Generator().manual_seed(0)
+    act = ActivationTracker(num_in)
+    act.update(outlier_activations(4096, num_in, gen=gen, outliers=(150, 201, 240)))
+    act.rows_per_call = 128
+    weight = WeightTracker(num_out, num_in, momentum=0.9)
+    base = torch.randn(num_out, num_in, generator=gen, dtype=torch.float64) / num_in**0.5
+    for _ in range(5):
+        weight.update(base + 1e-3 * torch.randn(base.shape, generator=gen, dtype=torch.float64))
+    return {"in_features": num_in, "out_features": num_out, "has_bias": False,
+            "activation": act.state_dict(), "weight": weight.state_dict()}

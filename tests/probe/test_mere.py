@@ -5,12 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from loka_trainer.probe.activation import ActivationTracker
 from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, accumulate_mere, exact_fp32_forward, mere
 from loka_trainer.probe.report import analyze_layer
-from loka_trainer.probe.weight import WeightTracker
 
-from .helpers import outlier_activations
+from .helpers import learned_layer_entry, outlier_activations
 
 TILE = 128  # the faulty kernel looks only at the first K-tile of each row
 FP8_MAX = 448.0
@@ -52,24 +50,11 @@ class _Fake:
         return True
 
 
-def _learned_layer(num_in: int = 256, num_out: int = 64) -> dict:
-    gen = torch.Generator().manual_seed(0)
-    act = ActivationTracker(num_in)
-    act.update(outlier_activations(4096, num_in, gen=gen, outliers=(150, 201, 240)))
-    act.rows_per_call = 128
-    weight = WeightTracker(num_out, num_in, momentum=0.9)
-    base = torch.randn(num_out, num_in, generator=gen, dtype=torch.float64) / num_in**0.5
-    for _ in range(5):
-        weight.update(base + 1e-3 * torch.randn(base.shape, generator=gen, dtype=torch.float64))
-    return {"in_features": num_in, "out_features": num_out,
-            "activation": act.state_dict(), "weight": weight.state_dict()}
-
-
 def test_learned_samples_expose_a_faulty_kernel_that_normal_samples_hide():
     """The paper's table-V effect: same kernels, learned vs standard-normal operands."""
     backends = {"exact": _Fake("exact", exact_fp32_forward), "fp8_rowwise": _Fake("fp8_rowwise", rowwise_fp8),
                 "faulty": _Fake("faulty", faulty_rowwise_fp8)}
-    entry = analyze_layer(_learned_layer(), backends, num_samples=8, threshold=0.2, min_speedup=1.05,
+    entry = analyze_layer(learned_layer_entry(), backends, num_samples=8, threshold=0.2, min_speedup=1.05,
                           device=torch.device("cpu"), timing=False)
     c = entry["candidates"]
     assert c["exact"]["mere"] == 0.0 and c["exact"]["mere_normal"] == 0.0

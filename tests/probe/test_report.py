@@ -4,15 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from loka_trainer.callbacks.probe import ProbeCallback
-from loka_trainer.probe.activation import ActivationTracker
 from loka_trainer.probe.report import main
 from loka_trainer.probe.stats_io import STATS_VERSION, atomic_save, seal_stats
-from loka_trainer.probe.weight import WeightTracker
 
-from .helpers import outlier_activations
+from .helpers import learned_layer_entry
 from .test_callback_probe import run_plain_loop
 
 KERNELS = "tests.probe.user_kernels"
@@ -27,18 +24,8 @@ def stats_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def outlier_stats_dir(tmp_path_factory):
-    """One 128x256 -> 64 layer whose activations have three outlier features (scale 40), like a trained LRM's."""
-    gen = torch.Generator().manual_seed(0)
-    num_in, num_out = 256, 64
-    act = ActivationTracker(num_in)
-    act.update(outlier_activations(4096, num_in, gen=gen, outliers=(150, 201, 240)))
-    act.rows_per_call = 128
-    weight = WeightTracker(num_out, num_in, momentum=0.9)
-    base = torch.randn(num_out, num_in, generator=gen, dtype=torch.float64) / num_in**0.5
-    for _ in range(5):
-        weight.update(base + 1e-3 * torch.randn(base.shape, generator=gen, dtype=torch.float64))
-    layer = {"in_features": num_in, "out_features": num_out, "has_bias": False,
-             "activation": act.state_dict(), "weight": weight.state_dict()}
+    """One 256 -> 64 layer whose activations have three outlier features (scale 40), like a trained LRM's."""
+    layer = learned_layer_entry()
     out = tmp_path_factory.mktemp("outliers")
     atomic_save(seal_stats({"version": STATS_VERSION, "step": 0, "world_size": 1, "layers": {"fc": layer}}),
                 out / "stats.pt")
