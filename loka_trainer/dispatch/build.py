@@ -5,7 +5,7 @@ modes and input-grad backends and choose those.
 from __future__ import annotations
 
 import statistics
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import nn
@@ -17,7 +17,7 @@ from loka_trainer.dispatch.measure import TimingCache, build_layer_plan
 from loka_trainer.dispatch.mods_timing import time_forward_modes, time_input_grads
 from loka_trainer.dispatch.plan import DispatchPlan, LayerPlan, ModsChoice
 from loka_trainer.dispatch.probe_report import read_probe_mere
-from loka_trainer.dispatch.select import select_mods_mode
+from loka_trainer.dispatch.select import Times, as_rounds, select_mods_mode
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.triton_env import triton_importable
 from loka_trainer.mods.modes import FORWARD_MODES
@@ -76,10 +76,9 @@ def fused_input_grad_candidates(lp: LayerPlan, mere_threshold: float) -> list[st
     return list(dict.fromkeys([BASELINE, lp.input_grad.backend, *accurate]))
 
 
-def _medians(times: dict[str, Union[None, float, list[float]]]) -> dict[str, Optional[float]]:
+def _medians(times: dict[str, Times]) -> dict[str, Optional[float]]:
     """name -> median µs over its rounds (None when it failed): what the plan file records per mode."""
-    return {name: ts if ts is None or isinstance(ts, (int, float)) else statistics.median(ts)
-            for name, ts in times.items()}
+    return {name: None if (r := as_rounds(ts)) is None else statistics.median(r) for name, ts in times.items()}
 
 
 def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer, device, min_speedup: float,

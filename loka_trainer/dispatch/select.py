@@ -17,13 +17,17 @@ from loka_trainer.kernels.backends import BASELINE
 Times = Union[float, Sequence[float], None]  # one time (µs) or one per round
 
 
+def as_rounds(times: Times) -> Optional[list[float]]:
+    """One time or one per round -> the list of per-round times (µs); None (or no round) -> None."""
+    if times is None:
+        return None
+    rounds = [float(times)] if isinstance(times, (int, float)) else [float(t) for t in times]
+    return rounds or None
+
+
 def round_times(candidate: dict, key: str = "times_us") -> Optional[list[float]]:
     """A candidate entry's per-round times (µs): its ``times_us`` list, else ``[time_us]``; None when unknown."""
-    rounds = candidate.get(key)
-    if rounds:
-        return [float(t) for t in rounds]
-    t = candidate.get("time_us")
-    return None if t is None else [float(t)]
+    return as_rounds(candidate.get(key)) or as_rounds(candidate.get("time_us"))
 
 
 def outlier_rounds(times: Sequence[float], factor: float) -> list[int]:
@@ -55,9 +59,9 @@ def select_backend(candidates: dict[str, dict], bf16_time_us: Times, *, mere_thr
     time wins; none -> "bf16". Candidates given here must run the GEMM in FP8 (``measure_gemm`` leaves out a
     backend whose GEMM is high precision: it is BF16).
     """
-    if bf16_time_us is None:
+    bf16_rounds = as_rounds(bf16_time_us)
+    if bf16_rounds is None:
         return BASELINE
-    bf16_rounds = [float(bf16_time_us)] if isinstance(bf16_time_us, (int, float)) else list(bf16_time_us)
     best, best_time = BASELINE, None
     for name, c in candidates.items():
         err, rounds = c.get("mere"), round_times(c)
@@ -77,8 +81,7 @@ def select_mods_mode(times_us: dict[str, Times], is_fp8: dict[str, bool], *,
     where it passed the accuracy test) beats it by more than ``min_speedup`` in every round
     (``wins_every_round``); the fastest such FP8 option by median wins. Returns (choice, median speedup over
     that BF16 option)."""
-    rounds = {m: ([float(t)] if isinstance(t, (int, float)) else [float(u) for u in t])
-              for m, t in times_us.items() if t is not None and (isinstance(t, (int, float)) or len(t))}
+    rounds = {m: r for m, t in times_us.items() if (r := as_rounds(t)) is not None}
     medians = {m: statistics.median(r) for m, r in rounds.items() if min(r) > 0}
     bf16_modes = [m for m in medians if not is_fp8[m]]
     if not bf16_modes:
