@@ -1,13 +1,13 @@
 """Overhead of the LoKA Probe where users pay it: train.py with the probe off and on, side by side in one run.
 
-    python -m scripts.bench_probe_overhead --out DIR [--rounds 2] [--nproc 1] [--warmup-steps 100] \
+    python -m scripts.bench_probe_overhead --out DIR [--pairs 2] [--nproc 1] [--warmup-steps 100] \
         -- model=wukong_h200 precision=bf16 trainer.device=cuda trainer.compile=true data.batch_size=8192 \
            trainer.steps=500
 
-Each round trains twice with the same overrides, probe off then on (``callbacks.probe.enabled``,
-``callbacks.probe.interval``); rounds alternate the order so that a drifting machine biases neither. Throughput is
+Each pair trains twice with the same overrides, probe off and on (``callbacks.probe.enabled``,
+``callbacks.probe.interval``); pairs alternate the order so that a drifting machine biases neither. Throughput is
 the mean examples/s of the logged steps after ``--warmup-steps`` (compilation and the first observations excluded);
-overhead = median over rounds of (off / on) - 1. Evaluation is off and nothing is checkpointed, so the runs differ
+overhead = median over pairs of (off / on) - 1. Evaluation is off and nothing is checkpointed, so the runs differ
 only by the probe. Writes ``DIR/probe_overhead.json`` (after every run, so an interrupted study keeps its runs)
 and ``probe_overhead.png``.
 """
@@ -63,7 +63,7 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--interval", type=int, default=100)
     ap.add_argument("--warmup-steps", type=int, default=100)
@@ -72,29 +72,29 @@ def main() -> None:
     out_json = args.out / "probe_overhead.json"
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else []
     runs = []
-    for rnd in range(args.rounds):
-        for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
-            prior = [r for r in done if r["round"] == rnd and r["probe"] == mode]
+    for pair in range(args.pairs):
+        for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
+            prior = [r for r in done if r["pair"] == pair and r["probe"] == mode]
             if prior:
                 runs.append(prior[0])
                 continue
             probe = [f"callbacks.probe.enabled={mode == 'on'}", f"callbacks.probe.interval={args.interval}"]
-            records = train(args.out / "runs" / f"round{rnd}_{mode}", [*args.overrides, *probe], args.nproc)
-            runs.append({"round": rnd, "probe": mode,
+            records = train(args.out / "runs" / f"pair{pair}_{mode}", [*args.overrides, *probe], args.nproc)
+            runs.append({"pair": pair, "probe": mode,
                          "examples_per_s": steady_throughput(records, args.warmup_steps)})
             args.out.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps({"overrides": args.overrides, "runs": runs}, indent=2) + "\n")
-    ratios = [next(r for r in runs if r["round"] == k and r["probe"] == "off")["examples_per_s"]
-              / next(r for r in runs if r["round"] == k and r["probe"] == "on")["examples_per_s"]
-              for k in range(args.rounds)]
+    ratios = [next(r for r in runs if r["pair"] == k and r["probe"] == "off")["examples_per_s"]
+              / next(r for r in runs if r["pair"] == k and r["probe"] == "on")["examples_per_s"]
+              for k in range(args.pairs)]
     result = {"overrides": args.overrides, "interval": args.interval, "warmup_steps": args.warmup_steps,
-              "runs": runs, "overhead_per_round": [x - 1 for x in ratios], "overhead": statistics.median(ratios) - 1}
+              "runs": runs, "overhead_per_pair": [x - 1 for x in ratios], "overhead": statistics.median(ratios) - 1}
     out_json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "probe_overhead.png")
-    print("round  probe  examples/s")
+    print(" pair  probe  examples/s")
     for r in runs:
-        print(f"{r['round']:>5}  {r['probe']:>5}  {r['examples_per_s']:>10.0f}")
-    print(f"probe overhead (median over rounds): {100 * result['overhead']:+.2f}%  (target <= 1%)")
+        print(f"{r['pair']:>5}  {r['probe']:>5}  {r['examples_per_s']:>10.0f}")
+    print(f"probe overhead (median over pairs): {100 * result['overhead']:+.2f}%  (target <= 1%)")
 
 
 if __name__ == "__main__":

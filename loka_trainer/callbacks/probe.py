@@ -288,12 +288,17 @@ class ProbeCallback(Callback):
             for handle in self._handles:
                 handle.remove()
             self._handles = []
-            self._stance.__exit__(None, None, None)  # back to the stance before the observed step
-            self._stance = None
+            self._end_eager_step()
             self._last_observed_step = state.step
             self._log_scalars(state.step)
         if (state.step + 1) % self.config.save_interval == 0:
             self.save(state.step)
+
+    def _end_eager_step(self) -> None:
+        """Back to the compiler stance from before the observed step (no-op when none is set)."""
+        if self._stance is not None:
+            self._stance.__exit__(None, None, None)
+            self._stance = None
 
     def _log_scalars(self, step: int) -> None:
         if self.writer is None or self.rank != 0:
@@ -339,9 +344,7 @@ class ProbeCallback(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if self._stance is not None:
-            self._stance.__exit__(None, None, None)
-            self._stance = None
+        self._end_eager_step()
         # Join the weight thread rather than leave it idle until interpreter exit (where an idle worker next to
         # torch.distributed teardown is one less thing to race); a fresh worker starts no thread until used.
         weights, self._weights = self._weights, _WeightWorker()

@@ -62,7 +62,7 @@ def mere(out: torch.Tensor, ref: torch.Tensor, *, zero_floor: float = DEFAULT_ZE
 
 def operands(x: torch.Tensor, w: torch.Tensor,
              dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (M, K), w (N, K) rounded to the training's operand dtype: what both the kernel and the reference get."""
+    """x (M, K), w (N, K) cast to the training's operand dtype: what both the kernel and the reference get."""
     return x.to(dtype), w.to(dtype)
 
 
@@ -77,7 +77,7 @@ def exact_fp32_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def accumulate_mere(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], kernels: dict[str, GemmFn], *,
                     zero_floor: float = DEFAULT_ZERO_FLOOR, operand_dtype: torch.dtype = torch.bfloat16,
                     progress: Optional[Callable[[], None]] = None) -> dict[str, float]:
-    """Average MERE of each kernel over sampled pairs (x (M, K), w (N, K)), both rounded to ``operand_dtype``
+    """Average MERE of each kernel over sampled pairs (x (M, K), w (N, K)), both cast to ``operand_dtype``
     before the kernel and the fp32 reference see them (the module's reference convention)."""
     totals = {name: 0.0 for name in kernels}
     num_pairs = 0

@@ -9,7 +9,7 @@ For each layer in STATS_DIR/stats.pt and each backend of ``loka_trainer.kernels.
 that supports the layer's shape (M rows per call, K in, N out), and each user kernel ``--kernel module:function``
 (a callable ``(x (M, K), w (N, K)) -> y (M, N)`` computing y ~ x @ w.T, imported like ``module.function``):
   mere         MERE of backend.forward(x, w) vs the fp32 reference over N pairs sampled from the learned
-               statistics (x ~ N(mu, Sigma) row-wise, w ~ MN(M, U, V)), both rounded to --operand-dtype (the
+               statistics (x ~ N(mu, Sigma) row-wise, w ~ MN(M, U, V)), both cast to --operand-dtype (the
                training's compute dtype) before the kernel and the reference see them (see mere.py);
   mere_normal  the same with standard-normal x and w (what ordinary kernel tests use), for contrast;
   speedup      median time of bf16 forward / this backend's forward at (M, K, N) with bf16 operands
