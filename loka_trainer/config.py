@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from loka_trainer.callbacks.probe import ProbeConfig
-from loka_trainer.data.config import DataConfig, check_data_files
+from loka_trainer.data.config import DataConfig
 from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan
 from loka_trainer.dispatch.targets import target_linears
 from loka_trainer.kernels.backends import available_backends
@@ -210,7 +210,10 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     if hasattr(run.callbacks.probe, "validate"):
         run.callbacks.probe.validate()
     check_model_mods(run.model)
-    check_data_files(run.data, world_size=launch_env()[1])
+    if run.data.name == "criteo":  # read a little of the files: each rank's share must make a batch
+        from loka_trainer.data.criteo import check_shards  # noqa: PLC0415 -- lazy: imports torch
+
+        check_shards(run.data, world_size=launch_env()[1])
     check_plan_file(run)
     return run
 

@@ -123,15 +123,6 @@ class DataConfig:
                              f"got {self.eval_fraction}")
 
 
-def check_data_files(cfg: DataConfig, *, world_size: int) -> None:
-    """Checks that read a little of the data files (before any process group): a one-line ``ValueError`` when a
-    rank's share of the data cannot make a batch (``criteo.check_shards``). The synthetic source has no files."""
-    if cfg.name == "criteo":
-        from loka_trainer.data.criteo import check_shards  # lazy: torch
-
-        check_shards(cfg, world_size=world_size)
-
-
 # (bound, strict) per field that only needs a lower bound: strict -> "must be > bound".
 _LOWER_BOUNDS = {
     "batch_size": (0, True),
