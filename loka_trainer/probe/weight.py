@@ -145,11 +145,12 @@ def _trace(f: torch.Tensor) -> torch.Tensor:
 
 
 def _average_shape(old: torch.Tensor, moment: torch.Tensor, gain: float) -> torch.Tensor:
-    """(1 - gain) old + gain moment', moment' = moment scaled to the trace of old (kept when moment is 0)."""
+    """(1 - gain) old + gain moment', moment' = moment scaled to the trace of old (old kept when moment is 0).
+    Branch-free (torch.where, no host sync): on a GPU the update is queued on a side stream and never waits."""
     trace = _trace(moment)
-    if not bool(trace > 0):
-        return old
-    f = (1.0 - gain) * old + gain * moment * (_trace(old) / trace)
+    seen = trace > 0
+    f = (1.0 - gain) * old + gain * moment * (_trace(old) / torch.where(seen, trace, 1.0))
+    f = torch.where(seen, f, old)
     return 0.5 * (f + f.T) if f.ndim == 2 else f
 
 
@@ -216,9 +217,9 @@ class WeightTracker:
     def _scale_and_shape(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(sigma2 = trace(V) / I, V / sigma2 with trace I); the identity shape while no deviation was seen."""
         scale = _trace(self.v) / self.shape[1]
-        if bool(scale > 0):
-            return scale, self.v / scale
-        return scale, _identity(self.shape[1], diagonal=self.diagonal_v, dtype=self.dtype, device=self.v.device)
+        seen = scale > 0  # a tensor: no host sync
+        identity = _identity(self.shape[1], diagonal=self.diagonal_v, dtype=self.dtype, device=self.v.device)
+        return scale, torch.where(seen, self.v / torch.where(seen, scale, 1.0), identity)
 
     def _start(self, w: torch.Tensor) -> None:
         """First observation: M = W, no deviation seen yet (U = I, V = 0)."""

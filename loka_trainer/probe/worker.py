@@ -2,20 +2,15 @@
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Callable, Optional
-
-import torch
+from typing import Callable
 
 
 class SerialWorker:
     """Jobs run one at a time on a single thread. A job's exception is re-raised by ``wait()`` (or earlier by
     ``raise_finished_errors()``), never swallowed. ``close()`` waits for everything, then stops the thread."""
 
-    def __init__(self, thread_name: str, *, cpu_threads: Optional[int] = None) -> None:
-        """cpu_threads: torch's intra-op threads for the jobs (thread-local; None: torch's default)."""
-        initializer = (lambda: torch.set_num_threads(cpu_threads)) if cpu_threads is not None else None
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name,
-                                                           initializer=initializer)
+    def __init__(self, thread_name: str) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
         self._pending: list[concurrent.futures.Future] = []
 
     def run(self, job: Callable[[], object]) -> concurrent.futures.Future:

@@ -180,16 +180,8 @@ def test_observing_a_compiled_model_does_not_recompile_it(tmp_path):
     assert all(int(layer.activation.moments.count) == 4 * 8 for layer in probe.layers.values())  # 4 steps x 8 rows
 
 
-def test_weight_updates_run_on_one_cpu_thread_and_wide_factors_are_diagonal():
-    """The background weight worker must not take every core from the training's host thread, and a wide
-    layer's weight factors are diagonal (a full 4096-wide factor costs seconds of CPU per observation)."""
-    from loka_trainer.probe.worker import SerialWorker
-
-    main_threads = torch.get_num_threads()
-    worker = SerialWorker("t", cpu_threads=1)
-    assert worker.run(torch.get_num_threads).result() == 1
-    worker.close()
-    assert torch.get_num_threads() == main_threads
+def test_wide_weight_factors_are_diagonal():
+    """A wide layer's weight factors are diagonal (a full 4096-wide factor costs seconds of CPU per observation)."""
     probe = ProbeCallback(interval=1, out_dir="unused", tensorboard=False)
     probe.attach(nn.Sequential(nn.Linear(2048, 64), nn.ReLU(), nn.Linear(64, 1100)))
     wide_in, wide_out = probe.layers["0"].weight, probe.layers["2"].weight

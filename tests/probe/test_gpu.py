@@ -10,6 +10,7 @@ from loka_trainer.callbacks.probe import ProbeCallback
 from loka_trainer.probe.activation import ActivationTracker
 from loka_trainer.probe.mere import median_time
 from loka_trainer.probe.stats_io import load_stats
+from loka_trainer.probe.weight import WeightTracker
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -46,3 +47,37 @@ def test_callback_on_cuda_bf16_model_saves_cpu_stats(tmp_path):
 def test_median_time_on_cuda_is_positive():
     x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     assert 0 < median_time(lambda a, b: a @ b.T, x, x) < 1.0
+
+
+def test_weight_updates_on_cuda_match_cpu_and_never_sync_the_host():
+    """Observed weights are folded in on a side stream with no host sync (the hook must not stall the step),
+    and give the CPU tracker's statistics."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 1200)).cuda()
+    probe = ProbeCallback(interval=1, out_dir="unused", tensorboard=False)
+    probe.attach(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    observed = []
+    state = TrainState(model=model, device=torch.device("cuda"))
+    for step in range(6):
+        state.step = step
+        x = torch.randn(256, 96, device="cuda")
+        probe.on_step_start(state)
+        torch.cuda.set_sync_debug_mode("error")  # any host sync inside the hooks raises
+        try:
+            out = model(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        observed.append({fqn: layer.module.weight.detach().cpu().clone() for fqn, layer in probe.layers.items()})
+        out.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        probe.on_step_end(state)
+    probe.close()
+    for fqn, layer in probe.layers.items():
+        cpu = WeightTracker(*layer.weight.shape, max_full_covariance=probe.config.max_full_weight_factor)
+        for weights in observed:
+            cpu.update(weights[fqn])
+        assert layer.weight.mean.is_cuda and layer.weight.count == cpu.count == 6
+        for name in ("mean", "u", "v"):
+            torch.testing.assert_close(getattr(layer.weight, name).cpu(), getattr(cpu, name), rtol=1e-6, atol=1e-12)
