@@ -9,7 +9,10 @@ GPU time without the host's launch cost; wall clock on CPU):
 - ``published``: Linear(bias) -> LayerNorm -> SiLU in BF16, eager (the reference of every ratio) and compiled;
 - ``mods_compiled``: the Mods in plain PyTorch, Linear(no bias) -> BlockNorm(256) -> Hardswish, compiled;
 - ``loka_eager`` / ``loka_compiled``: that plain Mods block handed to ``convert_to_loka`` (Mods fusion + Dispatch,
-  ``LoKAConfig(compile=...)`` matching how it then runs), exactly what a user's code does.
+  ``LoKAConfig(compile=...)`` matching how it then runs), exactly what a user's code does;
+- ``loka_eager_cast_reused``: ``loka_eager`` with its FP8 weights cast once and reused by every call, as under
+  gradient accumulation; every other variant casts them once per call, as a training step does after the
+  optimizer's step (a graph captured on a cache hit replays no cast).
 
 Prints each shape's µs and the geomean ratios (published eager / X) last; writes ``OUT/user_path.json`` and
 ``OUT/user_path.png``. The best-of-modes numbers of the fused layer (``scripts.bench_dispatch_gpu --suites b``)
@@ -28,11 +31,13 @@ import torch
 from torch import nn
 
 from loka_trainer import LoKAConfig, convert_to_loka
+from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.mods.layers import BlockNorm
 from loka_trainer.timing import cuda_graph_timer, wall_clock_timer
 from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
-VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled")
+VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
+            "loka_eager_cast_reused")
 
 
 def published(K: int, N: int) -> nn.Module:
@@ -43,20 +48,35 @@ def plain_mods(K: int, N: int, block: int = 256) -> nn.Module:
     return nn.Sequential(nn.Linear(K, N, bias=False), BlockNorm(N, block), nn.Hardswish())
 
 
-def training_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> Callable[[], None]:
-    """One forward + backward, gradients written fresh (x (M, K) a leaf that requires grad, dy (M, N))."""
+def training_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, *, new_weights: bool = True
+                  ) -> Callable[[], None]:
+    """One forward + backward, gradients written fresh (x (M, K) a leaf that requires grad, dy (M, N));
+    ``new_weights``: the LoKA layers' FP8 weight caches are cleared first, as the optimizer's step does."""
     params = [p for p in model.parameters()]
+    caches = weight_caches(model) if new_weights else []
 
     def step() -> None:
         x.grad = None
         for p in params:
             p.grad = None
+        for cache in caches:
+            cache.clear()
         model(x).backward(dy)
     return step
 
 
-def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer) -> dict[str, float]:
-    """µs of each variant's training step at x (batch, K)."""
+def chosen_kernels(model: nn.Module) -> dict[str, str]:
+    """The fused layer's kernels as Dispatch set them (forward mode, dgrad and wgrad backends); all "unfused"
+    when the shape was not fused (N not a multiple of the block)."""
+    from loka_trainer.mods.module import FusedLinearMods
+    layer = next((m for m in model.modules() if isinstance(m, FusedLinearMods)), None)
+    if layer is None:
+        return dict.fromkeys(("mode", "dgrad", "wgrad"), "unfused")
+    return {"mode": layer.mode, "dgrad": layer.dgrad, "wgrad": layer.wgrad}
+
+
+def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer) -> tuple[dict[str, float], dict]:
+    """(µs of each variant's training step at x (batch, K), the kernels Dispatch chose eager and compiled)."""
     dtype = torch.bfloat16
     x = torch.randn(batch, K, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(batch, N, device=device, dtype=dtype)
@@ -70,7 +90,10 @@ def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer) -> d
                                          compile=compiled),
                         calibration_batch=x.detach(), device=device, log=lambda _: None)
         models[name] = torch.compile(user) if compiled else user
-    return {name: timer(training_step(model, x, dy)) for name, model in models.items()}
+    steps = {name: training_step(model, x, dy) for name, model in models.items()}
+    steps["loka_eager_cast_reused"] = training_step(models["loka_eager"], x, dy, new_weights=False)
+    kernels = {name: chosen_kernels(models[name]) for name in ("loka_eager", "loka_compiled")}
+    return {name: timer(steps[name]) for name in VARIANTS}, kernels
 
 
 def geomean(values: list[float]) -> float:
@@ -113,7 +136,8 @@ def main() -> None:
     for shape in args.shapes:
         K, N = (int(v) for v in shape.split(","))
         torch._dynamo.reset()
-        rows.append({"K": K, "N": N, "us": layer_times(K, N, batch=args.batch, device=device, timer=timer)})
+        us, kernels = layer_times(K, N, batch=args.batch, device=device, timer=timer)
+        rows.append({"K": K, "N": N, "us": us, "kernels": kernels})
         (args.out / "user_path.json").write_text(json.dumps({"device": str(device), "rows": rows}, indent=2))
     summary = summarize(rows)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -122,7 +146,8 @@ def main() -> None:
     plot(rows, summary, args.out / "user_path.png")
     print("shape        " + "  ".join(f"{v:>18}" for v in VARIANTS))
     for r in rows:
-        print(f"{r['K']:>5}x{r['N']:<6} " + "  ".join(f"{r['us'][v]:>16.1f}us" for v in VARIANTS))
+        picked = " | ".join(f"{k['mode']},{k['dgrad']},{k['wgrad']}" for k in r["kernels"].values())
+        print(f"{r['K']:>5}x{r['N']:<6} " + "  ".join(f"{r['us'][v]:>16.1f}us" for v in VARIANTS) + f"  {picked}")
     print("geomean x published: " + ", ".join(f"{v} {summary[v]:.2f}x" for v in VARIANTS))
     print(f"LoKA compiled / plain Mods compiled: {summary['loka_compiled'] / summary['mods_compiled']:.2f}x")
 

@@ -3,8 +3,10 @@
 What is timed is the ``FusedLinearMods`` module the model will run with those kernels, compiled when the model
 will be: under ``torch.compile`` an all-BF16 layer runs the plain PyTorch math that inductor fuses
 (``mods.module.plain_math_route``), so the BF16 candidate there is the plain Mods compiled, and an FP8 choice has
-to beat exactly that. Notation: M rows, K in-features, N out-features. Times are µs from the ``timer`` given
-(``loka_trainer.timing``).
+to beat exactly that. Each timed call is one training step of a new weight version: the layer's FP8 weight cache
+is cleared first, so the weight casts every step pays are counted (a captured call that hit the cache would leave
+them out of an eager candidate's time while the compiled one, which casts inside its graph, paid them). Notation:
+M rows, K in-features, N out-features. Times are µs from the ``timer`` given (``loka_trainer.timing``).
 """
 from __future__ import annotations
 
@@ -33,14 +35,21 @@ def _layer(w: nn.Parameter, *, block: int, eps: float, mode: str, dgrad: str = "
     return layer
 
 
-def _time_each(names: list[str], run, timer, what: str, shape: tuple[int, int, int], compiled: bool = False,
-               rounds: int = DEFAULT_ROUNDS, outlier_factor: float = DEFAULT_OUTLIER_FACTOR
+def _time_each(layers: dict[str, FusedLinearMods], run, timer, what: str, shape: tuple[int, int, int],
+               compiled: bool = False, rounds: int = DEFAULT_ROUNDS, outlier_factor: float = DEFAULT_OUTLIER_FACTOR
                ) -> dict[str, Optional[list[float]]]:
-    """name -> µs of ``run(name)`` in each of ``rounds`` interleaved rounds (``measure.time_rounds``; under
-    ``torch.compile`` when ``compiled``); a name whose run raises RuntimeError -> None (with a warning): a
-    kernel that fails at this shape is not a candidate, never an error."""
-    calls = {name: torch.compile(lambda name=name: run(name)) if compiled else (lambda name=name: run(name))
-             for name in names}
+    """name -> µs of ``run(layers[name])`` in each of ``rounds`` interleaved rounds (``measure.time_rounds``;
+    under ``torch.compile`` when ``compiled``), the layer's weight cache cleared before each call (module
+    docstring); a name whose run raises RuntimeError -> None (with a warning): a kernel that fails at this shape
+    is not a candidate, never an error."""
+    def call(layer: FusedLinearMods):
+        body = torch.compile(lambda: run(layer)) if compiled else (lambda: run(layer))
+
+        def step():
+            layer.clear_weight_cache()
+            return body()
+        return step
+    calls = {name: call(layer) for name, layer in layers.items()}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         times = time_rounds(calls, timer, rounds=rounds, outlier_factor=outlier_factor)
@@ -52,11 +61,12 @@ def _time_each(names: list[str], run, timer, what: str, shape: tuple[int, int, i
 def time_forward_modes(M: int, K: int, N: int, modes: list[str], *, block: int, eps: float, timer,
                        device, compiled: bool = False, rounds: int = DEFAULT_ROUNDS,
                        outlier_factor: float = DEFAULT_OUTLIER_FACTOR) -> dict[str, Optional[list[float]]]:
-    """µs per timing round of one training forward (autograd on, weight cast cached as in training) of each
+    """µs per timing round of one training forward (autograd on, the weight cast once as in a step) of each
     forward mode at x (M, K), w (N, K) random bf16 on ``device``; a mode that raises there -> None (warned)."""
     x, w = _random_layer(M, K, N, device)
     layers = {mode: _layer(w, block=block, eps=eps, mode=mode) for mode in modes}
-    return _time_each(modes, lambda mode: layers[mode](x), timer, "mods forward mode", (M, K, N), compiled, rounds,
+
+    return _time_each(layers, lambda layer: layer(x), timer, "mods forward mode", (M, K, N), compiled, rounds,
                       outlier_factor)
 
 
@@ -71,8 +81,7 @@ def time_input_grads(M: int, K: int, N: int, dgrads: list[str], *, mode: str, wg
     dy = torch.randn(M, N, device=device, dtype=torch.bfloat16)
     layers = {dgrad: _layer(w, block=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad) for dgrad in dgrads}
 
-    def step(dgrad: str) -> None:
+    def step(layer: FusedLinearMods) -> None:
         x.grad = w.grad = None
-        layers[dgrad](x).backward(dy)
-    return _time_each(dgrads, step, timer, "mods input grad", (M, K, N), compiled, rounds,
-                      outlier_factor)
+        layer(x).backward(dy)
+    return _time_each(layers, step, timer, "mods input grad", (M, K, N), compiled, rounds, outlier_factor)

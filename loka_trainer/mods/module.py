@@ -81,6 +81,10 @@ class FusedLinearMods(nn.Module):
         new._init_handoff()
         return new
 
+    def clear_weight_cache(self) -> None:
+        """Forget the cast FP8 weight operands (the weight changed; the optimizer hook calls the cache's clear)."""
+        self._weight_cache.clear()
+
     def _load_from_state_dict(self, *args, **kwargs) -> None:
         self._weight_cache.clear()  # new weight values, possibly written without a version bump
         super()._load_from_state_dict(*args, **kwargs)

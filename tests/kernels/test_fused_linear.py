@@ -182,6 +182,36 @@ def test_time_input_grads_runs_a_full_step_of_the_module_per_backend(monkeypatch
                      ("split_bf16", "scaled_mm_rowwise", "bf16"), ("split_bf16", "bf16", "bf16")]  # interleaved
 
 
+@pytest.mark.parametrize("timing", ["forward_modes", "input_grads"])
+def test_each_timed_call_pays_the_weight_cast_of_a_training_step(monkeypatch, timing):
+    """A training step casts an FP8 weight once (the optimizer's step clears the cache); Dispatch's timed calls
+    must too, or an eager FP8 candidate is timed without its weight cast (a graph captured on a cache hit replays
+    no cast) while the compiled one, which casts inside its graph, pays it: each call clears the layer's cache
+    before its forward."""
+    from loka_trainer.dispatch import mods_timing
+    from loka_trainer.mods.module import FusedLinearMods
+    events = []
+    forward, clear = FusedLinearMods.forward, FusedLinearMods.clear_weight_cache
+    monkeypatch.setattr(FusedLinearMods, "forward", lambda self, x: (events.append(("forward", id(self))),
+                                                                      forward(self, x))[1])
+    monkeypatch.setattr(FusedLinearMods, "clear_weight_cache",
+                        lambda self: (events.append(("clear", id(self))), clear(self))[1])
+
+    def timer(fn):
+        fn()
+        fn()
+        return 1.0
+    if timing == "forward_modes":
+        mods_timing.time_forward_modes(32, 64, 256, ["split_bf16", "split_fp8"], block=256, eps=1e-6, timer=timer,
+                                       device="cpu", rounds=1)
+    else:
+        mods_timing.time_input_grads(32, 64, 256, ["bf16", "scaled_mm_rowwise"], mode="split_fp8", wgrad="bf16",
+                                     block=256, eps=1e-6, timer=timer, device="cpu", rounds=1)
+    assert len(events) == 8  # 2 candidates x 2 calls x (clear, forward)
+    for (first, layer_a), (second, layer_b) in zip(events[::2], events[1::2]):
+        assert (first, second) == ("clear", "forward") and layer_a == layer_b
+
+
 @pytest.mark.parametrize("step_us, mere, chosen", [
     ({"bf16": 100.0, "scaled_mm_rowwise": 90.0}, 0.01, "scaled_mm_rowwise"),  # 1.11x: FP8
     ({"bf16": 100.0, "scaled_mm_rowwise": 97.0}, 0.01, "bf16"),  # 1.03x < min_speedup 1.05
