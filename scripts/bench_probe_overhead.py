@@ -16,46 +16,29 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def train(run_dir: Path, overrides: list[str], nproc: int) -> list[dict]:
-    """Run train.py once; returns its metrics.jsonl records (raises with the log's tail on failure)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(ROOT / "train.py"), *overrides, "trainer.eval_interval=0", "trainer.checkpoint_at_end=false",
-           "trainer.checkpoint_interval=0", "trainer.resume=false", "callbacks.progress=false",
-           "data.eval_batches=1", f"hydra.run.dir={run_dir}"]
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = run_dir.with_suffix(".log")
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise SystemExit(f"train.py failed ({proc.returncode}): {' '.join(cmd)}\n{log.read_text()[-3000:]}")
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def steady_throughput(records: list[dict], warmup_steps: int) -> float:
-    """Mean examples/s over logged train steps after the warm-up."""
-    values = [r["examples_per_s"] for r in records if "examples_per_s" in r and r["step"] > warmup_steps]
-    if not values:
-        raise SystemExit(f"no logged step after --warmup-steps {warmup_steps}: train longer")
-    return statistics.fmean(values)
-
+from scripts.train_runs import steady_throughput, throughput_trajectory, train
 
 def plot(result: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for mode, color in (("off", "tab:gray"), ("on", "tab:blue")):
+    fig, (ax, curve) = plt.subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [1, 2]})
+    colors = {"off": "tab:gray", "on": "tab:blue"}
+    for mode, color in colors.items():
         ys = [r["examples_per_s"] for r in result["runs"] if r["probe"] == mode]
         ax.scatter([mode] * len(ys), ys, color=color)
     ax.set_ylabel("examples/s (after warm-up)")
     ax.set_title(f"probe overhead {100 * result['overhead']:+.2f}% (interval {result['interval']})")
+    for r in result["runs"]:
+        if r.get("trajectory"):
+            steps, ys = zip(*r["trajectory"])
+            curve.plot(steps, ys, color=colors[r["probe"]], lw=1, label=f"pair {r['pair']} probe {r['probe']}")
+    curve.axvline(result["warmup_steps"], color="k", lw=0.5, ls=":")
+    curve.set_xlabel("step")
+    curve.set_ylabel("examples/s (per log window)")
+    curve.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -81,7 +64,8 @@ def main() -> None:
             probe = [f"callbacks.probe.enabled={mode == 'on'}", f"callbacks.probe.interval={args.interval}"]
             records = train(args.out / "runs" / f"pair{pair}_{mode}", [*args.overrides, *probe], args.nproc)
             runs.append({"pair": pair, "probe": mode,
-                         "examples_per_s": steady_throughput(records, args.warmup_steps)})
+                         "examples_per_s": steady_throughput(records, args.warmup_steps),
+                         "trajectory": throughput_trajectory(records)})
             args.out.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps({"overrides": args.overrides, "runs": runs}, indent=2) + "\n")
     ratios = [next(r for r in runs if r["pair"] == k and r["probe"] == "off")["examples_per_s"]

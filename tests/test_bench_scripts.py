@@ -320,3 +320,20 @@ def test_user_path_bench_times_every_variant_through_the_public_api(tmp_path):
     assert result["geomean_vs_published"]["published"] == 1.0
     assert (tmp_path / "user_path.png").stat().st_size > 0
     assert "LoKA compiled / plain Mods compiled" in proc.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_runs(tmp_path):
+    """Each precision trains through train.py with the same overrides; a second call reuses the runs on disk."""
+    cmd = [sys.executable, "-m", "scripts.bench_train_throughput", "--out", str(tmp_path), "--precisions", "bf16",
+           "fp8_rowwise", "--warmup-steps", "5", "--", "model=dlrm", "trainer.steps=20", "trainer.log_interval=5"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "train_throughput.json").read_text())
+    assert list(result["runs"]) == ["bf16", "fp8_rowwise"]
+    for run in result["runs"].values():
+        assert [s for s, _ in run["trajectory"]] == [5, 10, 15, 20] and run["examples_per_s"] > 0
+    assert (tmp_path / "train_throughput.png").stat().st_size > 0
+    mtime = (tmp_path / "runs" / "bf16" / "metrics.jsonl").stat().st_mtime
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and (tmp_path / "runs" / "bf16" / "metrics.jsonl").stat().st_mtime == mtime
