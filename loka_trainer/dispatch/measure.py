@@ -98,9 +98,9 @@ def gemm_flushed_fraction(backend: GemmBackend, gemm: str, x: torch.Tensor, w: t
         s = by_role[role]
         if s is None:
             continue
-        key = (gemm, role, s.granularity, s.dtype)
+        key = (gemm, role, s)
         if key not in cache:
-            cache[key] = flushed_fraction(operand, s.granularity, s.dtype)
+            cache[key] = flushed_fraction(operand, s.granularity, s.dtype, power_of_2_scales=s.power_of_2_scales)
         fractions.append(cache[key])
     return max(fractions) if fractions else None
 

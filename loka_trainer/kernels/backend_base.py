@@ -30,10 +30,12 @@ QuantOperand = tuple[torch.Tensor, Optional[torch.Tensor]]
 @dataclasses.dataclass(frozen=True)
 class OperandScaling:
     """How one NT operand (R, C) of a GEMM is cast to FP8: ``granularity`` a ``quant.QUANTIZERS`` name taken in
-    that layout (``rowwise``: one scale per row, i.e. along the contraction dim C), ``dtype`` the FP8 dtype."""
+    that layout (``rowwise``: one scale per row, i.e. along the contraction dim C), ``dtype`` the FP8 dtype,
+    ``power_of_2_scales`` whether each scale is rounded down to a power of 2 (torchao's rowwise recipes)."""
 
     granularity: str
     dtype: torch.dtype
+    power_of_2_scales: bool = False
 
 
 # The (a, b) operands' scaling of one GEMM; None for an operand kept in high precision (or not declared).

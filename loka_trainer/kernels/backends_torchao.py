@@ -88,9 +88,11 @@ class TorchaoBackend(GemmBackend):
         def scaling(cast_config) -> Optional[OperandScaling]:
             if cast_config.scaling_type is ScalingType.DISABLED:
                 return None
-            return OperandScaling(GRANULARITIES[cast_config.scaling_granularity.name], cast_config.target_dtype)
+            return OperandScaling(GRANULARITIES[cast_config.scaling_granularity.name], cast_config.target_dtype,
+                                  power_of_2_scales=config.round_scales_to_power_of_2)
 
-        a, b = (getattr(self._config(), attr) for attr in CAST_CONFIGS[gemm])
+        config = self._config()
+        a, b = (getattr(config, attr) for attr in CAST_CONFIGS[gemm])
         return scaling(a), scaling(b)
 
     @staticmethod

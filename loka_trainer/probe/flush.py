@@ -3,7 +3,8 @@
     flushed(x, g) = #{i : x_i ≠ 0 and q_g(x)_i = 0} / #{i : x_i ≠ 0}        (0 when x has no nonzero element)
 
 q_g is the FP8 cast with scale granularity g (a ``kernels.quant.QUANTIZERS`` name: one scale per tensor, per row,
-per 1×128 group, ...; the scale is ``quant.quantize``'s, i.e. torchao's amax-to-scale). A value flushes when
+per 1×128 group, ...; the scale is ``quant.quantize``'s, i.e. torchao's amax-to-scale, optionally rounded down to a
+power of 2 as torchao's rowwise recipes do). A value flushes when
 |x · scale| is below half the smallest FP8 subnormal (2^-10 in e4m3, 2^-17 in e5m2), i.e. when it is more than
 ~2^17.8 (e4m3) times smaller than its group's amax: an outlier that sets the amax of a group wipes out the small
 values sharing its scale.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from loka_trainer.kernels.quant import quantize
+from loka_trainer.kernels.quant import cast_to_fp8, expand_scale, quantize
 
 # Dispatch's default ``max_flushed_fraction``: Gaussian-like activations lose ~1e-5 of their nonzero values even with
 # one scale per tensor (amax / RMS ~ 5), and heavy tails up to amax / RMS ~ 1000 still < 0.2%; an operand whose
@@ -37,9 +38,24 @@ def flushed_fraction_of(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def flushed_fraction(x: torch.Tensor, granularity: str, dtype: torch.dtype = torch.float8_e4m3fn) -> float:
+def fp8_cast(x: torch.Tensor, granularity: str, dtype: torch.dtype, *,
+             power_of_2_scales: bool = False) -> torch.Tensor:
+    """x (R, C) -> its FP8 cast q (R, C) with ``granularity`` scales (``quant.quantize``); ``power_of_2_scales``:
+    each scale rounded down to a power of 2 first (torchao's ``round_scales_to_power_of_2``)."""
+    q, scale_inv = quantize(x, granularity, dtype)
+    if not power_of_2_scales:
+        return q
+    from torchao.float8.float8_utils import _round_scale_down_to_power_of_2  # noqa: PLC0415 -- torchao imports slowly
+
+    scale = _round_scale_down_to_power_of_2(expand_scale(scale_inv, tuple(x.shape)).reciprocal())  # (R, C)
+    return cast_to_fp8(x, scale, dtype)
+
+
+@torch.no_grad()
+def flushed_fraction(x: torch.Tensor, granularity: str, dtype: torch.dtype = torch.float8_e4m3fn, *,
+                     power_of_2_scales: bool = False) -> float:
     """x (R, C): a GEMM operand in the layout its scales are taken in (rows along the contraction dim C, as
     ``kernels.backend_base`` lays out every operand) -> the fraction of its nonzero elements that the cast to
-    ``dtype`` with ``granularity`` scales (``quant.QUANTIZERS``) sets to zero."""
-    q, _ = quantize(x, granularity, dtype)
-    return float(flushed_fraction_of(x, q))
+    ``dtype`` with ``granularity`` scales (``quant.QUANTIZERS``; ``power_of_2_scales``: see ``fp8_cast``) sets
+    to zero."""
+    return float(flushed_fraction_of(x, fp8_cast(x, granularity, dtype, power_of_2_scales=power_of_2_scales)))
