@@ -18,7 +18,7 @@ from loka_trainer.dispatch.plan import GemmChoice, LayerPlan
 from loka_trainer.dispatch.select import outlier_rounds, select_backend
 from loka_trainer.kernels.backend_base import GEMMS, GemmBackend
 from loka_trainer.kernels.backends import BASELINE
-from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION, flushed_fraction
+from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION, gemm_flushed_fraction
 from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, mere
 from loka_trainer.timing import Timer
 
@@ -83,28 +83,6 @@ def calibration_operands(gemm: str, x: torch.Tensor, w: torch.Tensor) -> dict[st
     return {"forward": {"a": x, "b": w}, "input_grad": {"b": w.t()}, "weight_grad": {"b": x.t()}}[gemm]
 
 
-def gemm_flushed_fraction(backend: GemmBackend, gemm: str, x: torch.Tensor, w: torch.Tensor,
-                          cache: Optional[dict] = None) -> Optional[float]:
-    """The largest flushed fraction (``probe.flush``) over ``gemm``'s calibration operands (``calibration_operands``)
-    as ``backend`` casts them (``operand_scaling``); None when it declares no FP8 cast of any of them (a duck-typed
-    user kernel without ``operand_scaling`` included). ``cache`` shares results between backends of one scaling."""
-    scaling = getattr(backend, "operand_scaling", None)
-    if scaling is None:
-        return None
-    by_role = dict(zip(("a", "b"), scaling(gemm)))
-    cache = {} if cache is None else cache
-    fractions = []
-    for role, operand in calibration_operands(gemm, x, w).items():
-        s = by_role[role]
-        if s is None:
-            continue
-        key = (gemm, role, s)
-        if key not in cache:
-            cache[key] = flushed_fraction(operand, s.granularity, s.dtype, power_of_2_scales=s.power_of_2_scales)
-        fractions.append(cache[key])
-    return max(fractions) if fractions else None
-
-
 @torch.no_grad()
 def fp32_reference(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """The TF32-free fp32 result of one GEMM (x (M,K), w (N,K), dy (M,N))."""
@@ -154,7 +132,8 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
             out[name] = {"mere": None, "time_us": None}
             continue
         if name != BASELINE:
-            out[name]["flushed"] = gemm_flushed_fraction(backend, gemm, x, w, flushed_cache)
+            out[name]["flushed"] = gemm_flushed_fraction(backend, gemm, calibration_operands(gemm, x, w),
+                                                         cache=flushed_cache)
     key = lambda name: (name, gemm, M, K, N, str(x.dtype))  # noqa: E731
     todo = {name: call for name, call in calls.items() if key(name) not in times}
     times.update({key(name): ts for name, ts in

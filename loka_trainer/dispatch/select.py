@@ -1,9 +1,11 @@
-"""Dispatch's choice: the LoKA rule as pure functions of measured numbers (MERE, µs).
+"""Dispatch's choice: the LoKA rule as pure functions of measured numbers (MERE, flushed fraction, µs).
 
 Rule (paper III-C): keep candidates with MERE < threshold and speedup over BF16 > min_speedup at the layer's
-real shape on this device; the fastest wins; otherwise BF16. A candidate must also not flush more than
-``max_flushed_fraction`` of the nonzero values of any of the layer's real operands to zero (``probe.flush``): MERE is
-relative to the output and misses small inputs wiped out by an outlier that sets a shared scale. Times come in independent rounds (each round
+real shape on this device; the fastest wins; otherwise BF16. A candidate must also not cast more than
+``max_flushed_fraction`` of the nonzero values of the layer's real input or weight to zero (``probe.flush``): MERE
+is relative to the output and misses small inputs wiped out by an outlier that sets a shared scale.
+
+Times come in independent rounds (each round
 times every candidate once, interleaved, so drift hits all of them alike, ``measure.time_rounds``): a candidate
 passes ``min_speedup`` only if it does so in *every* round against that round's BF16 time, so one noisy
 repeat (a 7892 µs BF16 outlier among 36-70 µs neighbours) cannot put a GEMM on FP8. The fastest is the one with

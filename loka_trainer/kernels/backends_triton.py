@@ -13,10 +13,10 @@ import torch
 
 from loka_trainer.kernels.backend_base import (GemmBackend, GemmScaling, OperandScaling, QuantOperand,
                                               cuda_capability_at_least)
+from loka_trainer.kernels.triton_env import triton_importable
 
 _ROWS_1X128 = OperandScaling("block1x128", torch.float8_e4m3fn)
 _TILES_128X128 = OperandScaling("block128x128", torch.float8_e4m3fn)
-from loka_trainer.kernels.triton_env import triton_importable
 
 
 class TritonBlockwise(GemmBackend):

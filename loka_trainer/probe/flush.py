@@ -16,6 +16,8 @@ nonzero inputs at a forward MERE of 0.06, the lowest of the model's layers).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from loka_trainer.kernels.quant import cast_to_fp8, expand_scale, quantize
@@ -59,3 +61,27 @@ def flushed_fraction(x: torch.Tensor, granularity: str, dtype: torch.dtype = tor
     ``dtype`` with ``granularity`` scales (``quant.QUANTIZERS``; ``power_of_2_scales``: see ``fp8_cast``) sets
     to zero."""
     return float(flushed_fraction_of(x, fp8_cast(x, granularity, dtype, power_of_2_scales=power_of_2_scales)))
+
+
+@torch.no_grad()
+def gemm_flushed_fraction(backend, gemm: str, operands: dict[str, torch.Tensor], *,
+                          cache: Optional[dict] = None) -> Optional[float]:
+    """The largest flushed fraction over ``operands`` (role "a" / "b" -> that NT operand of ``gemm``, e.g. only the
+    ones whose values are known) as ``backend`` casts them (``GemmBackend.operand_scaling``); None when it declares
+    no FP8 cast of any of them (a duck-typed user kernel without ``operand_scaling`` included). ``cache`` (keyed by
+    GEMM, role and scaling) shares results between backends that cast alike."""
+    scaling = getattr(backend, "operand_scaling", None)
+    if scaling is None:
+        return None
+    by_role = dict(zip(("a", "b"), scaling(gemm)))
+    cache = {} if cache is None else cache
+    fractions = []
+    for role, operand in operands.items():
+        s = by_role[role]
+        if s is None:
+            continue
+        key = (gemm, role, s)
+        if key not in cache:
+            cache[key] = flushed_fraction(operand, s.granularity, s.dtype, power_of_2_scales=s.power_of_2_scales)
+        fractions.append(cache[key])
+    return max(fractions) if fractions else None
