@@ -15,8 +15,9 @@ A plan is a JSON file a user can read, edit by hand (change ``"backend"``), chec
 
 Only ``backend`` is required per GEMM; the rest is evidence (null when unknown). ``flushed`` is the largest fraction
 of a real operand's (x, W) nonzero values that the backend's FP8 cast sets to zero (``probe.flush``); a candidate
-above ``max_flushed_fraction`` was rejected for it (``rejected_for_flush``; above, ``scaled_mm_tensorwise``). A layer that LoKA fuses with
-its BlockNorm and HardSwish (``mods.module.FusedLinearMods``) may also carry
+above ``max_flushed_fraction`` was rejected for it (``rejected_for_flush``; above, ``scaled_mm_tensorwise``).
+
+A layer that LoKA fuses with its BlockNorm and HardSwish (``mods.module.FusedLinearMods``) may also carry
 ``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel measured
 fastest (``mods.modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not). And
 ``"mods_input_grad": {"mode": "scaled_mm_rowwise", "times_us": {"bf16": 82.6, "scaled_mm_rowwise": 77.6}}``:
@@ -32,9 +33,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from loka_trainer.dispatch.select import accuracy_rejection
 from loka_trainer.kernels.backend_base import GEMMS
 from loka_trainer.kernels.backends import BACKENDS, BASELINE
-from loka_trainer.dispatch.select import accuracy_rejection
 from loka_trainer.mods.modes import FORWARD_MODES
 from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
 

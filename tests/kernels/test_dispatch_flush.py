@@ -108,3 +108,13 @@ def test_the_plan_with_its_flush_evidence_round_trips(tmp_path):
 def test_every_tensorwise_backend_declares_one_scale_for_the_input(name):
     a, _ = get_backend(name).operand_scaling("forward")
     assert a.granularity == "tensorwise" and a.dtype == torch.float8_e4m3fn
+
+
+def test_a_fused_dgrad_that_flushes_too_much_is_not_timed():
+    from loka_trainer.dispatch.build import fused_input_grad_candidates
+    from loka_trainer.dispatch.plan import GemmChoice, LayerPlan
+
+    evidence = {"mere": 0.01, "flushed": 0.5, "time_us": 9.0}
+    lp = LayerPlan(M=32, K=64, N=512, input_grad=GemmChoice("bf16", candidates={"scaled_mm_rowwise": evidence}))
+    assert fused_input_grad_candidates(lp, 0.2) == ["bf16"]
+    assert fused_input_grad_candidates(lp, 0.2, max_flushed_fraction=1.0) == ["bf16", "scaled_mm_rowwise"]
