@@ -77,6 +77,8 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
     (["model.mods.block_size=0"], ["model.mods.block_size must be a positive int, got 0"]),
     (["model.mods.block_size=-8", "precision=loka"], ["model.mods.block_size must be a positive int, got -8"]),
+    (["precision=loka", "precision.max_flushed_fraction=1.5"],
+     ["precision.max_flushed_fraction: must be within [0, 1] (1 turns the check off), got 1.5"]),
 ])
 def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, args, needles):
     run_dir = tmp_path / "run"

@@ -17,12 +17,13 @@ from loka_trainer.dispatch.measure import TimingCache, build_layer_plan
 from loka_trainer.dispatch.mods_timing import time_forward_modes, time_input_grads
 from loka_trainer.dispatch.plan import DispatchPlan, LayerPlan, ModsChoice
 from loka_trainer.dispatch.probe_report import read_probe_mere
-from loka_trainer.dispatch.select import Times, as_rounds, select_mods_mode
+from loka_trainer.dispatch.select import Times, accuracy_rejection, as_rounds, select_mods_mode
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.triton_env import triton_importable
 from loka_trainer.mods.modes import FORWARD_MODES
 from loka_trainer.mods.ops_fp8 import FUSED_DGRAD
 from loka_trainer.mods.transform import find_fusable
+from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
 from loka_trainer.timing import Timer, default_timer, wall_clock_timer
 
 
@@ -58,21 +59,25 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: LoKAC
         layers[fqn] = build_layer_plan(x, w, backends, timer=timer, mere_threshold=config.mere_threshold,
                                        min_speedup=config.min_speedup, forward_mere=probe.get(fqn),
                                        timing_cache=times, zero_floor=config.mere_zero_floor,
-                                       rounds=config.timing_rounds, outlier_factor=config.timing_outlier_factor)
+                                       rounds=config.timing_rounds, outlier_factor=config.timing_outlier_factor,
+                                       max_flushed_fraction=config.max_flushed_fraction)
     if config.mods and torch.device(device).type == "cuda" and triton_importable():
         _choose_mods_modes(model, layers, timer=layer_timer, device=device, min_speedup=config.min_speedup,
                            mere_threshold=config.mere_threshold, compiled=config.compile,
-                           rounds=config.timing_rounds, outlier_factor=config.timing_outlier_factor)
+                           rounds=config.timing_rounds, outlier_factor=config.timing_outlier_factor,
+                           max_flushed_fraction=config.max_flushed_fraction)
     name = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu"
     return DispatchPlan(device=name, layers=layers, mere_threshold=config.mere_threshold,
-                        min_speedup=config.min_speedup)
+                        min_speedup=config.min_speedup, max_flushed_fraction=config.max_flushed_fraction)
 
 
-def fused_input_grad_candidates(lp: LayerPlan, mere_threshold: float) -> list[str]:
+def fused_input_grad_candidates(lp: LayerPlan, mere_threshold: float,
+                                max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION) -> list[str]:
     """The input-grad backends a fused Mods layer is timed with: BF16, the plan's own choice, and each fused FP8
-    dgrad (``FUSED_DGRAD``) whose measured input-grad MERE is below ``mere_threshold``."""
-    accurate = [b for b in FUSED_DGRAD
-                if (err := lp.input_grad.candidate_mere(b)) is not None and err < mere_threshold]
+    dgrad (``FUSED_DGRAD``) that passed the accuracy test on the input grad (``select.accuracy_rejection``:
+    measured MERE below ``mere_threshold``, flushed fraction at most ``max_flushed_fraction``)."""
+    accurate = [b for b in FUSED_DGRAD if b in lp.input_grad.candidates and accuracy_rejection(
+        lp.input_grad.candidates[b], mere_threshold=mere_threshold, max_flushed_fraction=max_flushed_fraction) is None]
     return list(dict.fromkeys([BASELINE, lp.input_grad.backend, *accurate]))
 
 
@@ -83,7 +88,7 @@ def _medians(times: dict[str, Times]) -> dict[str, Optional[float]]:
 
 def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer, device, min_speedup: float,
                        mere_threshold: float, compiled: bool = False, rounds: int = 3,
-                       outlier_factor: float = 3.0) -> None:
+                       outlier_factor: float = 3.0, max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION) -> None:
     """For each planned Linear that LoKA will fuse with its BlockNorm and HardSwish, time every forward mode it
     may run (FP8 modes only where the plan's forward GEMM is FP8, i.e. passed the accuracy test) at the layer's
     shape and record the choice (``LayerPlan.mods_forward``); then, in that mode, time the layer's whole step
@@ -105,7 +110,7 @@ def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer,
                                             outlier_factor=outlier_factor)
         mode, speedup = select_mods_mode(timed[key], is_fp8, min_speedup=min_speedup)
         lp.mods_forward = ModsChoice(mode=mode, times_us=_medians(timed[key]), speedup=speedup)
-        dgrads = fused_input_grad_candidates(lp, mere_threshold)
+        dgrads = fused_input_grad_candidates(lp, mere_threshold, max_flushed_fraction)
         if len(dgrads) == 1:
             continue
         key = (lp.M, lp.K, lp.N, mode, lp.weight_grad.backend, tuple(dgrads))

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar, List, Optional
 
+from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
 from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -18,12 +19,18 @@ class LoKAConfig:
     """The public converter's settings; ``validate()`` names the first bad field in one line."""
 
     mods: bool = True  # fuse each Linear -> BlockNorm -> HardSwish triple into one FusedLinearMods
-    dispatch: bool = True  # per-layer, per-GEMM backend choice (MERE < mere_threshold, speedup > min_speedup)
+    # per-layer, per-GEMM backend choice (MERE < mere_threshold, flushed <= max_flushed_fraction, speedup > min_speedup)
+    dispatch: bool = True
     plan: Optional[str] = None  # path of a plan file to reuse (no re-measurement)
     probe_stats: Optional[str] = None  # LoKA Probe statistics dir holding report.json
     mere_threshold: float = 0.2
     # MERE's denominator floor, a fraction of mean |ref| (``probe.mere``; the report's ``--zero-floor``)
     mere_zero_floor: float = DEFAULT_ZERO_FLOOR
+    # An FP8 candidate that casts more than this fraction of the nonzero values of a layer's real input or weight to
+    # zero is rejected (``probe.flush``; 1 turns the check off). Gaussian-like activations flush ~1e-5 even with one
+    # scale per tensor, an input whose scale an outlier channel sets flushes most of its values (84% on
+    # docs/results/outliers_cpu's dense input).
+    max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION
     min_speedup: float = 1.05
     min_features: int = 64  # only Linears with K and N >= this (and multiples of 16) are targets
     backends: Optional[List[str]] = None  # restrict Dispatch candidates to these names (None: all available)
@@ -55,6 +62,9 @@ class LoKAConfig:
             raise ValueError(f"{at}.mere_threshold: must be > 0, got {self.mere_threshold}")
         if not 0.0 <= self.mere_zero_floor < float("inf"):
             raise ValueError(f"{at}.mere_zero_floor: must be a finite number >= 0, got {self.mere_zero_floor}")
+        if not 0.0 <= self.max_flushed_fraction <= 1.0:
+            raise ValueError(f"{at}.max_flushed_fraction: must be within [0, 1] (1 turns the check off), got "
+                             f"{self.max_flushed_fraction}")
         if not self.min_speedup > 0.0:
             raise ValueError(f"{at}.min_speedup: must be > 0, got {self.min_speedup}")
         if self.min_features < 16 or self.timing_repeats < 1:

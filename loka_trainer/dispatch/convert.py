@@ -104,7 +104,7 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if not config.dispatch:
         plan = DispatchPlan(device=_device_name(device), layers={}, mere_threshold=config.mere_threshold,
-                            min_speedup=config.min_speedup)
+                            min_speedup=config.min_speedup, max_flushed_fraction=config.max_flushed_fraction)
     else:
         linears = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
         if config.plan is not None:

@@ -1,7 +1,9 @@
-"""Dispatch's measurements of one Linear: each candidate backend's MERE and time (µs) per GEMM at the layer's real
-shape, and the layer's plan from them.
+"""Dispatch's measurements of one Linear: each candidate backend's MERE, flushed fraction and time (µs) per GEMM at
+the layer's real shape, and the layer's plan from them.
 
-MERE is ``probe.mere.mere`` (the Probe's too); times come from a ``loka_trainer.timing`` timer.
+MERE is ``probe.mere.mere`` (the Probe's too); the flushed fraction is ``probe.flush.flushed_fraction`` of the
+layer's real operands (x, W) under the backend's declared scaling (``GemmBackend.operand_scaling``); times come
+from a ``loka_trainer.timing`` timer.
 ``measure_gemm`` produces the numbers; ``select.select_backend`` is the rule; ``build_layer_plan`` joins them.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ from loka_trainer.dispatch.plan import GemmChoice, LayerPlan
 from loka_trainer.dispatch.select import outlier_rounds, select_backend
 from loka_trainer.kernels.backend_base import GEMMS, GemmBackend
 from loka_trainer.kernels.backends import BASELINE
+from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION, gemm_flushed_fraction
 from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, mere
 from loka_trainer.timing import Timer
 
@@ -74,6 +77,12 @@ def _gemm_call(backend: GemmBackend, gemm: str, x: torch.Tensor, w: torch.Tensor
     }[gemm]
 
 
+def calibration_operands(gemm: str, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The NT operands of ``gemm`` that calibration knows, by role: x (M, K) and w (N, K) as forward's a and b,
+    Wᵀ (K, N) as input_grad's b, xᵀ (K, M) as weight_grad's b. dy is drawn, not known, so it is not measured."""
+    return {"forward": {"a": x, "b": w}, "input_grad": {"b": w.t()}, "weight_grad": {"b": x.t()}}[gemm]
+
+
 @torch.no_grad()
 def fp32_reference(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """The TF32-free fp32 result of one GEMM (x (M,K), w (N,K), dy (M,N))."""
@@ -92,13 +101,15 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
                  known_mere: Optional[dict[str, float]] = None, timing_cache: Optional[TimingCache] = None,
                  zero_floor: float = DEFAULT_ZERO_FLOOR, rounds: int = DEFAULT_ROUNDS,
                  outlier_factor: float = DEFAULT_OUTLIER_FACTOR) -> dict[str, dict[str, Any]]:
-    """MERE vs fp32 and time (µs) of one GEMM for each backend that supports the shape and runs this GEMM in
-    FP8 (``GemmBackend.is_fp8``: a backend whose GEMM is high precision is BF16 there, not a distinct choice).
+    """MERE vs fp32, flushed fraction and time (µs) of one GEMM for each backend that supports the shape and runs
+    this GEMM in FP8 (``GemmBackend.is_fp8``: a backend whose GEMM is high precision is BF16 there, not a distinct
+    choice).
 
     x (M, K), w (N, K), dy (M, N). ``known_mere`` (e.g. from LoKA Probe statistics) replaces the measured
     MERE for the backends it names; ``timing_cache`` reuses (and collects) times by shape; ``zero_floor``: see
     ``probe.mere``; ``rounds`` / ``outlier_factor``: see ``time_rounds``. Returns
-    name -> {"mere", "time_us" (median over rounds), "times_us" (one per round)}; bf16 is always included.
+    name -> {"mere", "flushed" (``gemm_flushed_fraction``; FP8 backends only), "time_us" (median over rounds),
+    "times_us" (one per round)}; bf16 is always included.
     """
     M, K = x.shape
     N = w.shape[0]
@@ -106,6 +117,7 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
     times: TimingCache = {} if timing_cache is None else timing_cache
     out: dict[str, dict[str, Any]] = {}
     calls: dict[str, Callable[[], torch.Tensor]] = {}
+    flushed_cache: dict = {}
     for name, backend in backends.items():
         if not backend.supports(M, K, N) or (name != BASELINE and not _is_fp8(backend, gemm)):
             continue
@@ -118,6 +130,10 @@ def measure_gemm(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor,
             warnings.warn(f"dispatch: {name} {gemm} failed at M×K×N={M}×{K}×{N}, not a candidate: "
                           f"{str(exc).splitlines()[0][:200]}")
             out[name] = {"mere": None, "time_us": None}
+            continue
+        if name != BASELINE:
+            out[name]["flushed"] = gemm_flushed_fraction(backend, gemm, calibration_operands(gemm, x, w),
+                                                         cache=flushed_cache)
     key = lambda name: (name, gemm, M, K, N, str(x.dtype))  # noqa: E731
     todo = {name: call for name, call in calls.items() if key(name) not in times}
     times.update({key(name): ts for name, ts in
@@ -136,12 +152,14 @@ def build_layer_plan(x: torch.Tensor, w: torch.Tensor, backends: dict[str, GemmB
                      forward_mere: Optional[dict[str, float]] = None, seed: int = 0,
                      timing_cache: Optional[TimingCache] = None,
                      zero_floor: float = DEFAULT_ZERO_FLOOR, rounds: int = DEFAULT_ROUNDS,
-                     outlier_factor: float = DEFAULT_OUTLIER_FACTOR) -> LayerPlan:
+                     outlier_factor: float = DEFAULT_OUTLIER_FACTOR,
+                     max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION) -> LayerPlan:
     """Measure and choose all three GEMMs of one Linear: x (M, K) its real input, w (N, K) its weight.
 
     The output gradient dy (M, N) is not known before training: it is drawn N(0, 1) with a fixed seed, so
     input_grad / weight_grad MERE are "normal-input" estimates (the forward MERE uses the real x, or the
-    probe's ``forward_mere`` when given). ``timing_cache``, ``rounds``, ``outlier_factor``: see ``measure_gemm``.
+    probe's ``forward_mere`` when given); flushed fractions are of the real x and w only. ``timing_cache``,
+    ``rounds``, ``outlier_factor``: see ``measure_gemm``; ``max_flushed_fraction``: see ``select.select_backend``.
     """
     gen = torch.Generator().manual_seed(seed)
     dy = torch.randn(x.shape[0], w.shape[0], generator=gen).to(device=x.device, dtype=x.dtype)
@@ -152,8 +170,8 @@ def build_layer_plan(x: torch.Tensor, w: torch.Tensor, backends: dict[str, GemmB
                              zero_floor=zero_floor, rounds=rounds, outlier_factor=outlier_factor)
         bf16_t = cands.get(BASELINE, {}).get("time_us")
         choice = select_backend(cands, cands.get(BASELINE, {}).get("times_us"), mere_threshold=mere_threshold,
-                                min_speedup=min_speedup)
-        setattr(plan, gemm, GemmChoice(backend=choice, mere=cands.get(choice, {}).get("mere"),
-                                       time_us=cands.get(choice, {}).get("time_us"), bf16_time_us=bf16_t,
-                                       candidates=cands))
+                                min_speedup=min_speedup, max_flushed_fraction=max_flushed_fraction)
+        chosen = cands.get(choice, {})
+        setattr(plan, gemm, GemmChoice(backend=choice, mere=chosen.get("mere"), flushed=chosen.get("flushed"),
+                                       time_us=chosen.get("time_us"), bf16_time_us=bf16_t, candidates=cands))
     return plan

@@ -3,14 +3,21 @@
 A plan is a JSON file a user can read, edit by hand (change ``"backend"``), check in and reuse. Layout::
 
     {"version": 1, "device": "NVIDIA H200", "mere_threshold": 0.2, "min_speedup": 1.05,
+     "max_flushed_fraction": 0.01,
      "layers": {"dense.mlp.0": {"shape": {"M": 4096, "K": 512, "N": 1024},
-                                "forward": {"backend": "scaled_mm_rowwise", "mere": 0.031,
+                                "forward": {"backend": "scaled_mm_rowwise", "mere": 0.031, "flushed": 0.0,
                                             "time_us": 12.0, "bf16_time_us": 15.1,
-                                            "candidates": {"scaled_mm_rowwise": {"mere": 0.031, "time_us": 12.0}}},
+                                            "candidates": {"scaled_mm_rowwise": {"mere": 0.031, "flushed": 0.0,
+                                                                                 "time_us": 12.0},
+                                                           "scaled_mm_tensorwise": {"mere": 0.02, "flushed": 0.84,
+                                                                                    "time_us": 11.0}}},
                                 "input_grad": {...}, "weight_grad": {...}}}}
 
-Only ``backend`` is required per GEMM; the rest is evidence (null when unknown). A layer that LoKA fuses with
-its BlockNorm and HardSwish (``mods.module.FusedLinearMods``) may also carry
+Only ``backend`` is required per GEMM; the rest is evidence (null when unknown). ``flushed`` is the largest fraction
+of a real operand's (x, W) nonzero values that the backend's FP8 cast sets to zero (``probe.flush``); a candidate
+above ``max_flushed_fraction`` was rejected for it (``rejected_for_flush``; above, ``scaled_mm_tensorwise``).
+
+A layer that LoKA fuses with its BlockNorm and HardSwish (``mods.module.FusedLinearMods``) may also carry
 ``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel measured
 fastest (``mods.modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not). And
 ``"mods_input_grad": {"mode": "scaled_mm_rowwise", "times_us": {"bf16": 82.6, "scaled_mm_rowwise": 77.6}}``:
@@ -26,9 +33,11 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from loka_trainer.dispatch.select import accuracy_rejection
 from loka_trainer.kernels.backend_base import GEMMS
 from loka_trainer.kernels.backends import BACKENDS, BASELINE
 from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
 
 PLAN_VERSION = 1
 
@@ -55,6 +64,7 @@ class GemmChoice:
 
     backend: str = "bf16"
     mere: Optional[float] = None
+    flushed: Optional[float] = None  # the chosen backend's flushed fraction of the real operands (``probe.flush``)
     time_us: Optional[float] = None
     bf16_time_us: Optional[float] = None
     candidates: dict[str, dict[str, Optional[float]]] = dataclasses.field(default_factory=dict)
@@ -117,6 +127,7 @@ class DispatchPlan:
     layers: dict[str, LayerPlan]
     mere_threshold: float = 0.2
     min_speedup: float = 1.05
+    max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION
     version: int = PLAN_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,7 +140,7 @@ class DispatchPlan:
                     entry[key] = dataclasses.asdict(getattr(lp, key))
             layers[fqn] = entry
         return {"version": self.version, "device": self.device, "mere_threshold": self.mere_threshold,
-                "min_speedup": self.min_speedup, "layers": layers}
+                "min_speedup": self.min_speedup, "max_flushed_fraction": self.max_flushed_fraction, "layers": layers}
 
     @classmethod
     def from_dict(cls, d: Any, *, source: str = "plan") -> "DispatchPlan":
@@ -142,7 +153,8 @@ class DispatchPlan:
             raise ValueError(f"{source}: 'layers' must be an object mapping layer FQN -> entry")
         layers = {fqn: _layer_from_dict(e, where=f"{source}: layer {fqn!r}") for fqn, e in d["layers"].items()}
         settings = {key: _number(d.get(key, default), where=f"{source}: {key!r}")
-                    for key, default in (("mere_threshold", 0.2), ("min_speedup", 1.05))}
+                    for key, default in (("mere_threshold", 0.2), ("min_speedup", 1.05),
+                                         ("max_flushed_fraction", DEFAULT_MAX_FLUSHED_FRACTION))}
         return cls(device=str(d.get("device", "unknown")), layers=layers, **settings)
 
 
@@ -185,7 +197,7 @@ def _gemm_from_dict(c: Any, *, where: str) -> GemmChoice:
         raise ValueError(f"{where} 'candidates' must be an object of backend -> evidence, got {candidates!r}")
     return GemmChoice(backend=c["backend"],
                       **{k: _number(c.get(k), where=f"{where} {k!r}", optional=True)
-                         for k in ("mere", "time_us", "bf16_time_us")},
+                         for k in ("mere", "flushed", "time_us", "bf16_time_us")},
                       candidates={str(name): _evidence(ev, where=f"{where} candidate {name!r}")
                                   for name, ev in candidates.items()})
 
@@ -244,7 +256,8 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
     Rejects (one-line ValueError): a layer the model does not have, a K/N that differs from the model's, a
     backend name not in ``valid_backends``, a Mods forward mode not in ``mods_modes`` or an FP8 one on a layer
     whose forward GEMM is BF16 (no FP8 candidate passed the accuracy test there), a Mods input-grad backend not
-    in ``valid_backends`` or one whose measured input-grad MERE is not below the plan's threshold. Layers of the
+    in ``valid_backends`` or one whose measured input-grad MERE is not below the plan's threshold or whose flushed
+    fraction exceeds the plan's ``max_flushed_fraction``. Layers of the
     model missing from the plan are allowed (they stay BF16) so a plan can be trimmed by hand. ``source`` names
     the plan in the messages.
     """
@@ -277,20 +290,26 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
             if name != "bf16" and err is not None and err >= plan.mere_threshold:
                 raise ValueError(f"{source}: layer {fqn!r} mods_input_grad: {name!r} has input-grad MERE {err:.4g} >= "
                                  f"{plan.mere_threshold} (not accurate enough there)")
+            flushed = (lp.input_grad.candidates.get(name) or {}).get("flushed")
+            if name != "bf16" and flushed is not None and flushed > plan.max_flushed_fraction:
+                raise ValueError(f"{source}: layer {fqn!r} mods_input_grad: {name!r} flushes {flushed:.4g} of an "
+                                 f"operand's nonzeros to zero, > max_flushed_fraction {plan.max_flushed_fraction}")
 
 
 def _fmt(v: Optional[float], spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-# Why a GEMM stayed BF16: every measured FP8 candidate failed the accuracy test / the accurate ones were not
-# fast enough / nothing was measured (e.g. a hand-written or probe-less plan entry) / its backend runs this GEMM
-# in high precision (e.g. torchao_rowwise_with_gw_hp's weight grad).
-BF16_REASONS = ("MERE", "slow", "unmeasured", "hp")
+# Why a GEMM stayed BF16: every measured FP8 candidate failed the MERE test / failed the accuracy test, some of
+# them only by flushing too much of an operand to zero (``probe.flush``) / the accurate ones were not fast enough /
+# nothing was measured (e.g. a hand-written or probe-less plan entry) / its backend runs this GEMM in high precision
+# (e.g. torchao_rowwise_with_gw_hp's weight grad).
+BF16_REASONS = ("MERE", "flushed", "slow", "unmeasured", "hp")
 
 
 def bf16_reason(choice: GemmChoice, *, mere_threshold: float, min_speedup: float,
-                gemm: Optional[str] = None) -> Optional[str]:
+                gemm: Optional[str] = None,
+                max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION) -> Optional[str]:
     """For a GEMM left in BF16, which rule kept it there (one of ``BF16_REASONS``); None if it is not BF16.
     ``gemm``: which GEMM ``choice`` is for, so a backend running it in high precision counts as BF16 ("hp")."""
     if choice.backend != "bf16":
@@ -299,9 +318,22 @@ def bf16_reason(choice: GemmChoice, *, mere_threshold: float, min_speedup: float
                 if name != "bf16" and c.get("mere") is not None and c.get("time_us") is not None]
     if not measured or choice.bf16_time_us is None:
         return "unmeasured"
-    if all(c["mere"] >= mere_threshold for c in measured):
+    why = {accuracy_rejection(c, mere_threshold=mere_threshold, max_flushed_fraction=max_flushed_fraction)
+           for c in measured}
+    if why == {"MERE"}:
         return "MERE"
+    if None not in why:
+        return "flushed"
     return "slow"
+
+
+def rejected_for_flush(choice: GemmChoice, *, mere_threshold: float,
+                       max_flushed_fraction: float) -> dict[str, float]:
+    """FP8 candidate -> its flushed fraction, for each candidate of ``choice`` that passed the MERE test but was
+    rejected because it flushes more than ``max_flushed_fraction`` of an operand's nonzero values to zero."""
+    return {name: c["flushed"] for name, c in choice.candidates.items()
+            if name != "bf16" and accuracy_rejection(c, mere_threshold=mere_threshold,
+                                                     max_flushed_fraction=max_flushed_fraction) == "flushed"}
 
 
 def bf16_reason_counts(plan: DispatchPlan) -> dict[str, int]:
@@ -313,7 +345,7 @@ def bf16_reason_counts(plan: DispatchPlan) -> dict[str, int]:
             if runs_fp8[g]:  # e.g. a fused Mods layer's timed FP8 input grad over a BF16 per-GEMM choice
                 continue
             why = bf16_reason(getattr(lp, g), mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup,
-                              gemm=g)
+                              gemm=g, max_flushed_fraction=plan.max_flushed_fraction)
             if why is not None:
                 counts[why] += 1
     return counts
@@ -325,31 +357,44 @@ def num_fp8_gemms(plan: DispatchPlan) -> int:
 
 
 def format_plan_table(plan: DispatchPlan) -> str:
-    """The plan as a fixed-width text table: one row per layer and GEMM; a BF16 row says why it is BF16
-    (``bf16_reason``; a backend running that GEMM in high precision reads ``bf16 (via NAME)``), and the last
-    line counts FP8 GEMMs and the reasons for the rest."""
+    """The plan as a fixed-width text table: one row per layer and GEMM with the chosen backend's MERE, flushed
+    fraction and speedup; a BF16 row says why it is BF16 (``bf16_reason``; a backend running that GEMM in high
+    precision reads ``bf16 (via NAME)``); a GEMM with candidates rejected for flushing (``rejected_for_flush``)
+    gets a line naming them. The last line counts FP8 GEMMs and the reasons for the rest."""
     w = 36  # the backend column: fits "bf16 (via torchao_rowwise_with_gw_hp)"
-    head = f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<{w}} {'MERE':>8} {'speedup':>8} {'bf16 why':<10}"
-    rows = [f"LoKA Dispatch plan ({plan.device}; MERE < {plan.mere_threshold}, speedup > {plan.min_speedup}×)",
-            head, "-" * len(head)]
+    head = (f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<{w}} {'MERE':>8} {'flushed':>8} {'speedup':>8} "
+            f"{'bf16 why':<10}")
+    rows = [f"LoKA Dispatch plan ({plan.device}; MERE < {plan.mere_threshold}, flushed <= {plan.max_flushed_fraction},"
+            f" speedup > {plan.min_speedup}×)", head, "-" * len(head)]
+    rule = dict(mere_threshold=plan.mere_threshold, max_flushed_fraction=plan.max_flushed_fraction)
+    num_flush_rejections = 0  # GEMMs with at least one FP8 candidate rejected for flushing
     for fqn, lp in plan.layers.items():
         shape = f"{lp.M}×{lp.K}×{lp.N}"
         for g in GEMMS:
             c = getattr(lp, g)
-            why = bf16_reason(c, mere_threshold=plan.mere_threshold, min_speedup=plan.min_speedup, gemm=g) or ""
+            why = bf16_reason(c, min_speedup=plan.min_speedup, gemm=g, **rule) or ""
             rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {gemm_label(c.backend, g):<{w}} "
-                        f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8} {why:<10}".rstrip())
+                        f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.flushed, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8} "
+                        f"{why:<10}".rstrip())
             fqn, shape = "", ""
+            rejected = rejected_for_flush(c, **rule)
+            if rejected:
+                num_flush_rejections += 1
+                names = ", ".join(f"{name} {flushed:.4f}" for name, flushed in rejected.items())
+                rows.append(f"{'':<32} {'':>18} {'':<11} rejected, flushed > {plan.max_flushed_fraction}: {names}")
         for label, gemm, choice in (("mods fwd", None, lp.mods_forward), ("mods dgrad", "input_grad", lp.mods_input_grad)):
             if choice is not None:
                 mode = gemm_label(choice.mode, gemm) if gemm else choice.mode
-                rows.append(f"{'':<32} {'':>18} {label:<11} {mode:<{w}} {'-':>8} {_fmt(choice.speedup, '.2f'):>8}")
+                rows.append(f"{'':<32} {'':>18} {label:<11} {mode:<{w}} {'-':>8} {'-':>8} "
+                            f"{_fmt(choice.speedup, '.2f'):>8}")
     reasons = bf16_reason_counts(plan)
     mods_bf16 = sum(gemm_is_fp8(getattr(lp, g).backend, g) and not lp.runs_fp8()[g]
                     for lp in plan.layers.values() for g in ("forward", "input_grad"))
     hp = f", {reasons['hp']} (backend runs it in BF16)" if reasons["hp"] else ""
     rows.append(f"{num_fp8_gemms(plan)} of {3 * len(plan.layers)} GEMMs in FP8; BF16 kept for {reasons['MERE']} (no "
-                f"FP8 candidate with MERE < {plan.mere_threshold}), {reasons['slow']} (no accurate one > "
+                f"FP8 candidate with MERE < {plan.mere_threshold}), {reasons['flushed']} (the others flush > "
+                f"{plan.max_flushed_fraction} of an operand to zero), {reasons['slow']} (no accurate one > "
                 f"{plan.min_speedup}× faster), {reasons['unmeasured']} (not measured), {mods_bf16} (fused Mods "
-                f"layer timed faster in BF16){hp}")
+                f"layer timed faster in BF16){hp}; {num_flush_rejections} GEMM(s) with an FP8 candidate rejected for "
+                f"flushing")
     return "\n".join(rows)

@@ -1,7 +1,11 @@
-"""Dispatch's choice: the LoKA rule as pure functions of measured numbers (MERE, µs).
+"""Dispatch's choice: the LoKA rule as pure functions of measured numbers (MERE, flushed fraction, µs).
 
 Rule (paper III-C): keep candidates with MERE < threshold and speedup over BF16 > min_speedup at the layer's
-real shape on this device; the fastest wins; otherwise BF16. Times come in independent rounds (each round
+real shape on this device; the fastest wins; otherwise BF16. A candidate must also not cast more than
+``max_flushed_fraction`` of the nonzero values of the layer's real input or weight to zero (``probe.flush``): MERE
+is relative to the output and misses small inputs wiped out by an outlier that sets a shared scale.
+
+Times come in independent rounds (each round
 times every candidate once, interleaved, so drift hits all of them alike, ``measure.time_rounds``): a candidate
 passes ``min_speedup`` only if it does so in *every* round against that round's BF16 time, so one noisy
 repeat (a 7892 µs BF16 outlier among 36-70 µs neighbours) cannot put a GEMM on FP8. The fastest is the one with
@@ -13,6 +17,11 @@ import statistics
 from typing import Optional, Sequence, Union
 
 from loka_trainer.kernels.backends import BASELINE
+from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
+
+# Why an FP8 candidate failed the accuracy test: its MERE is unknown or >= the threshold / it flushes too much of
+# an operand to zero.
+REJECTIONS = ("MERE", "flushed")
 
 Times = Union[float, Sequence[float], None]  # one time (µs) or one per round
 
@@ -49,13 +58,29 @@ def wins_every_round(times: Sequence[float], bf16_times: Sequence[float], min_sp
     return min(bf16_times) / max(times) > min_speedup
 
 
-def select_backend(candidates: dict[str, dict], bf16_time_us: Times, *, mere_threshold: float,
-                   min_speedup: float) -> str:
-    """Pick one GEMM's backend: candidates maps name -> {"mere": float|None, "time_us": median µs|None,
-    "times_us": [µs per round] (optional)}; ``bf16_time_us``: BF16's time, or its times per round.
+def accuracy_rejection(candidate: dict, *, mere_threshold: float,
+                       max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION) -> Optional[str]:
+    """Why a candidate's evidence {"mere": float|None, "flushed": float|None (optional)} fails the accuracy test
+    (one of ``REJECTIONS``), or None when it passes: MERE unknown or >= ``mere_threshold`` -> "MERE"; flushed
+    fraction > ``max_flushed_fraction`` -> "flushed" (an unknown flushed fraction, e.g. a backend that declares no
+    scaling, does not reject)."""
+    err, flushed = candidate.get("mere"), candidate.get("flushed")
+    if err is None or not err < mere_threshold:
+        return "MERE"
+    if flushed is not None and flushed > max_flushed_fraction:
+        return "flushed"
+    return None
 
-    A candidate qualifies when its MERE < mere_threshold and it beats BF16 by more than min_speedup in every
-    round (``wins_every_round``); unknown numbers disqualify. The qualifying candidate with the lowest median
+
+def select_backend(candidates: dict[str, dict], bf16_time_us: Times, *, mere_threshold: float,
+                   min_speedup: float, max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION) -> str:
+    """Pick one GEMM's backend: candidates maps name -> {"mere": float|None, "flushed": float|None (optional),
+    "time_us": median µs|None, "times_us": [µs per round] (optional)}; ``bf16_time_us``: BF16's time, or its
+    times per round.
+
+    A candidate qualifies when it passes the accuracy test (``accuracy_rejection``: MERE < mere_threshold and
+    flushed fraction <= max_flushed_fraction) and beats BF16 by more than min_speedup in every round
+    (``wins_every_round``); unknown MERE or times disqualify. The qualifying candidate with the lowest median
     time wins; none -> "bf16". Candidates given here must run the GEMM in FP8 (``measure_gemm`` leaves out a
     backend whose GEMM is high precision: it is BF16).
     """
@@ -64,11 +89,12 @@ def select_backend(candidates: dict[str, dict], bf16_time_us: Times, *, mere_thr
         return BASELINE
     best, best_time = BASELINE, None
     for name, c in candidates.items():
-        err, rounds = c.get("mere"), round_times(c)
-        if name == BASELINE or err is None or rounds is None:
+        rounds = round_times(c)
+        if name == BASELINE or rounds is None or \
+                accuracy_rejection(c, mere_threshold=mere_threshold, max_flushed_fraction=max_flushed_fraction):
             continue
         median = statistics.median(rounds)
-        if err < mere_threshold and wins_every_round(rounds, bf16_rounds, min_speedup) and \
+        if wins_every_round(rounds, bf16_rounds, min_speedup) and \
                 (best_time is None or median < best_time):
             best, best_time = name, median
     return best

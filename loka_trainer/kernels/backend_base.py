@@ -9,9 +9,14 @@ Notation: M batch rows, K in-features, N out-features. A Linear runs three GEMMs
 All three are one "NT" GEMM ``mm_nt(a (R, C), b (P, C)) -> (R, P)`` contracting the last dim of two row-major
 operands: forward (x, W), input_grad (dy, Wᵀ), weight_grad (dyᵀ, xᵀ). A backend that scales "per row"
 therefore always scales along the contraction dim, which is what rowwise FP8 GEMMs need.
+
+Each backend declares how it casts each GEMM's two NT operands (``operand_scaling``: a ``quant.QUANTIZERS``
+granularity and an FP8 dtype per operand), so Dispatch can measure what that cast loses on the layer's real
+operands (``probe.flush``) without running the backend's own quantizer.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -20,6 +25,21 @@ GEMMS = ("forward", "input_grad", "weight_grad")  # the three GEMMs of a Linear,
 
 # NOTE: a pre-quantized operand is (q, scale_inv) as returned by ``quant.quantize``; for BF16 it is (w_bf16, None).
 QuantOperand = tuple[torch.Tensor, Optional[torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandScaling:
+    """How one NT operand (R, C) of a GEMM is cast to FP8: ``granularity`` a ``quant.QUANTIZERS`` name taken in
+    that layout (``rowwise``: one scale per row, i.e. along the contraction dim C), ``dtype`` the FP8 dtype,
+    ``power_of_2_scales`` whether each scale is rounded down to a power of 2 (torchao's rowwise recipes)."""
+
+    granularity: str
+    dtype: torch.dtype
+    power_of_2_scales: bool = False
+
+
+# The (a, b) operands' scaling of one GEMM; None for an operand kept in high precision (or not declared).
+GemmScaling = tuple[Optional[OperandScaling], Optional[OperandScaling]]
 
 
 class GemmBackend:
@@ -35,10 +55,24 @@ class GemmBackend:
     # The GEMMs this backend runs in FP8; the others it runs in high precision (bitwise the BF16 baseline's
     # result), so they count, print and are chosen as BF16 (``is_fp8``).
     fp8_gemms: frozenset[str] = frozenset(GEMMS)
+    # The ``quant.QUANTIZERS`` granularity of every operand, and the FP8 dtype of the gradient operands (dy, dyᵀ;
+    # activations and weights are e4m3): what ``operand_scaling`` reports unless a subclass says otherwise.
+    # None: not declared (``operand_scaling`` then reports nothing).
+    granularity: Optional[str] = None
+    grad_dtype: torch.dtype = torch.float8_e4m3fn
 
     def is_fp8(self, gemm: str) -> bool:
         """True if this backend runs ``gemm`` (one of ``GEMMS``) in FP8."""
         return gemm in self.fp8_gemms
+
+    def operand_scaling(self, gemm: str) -> GemmScaling:
+        """How ``gemm``'s NT operands (a, b) are cast to FP8 (module docstring: forward (x, W), input_grad
+        (dy, Wᵀ), weight_grad (dyᵀ, xᵀ)); (None, None) for a GEMM run in high precision or without a declared
+        ``granularity``."""
+        if self.granularity is None or not self.is_fp8(gemm):
+            return None, None
+        act = OperandScaling(self.granularity, torch.float8_e4m3fn)
+        return (act, act) if gemm == "forward" else (OperandScaling(self.granularity, self.grad_dtype), act)
 
     def is_available(self, device: torch.device | str) -> bool:
         """True if this backend can run on ``device`` (libraries importable, hardware capable)."""

@@ -36,6 +36,7 @@ class _FbgemmBackend(GemmBackend):
 
 class FbgemmRowwise(_FbgemmBackend):
     name = "fbgemm_rowwise"
+    granularity = "rowwise"
 
     def quantize_a(self, a: torch.Tensor, *, is_grad: bool) -> QuantOperand:
         q, scale_inv = torch.ops.fbgemm.quantize_fp8_per_row(a.contiguous().to(torch.bfloat16))
@@ -47,6 +48,7 @@ class FbgemmRowwise(_FbgemmBackend):
 
 class FbgemmTensorwise(_FbgemmBackend):
     name = "fbgemm_tensorwise"
+    granularity = "tensorwise"
 
     def quantize_a(self, a: torch.Tensor, *, is_grad: bool) -> QuantOperand:
         q, scale_inv = torch.ops.fbgemm.quantize_fp8_per_tensor(a.contiguous().to(torch.bfloat16))
@@ -58,6 +60,7 @@ class FbgemmTensorwise(_FbgemmBackend):
 
 class FbgemmBlockwise(_FbgemmBackend):
     name = "fbgemm_blockwise"
+    granularity = "block128x128"
     min_multiple = 128  # whole 128×128 tiles keep the kernel on its fast path
 
     def quantize_a(self, a: torch.Tensor, *, is_grad: bool) -> QuantOperand:

@@ -19,11 +19,22 @@ from typing import Optional
 
 import torch
 
-from loka_trainer.kernels.backend_base import GEMMS, GemmBackend, QuantOperand, cuda_capability_at_least
+from loka_trainer.kernels.backend_base import (GEMMS, GemmBackend, GemmScaling, OperandScaling, QuantOperand,
+                                              cuda_capability_at_least)
 
 # recipe -> the GEMMs whose two operand casts are ``ScalingType.DISABLED`` (run in high precision). A table, not
 # read from ``Float8LinearConfig``, because constructing a backend must not import torchao.
 HP_GEMMS = {"tensorwise": (), "rowwise": (), "rowwise_with_gw_hp": ("weight_grad",)}
+
+# GEMM -> the ``Float8LinearConfig`` cast configs of its NT operands (a, b), as the three GEMM methods below use them
+CAST_CONFIGS = {
+    "forward": ("cast_config_input", "cast_config_weight"),
+    "input_grad": ("cast_config_grad_output", "cast_config_weight_for_grad_input"),
+    "weight_grad": ("cast_config_grad_output_for_grad_weight", "cast_config_input_for_grad_weight"),
+}
+# torchao's scaling granularity -> ours on the NT operand: every axiswise cast below is along the GEMM's
+# contraction dim, i.e. one scale per row of the NT operand
+GRANULARITIES = {"TENSORWISE": "tensorwise", "AXISWISE": "rowwise"}
 
 
 def torchao_importable() -> bool:
@@ -68,6 +79,21 @@ class TorchaoBackend(GemmBackend):
             axiswise_dim=get_maybe_axiswise_dim(axis, cast_config.scaling_granularity),
             round_scales_to_power_of_2=cfg.round_scales_to_power_of_2,
         )
+
+    def operand_scaling(self, gemm: str) -> GemmScaling:
+        """The recipe's casts of ``gemm``'s NT operands (a, b), read from its ``Float8LinearConfig``; None for a
+        cast the recipe disables (high precision)."""
+        from torchao.float8.config import ScalingType
+
+        def scaling(cast_config) -> Optional[OperandScaling]:
+            if cast_config.scaling_type is ScalingType.DISABLED:
+                return None
+            return OperandScaling(GRANULARITIES[cast_config.scaling_granularity.name], cast_config.target_dtype,
+                                  power_of_2_scales=config.round_scales_to_power_of_2)
+
+        config = self._config()
+        a, b = (getattr(config, attr) for attr in CAST_CONFIGS[gemm])
+        return scaling(a), scaling(b)
 
     @staticmethod
     def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

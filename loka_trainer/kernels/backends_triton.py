@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
+from loka_trainer.kernels.backend_base import (GemmBackend, GemmScaling, OperandScaling, QuantOperand,
+                                              cuda_capability_at_least)
 from loka_trainer.kernels.triton_env import triton_importable
+
+_ROWS_1X128 = OperandScaling("block1x128", torch.float8_e4m3fn)
+_TILES_128X128 = OperandScaling("block128x128", torch.float8_e4m3fn)
 
 
 class TritonBlockwise(GemmBackend):
@@ -32,6 +36,11 @@ class TritonBlockwise(GemmBackend):
         from loka_trainer.kernels.triton_gemm import quantize_128x128, quantize_1x128
         # one fused kernel either way (reads transposed views with their strides)
         return quantize_1x128(b) if is_grad else quantize_128x128(b)
+
+    def operand_scaling(self, gemm: str) -> GemmScaling:
+        """(a, b): 1×128 groups for activations and gradients, 128×128 tiles for the weight (forward: W,
+        input_grad: Wᵀ); weight_grad's operands dyᵀ, xᵀ are both 1×128."""
+        return (_ROWS_1X128, _ROWS_1X128) if gemm == "weight_grad" else (_ROWS_1X128, _TILES_128X128)
 
     def weight_grad(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """dy (M, N), x (M, K) -> dW (N, K) bf16 (both operands 1x128 along M)."""

@@ -12,6 +12,10 @@ that supports the layer's shape (M rows per call, K in, N out), and each user ke
                statistics (x ~ N(mu, Sigma) row-wise, w ~ MN(M, U, V)), both cast to --operand-dtype (the
                training's compute dtype) before the kernel and the reference see them (see mere.py);
   mere_normal  the same with standard-normal x and w (what ordinary kernel tests use), for contrast;
+  flushed      mean over the learned pairs of the fraction of x's or w's nonzero values (the larger) that the
+               backend's forward FP8 cast sets to zero (flush.py; null for bf16 and user kernels). The samples
+               are Gaussian, so a channel that is always large shows here, rare spikes do not: Dispatch measures
+               it again on a real calibration batch;
   speedup      median time of bf16 forward / this backend's forward at (M, K, N) with bf16 operands
                on --device (null if it could not be timed);
   unsafe       mere >= threshold;  not_worth_it   speedup is null or <= min_speedup.
@@ -34,7 +38,9 @@ import torch
 from tqdm import tqdm
 
 from loka_trainer.probe.activation import moments_from_state
-from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, OPERAND_DTYPES, GemmFn, accumulate_mere, median_time
+from loka_trainer.probe.flush import gemm_flushed_fraction
+from loka_trainer.probe.mere import (DEFAULT_ZERO_FLOOR, OPERAND_DTYPES, GemmFn, accumulate_mere, median_time,
+                                     operands)
 from loka_trainer.probe.sampling import activation_factor, sample_activations, sample_weight, weight_factors
 from loka_trainer.probe.stats_io import load_stats
 
@@ -118,6 +124,22 @@ def normal_pairs(shape: dict[str, int], *, num_samples: int, device: torch.devic
         yield x, w
 
 
+def recording_flush(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]], backends: dict,
+                    sums: dict[str, Optional[float]], *,
+                    operand_dtype: torch.dtype) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The pairs x (M, K), w (N, K), passed on unchanged; on the way, each backend's forward flushed fraction of the
+    pair (both cast to ``operand_dtype``; ``flush.gemm_flushed_fraction``) is added to ``sums[name]`` (None stays
+    None: the backend declares no FP8 cast)."""
+    for x, w in pairs:
+        xo, wo = operands(x, w, operand_dtype)
+        cache: dict = {}
+        for name, backend in backends.items():
+            fraction = gemm_flushed_fraction(backend, "forward", {"a": xo, "b": wo}, cache=cache)
+            if fraction is not None:
+                sums[name] = (sums.get(name) or 0.0) + fraction
+        yield x, w
+
+
 def time_backends(backends: dict, shape: dict[str, int], *, device: torch.device, generator: torch.Generator,
                   operand_dtype: torch.dtype = torch.bfloat16) -> dict[str, Optional[float]]:
     """Speedup of each backend's forward over bf16 at this shape (operands in the training's dtype)."""
@@ -145,9 +167,10 @@ def analyze_layer(layer: dict, backends: dict, *, num_samples: int, threshold: f
     usable = {n: b for n, b in backends.items() if b.supports(shape["M"], shape["K"], shape["N"])}
     kernels = {n: b.forward for n, b in usable.items()}
     generator = torch.Generator(device=device).manual_seed(seed)
-    learned = accumulate_mere(learned_pairs(layer, num_samples=num_samples, rows=shape["M"], device=device,
-                                            generator=generator), kernels, zero_floor=zero_floor,
-                              operand_dtype=operand_dtype)
+    flushed: dict[str, Optional[float]] = {}
+    pairs = learned_pairs(layer, num_samples=num_samples, rows=shape["M"], device=device, generator=generator)
+    learned = accumulate_mere(recording_flush(pairs, usable, flushed, operand_dtype=operand_dtype), kernels,
+                              zero_floor=zero_floor, operand_dtype=operand_dtype)
     normal = accumulate_mere(normal_pairs(shape, num_samples=num_samples, device=device, generator=generator),
                              kernels, zero_floor=zero_floor, operand_dtype=operand_dtype)
     speedups = time_backends(usable, shape, device=device, generator=generator,
@@ -155,7 +178,9 @@ def analyze_layer(layer: dict, backends: dict, *, num_samples: int, threshold: f
     candidates = {}
     for name in usable:
         speedup = speedups.get(name)
-        candidates[name] = {"mere": learned[name], "mere_normal": normal[name], "speedup": speedup,
+        candidates[name] = {"mere": learned[name], "mere_normal": normal[name],
+                            "flushed": None if flushed.get(name) is None else flushed[name] / num_samples,
+                            "speedup": speedup,
                             "unsafe": bool(learned[name] >= threshold),
                             "not_worth_it": bool(speedup is None or speedup <= min_speedup)}
     representation = f"activation:{layer['activation'].get('representation', 'full')};" \

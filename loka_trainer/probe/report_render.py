@@ -17,10 +17,12 @@ def render_markdown(report: dict) -> str:
         f"Unsafe: MERE >= {report['threshold']}. Not worth it: speedup <= {report['min_speedup']}x over bf16.",
         f"MERE denominator floored at {report['zero_floor']:g} x mean|ref|; kernel and fp32 reference get the same "
         f"{report['operand_dtype']} operands (see loka_trainer/probe/mere.py). User kernels are named module:function.",
+        "Flushed: mean fraction of the learned x's or w's nonzero values (the larger) that the forward FP8 cast sets "
+        "to zero (loka_trainer/probe/flush.py).",
         "",
         "| layer | M x K x N | representation | backend | MERE (learned) | MERE (normal) | learned/normal "
-        "| speedup | flags |",
-        "|---|---|---|---|---:|---:|---:|---:|---|",
+        "| flushed (learned) | speedup | flags |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for fqn, layer in report["layers"].items():
         s = layer["shape"]
@@ -29,7 +31,7 @@ def render_markdown(report: dict) -> str:
             flags = ", ".join(f for f, on in (("unsafe", c["unsafe"]), ("not worth it", c["not_worth_it"])) if on)
             lines.append(f"| {fqn} | {s['M']}x{s['K']}x{s['N']} | {layer['representation']} | {name} "
                          f"| {c['mere']:.4g} | {c['mere_normal']:.4g} | {_fmt(ratio, '.2f')} "
-                         f"| {_fmt(c['speedup'], '.2f')} | {flags or 'ok'} |")
+                         f"| {_fmt(c.get('flushed'), '.4f')} | {_fmt(c['speedup'], '.2f')} | {flags or 'ok'} |")
     return "\n".join(lines) + "\n"
 
 

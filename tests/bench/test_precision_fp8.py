@@ -17,7 +17,7 @@ def test_fp8_precision_profiles_a_dispatch_converted_copy_and_leaves_the_model_a
     # On a CPU no FP8 GEMM is faster than BF16, so let Dispatch pick FP8 wherever it is accurate enough:
     # only layers with an FP8 GEMM become LoKALinear.
     from loka_trainer.dispatch import measure as dispatch
-    monkeypatch.setattr(dispatch, "select_backend", lambda cands, bf16_time_us, *, mere_threshold, min_speedup: next(
+    monkeypatch.setattr(dispatch, "select_backend", lambda cands, bf16_time_us, *, mere_threshold, **_: next(
         (n for n, c in cands.items() if n == "scaled_mm_rowwise" and c["mere"] < mere_threshold), "bf16"))
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))

@@ -88,3 +88,59 @@ def test_supports_rejects_unaligned_shapes_for_fp8():
 def test_unknown_backend_lists_valid_names():
     with pytest.raises(ValueError, match="scaled_mm_rowwise"):
         get_backend("cublas_fp4")
+
+
+def _spiky(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """N(0, 1) with one channel at 100x and one value at 3e5: every scale granularity flushes something else."""
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    x[:, 1] *= 100.0
+    x[3, 5] = 3e5
+    return x.to(torch.bfloat16)
+
+
+def _own_casts(backend, gemm: str, x, w, dy, monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Run one GEMM of ``backend`` and return, in the order cast (a then b), (operand, its FP8 cast) for every
+    operand the backend's own code cast to FP8 (torchao: each ``_cast``; the others: ``mm_nt``'s a, b)."""
+    casts = []
+    if hasattr(backend, "_cast"):
+        cast = backend._cast
+
+        def recording(t, *args):
+            out = cast(t, *args)
+            if hasattr(out, "_data"):  # a Float8TrainingTensor; a disabled cast returns the bf16 operand itself
+                casts.append((t, out._data))
+            return out
+        monkeypatch.setattr(backend, "_cast", recording)
+    else:
+        mm_nt, mm_nt_q = backend.mm_nt, backend._mm_nt_q
+        operands = []
+
+        def recording_mm_nt(a, b, **kwargs):
+            operands[:] = [a, b]
+            return mm_nt(a, b, **kwargs)
+
+        def recording_mm_nt_q(qa, qb):
+            casts.extend(zip(operands, (qa[0], qb[0])))
+            return mm_nt_q(qa, qb)
+        monkeypatch.setattr(backend, "mm_nt", recording_mm_nt)
+        monkeypatch.setattr(backend, "_mm_nt_q", recording_mm_nt_q)
+    {"forward": lambda: backend.forward(x, w), "input_grad": lambda: backend.input_grad(dy, w),
+     "weight_grad": lambda: backend.weight_grad(dy, x)}[gemm]()
+    return casts
+
+
+@pytest.mark.parametrize("name", [n for n in CPU_BACKENDS if n != "bf16"])
+@pytest.mark.parametrize("gemm", ["forward", "input_grad", "weight_grad"])
+def test_declared_operand_scaling_flushes_what_the_backends_own_cast_flushes(name, gemm, monkeypatch):
+    """``operand_scaling`` is what Dispatch measures the flush of: it must describe the backend's real casts."""
+    from loka_trainer.probe.flush import flushed_fraction, flushed_fraction_of
+
+    x, w, dy = _spiky(64, 256, 0), _spiky(32, 256, 1), _spiky(64, 32, 2)
+    nt = {"forward": (x, w), "input_grad": (dy, w.t()), "weight_grad": (dy.t(), x.t())}[gemm]
+    backend = get_backend(name)
+    declared = [(op, s) for op, s in zip(nt, backend.operand_scaling(gemm)) if s is not None]
+    casts = _own_casts(backend, gemm, x, w, dy, monkeypatch)
+    assert len(casts) == len(declared) == (2 if backend.is_fp8(gemm) else 0)
+    for (operand, s), (own_operand, q) in zip(declared, casts):
+        own = float(flushed_fraction_of(own_operand, q))
+        assert flushed_fraction(operand, s.granularity, s.dtype, power_of_2_scales=s.power_of_2_scales) == own

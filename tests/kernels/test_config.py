@@ -29,9 +29,22 @@ def test_yaml_matches_schema_and_validates(name):
     (dict(probe_stats="/nonexistent"), "precision.probe_stats"),
     (dict(backends=["bf16", "warp_drive"]), "precision.backends"),
     (dict(mere_threshold=0.0), "precision.mere_threshold"),
+    (dict(max_flushed_fraction=1.5), "precision.max_flushed_fraction: must be within \\[0, 1\\]"),
+    (dict(max_flushed_fraction=-0.1), "precision.max_flushed_fraction: must be within \\[0, 1\\]"),
+    (dict(max_flushed_fraction=float("nan")), "precision.max_flushed_fraction: must be within \\[0, 1\\]"),
     (dict(gpu_timer="stopwatch"), "precision.gpu_timer: unknown 'stopwatch'; valid: \\['cuda_events', 'cuda_graph'\\]"),
     (dict(layer_timer="sundial"), "precision.layer_timer: unknown 'sundial'; valid: \\['cuda_events', 'cuda_graph'\\]"),
 ])
 def test_validate_errors_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PrecisionConfig(**kwargs).validate()
+
+
+def test_the_flush_limit_reaches_dispatch_from_the_loka_preset():
+    from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
+    raw = OmegaConf.load(CONF / "loka.yaml")
+    raw.pop("defaults")
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrecisionConfig), raw,
+                                              OmegaConf.from_dotlist(["max_flushed_fraction=0.2"])))
+    assert PrecisionConfig().max_flushed_fraction == DEFAULT_MAX_FLUSHED_FRACTION == raw.max_flushed_fraction
+    assert cfg.validate().loka_config().max_flushed_fraction == 0.2

@@ -13,11 +13,14 @@ VALID = ["bf16", "scaled_mm_rowwise", "scaled_mm_tensorwise"]
 
 def _plan() -> DispatchPlan:
     lp = LayerPlan(M=256, K=128, N=64,
-                   forward=GemmChoice("scaled_mm_rowwise", mere=0.03, time_us=8.0, bf16_time_us=10.0,
-                                      candidates={"scaled_mm_rowwise": {"mere": 0.03, "time_us": 8.0,
-                                                                       "times_us": [8.0, 7.9, 8.3]}}),
+                   forward=GemmChoice("scaled_mm_rowwise", mere=0.03, flushed=0.002, time_us=8.0, bf16_time_us=10.0,
+                                      candidates={"scaled_mm_rowwise": {"mere": 0.03, "flushed": 0.002, "time_us": 8.0,
+                                                                       "times_us": [8.0, 7.9, 8.3]},
+                                                  "scaled_mm_tensorwise": {"mere": 0.02, "flushed": 0.84,
+                                                                           "time_us": 7.0}}),
                    input_grad=GemmChoice("bf16", mere=0.002, time_us=10.0, bf16_time_us=10.0))
-    return DispatchPlan(device="cpu", layers={"dense.mlp.0": lp, "over.1": LayerPlan(M=256, K=64, N=64)})
+    return DispatchPlan(device="cpu", layers={"dense.mlp.0": lp, "over.1": LayerPlan(M=256, K=64, N=64)},
+                        max_flushed_fraction=0.05)
 
 
 def test_round_trip(tmp_path):
@@ -25,6 +28,9 @@ def test_round_trip(tmp_path):
     path = save_plan(plan, tmp_path / "sub" / "dispatch_plan.json")
     back = load_plan(path)
     assert back.to_dict() == plan.to_dict()
+    assert back.max_flushed_fraction == 0.05
+    assert back.layers["dense.mlp.0"].forward.flushed == 0.002
+    assert back.layers["dense.mlp.0"].forward.candidates["scaled_mm_tensorwise"]["flushed"] == 0.84
     assert back.layers["dense.mlp.0"].forward.speedup == pytest.approx(1.25)
     assert back.layers["over.1"].backends() == {"forward": "bf16", "input_grad": "bf16", "weight_grad": "bf16"}
 
@@ -79,6 +85,25 @@ def test_table_lists_every_gemm():
     assert "1 of 6 GEMMs in FP8" in table
 
 
+def test_a_plan_without_the_flush_fields_loads_with_the_default(tmp_path):
+    from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
+    d = _plan().to_dict()
+    del d["max_flushed_fraction"]
+    del d["layers"]["dense.mlp.0"]["forward"]["flushed"]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    back = load_plan(path)
+    assert back.max_flushed_fraction == DEFAULT_MAX_FLUSHED_FRACTION
+    assert back.layers["dense.mlp.0"].forward.flushed is None
+
+
+def test_table_names_the_candidates_rejected_for_flushing():
+    table = format_plan_table(_plan())
+    assert "flushed <= 0.05" in table.splitlines()[0]
+    assert "rejected, flushed > 0.05: scaled_mm_tensorwise 0.8400" in table
+    assert "1 GEMM(s) with an FP8 candidate rejected for flushing" in table
+
+
 def test_bf16_rows_say_why():
     from loka_trainer.dispatch.plan import bf16_reason, bf16_reason_counts
     inaccurate = GemmChoice("bf16", mere=0.002, time_us=10.0, bf16_time_us=10.0,
@@ -92,9 +117,15 @@ def test_bf16_rows_say_why():
     assert bf16_reason(GemmChoice("bf16"), **kw) == "unmeasured"
     assert bf16_reason(GemmChoice("scaled_mm_rowwise", candidates=slow.candidates), **kw) is None
     plan = DispatchPlan(device="cpu", layers={"a": LayerPlan(M=16, K=16, N=16, forward=inaccurate, input_grad=slow)})
-    assert bf16_reason_counts(plan) == {"MERE": 1, "slow": 1, "unmeasured": 1, "hp": 0}
-    assert "0 of 3 GEMMs in FP8; BF16 kept for 1 (no FP8 candidate with MERE < 0.2), 1 (no accurate one" in \
-        format_plan_table(plan)
+    assert bf16_reason_counts(plan) == {"MERE": 1, "flushed": 0, "slow": 1, "unmeasured": 1, "hp": 0}
+    assert "0 of 3 GEMMs in FP8; BF16 kept for 1 (no FP8 candidate with MERE < 0.2), 0 (the others flush > 0.01 " \
+           "of an operand to zero), 1 (no accurate one" in format_plan_table(plan)
+    # the MERE-accurate candidate flushes too much, the other fails MERE: kept BF16 for flushing
+    flushing = GemmChoice("bf16", bf16_time_us=10.0,
+                          candidates={"scaled_mm_rowwise": {"mere": 0.4, "time_us": 5.0},
+                                      "scaled_mm_tensorwise": {"mere": 0.05, "flushed": 0.5, "time_us": 5.0}})
+    assert bf16_reason(flushing, **kw) == "flushed"
+    assert bf16_reason(flushing, **kw, max_flushed_fraction=0.5) == "slow"  # at the limit: not rejected
 
 
 def test_mods_forward_round_trips(tmp_path):
@@ -154,6 +185,13 @@ def test_mods_input_grad_bf16_over_an_fp8_plan_choice_is_counted_as_timed_bf16()
 def test_bad_mods_input_grad_is_rejected(backend, mere, match):
     with pytest.raises(ValueError, match=match):
         validate_plan(_with_mods_input_grad(backend, mere), {"dense.mlp.0": (128, 64), "over.1": (64, 64)}, VALID)
+
+
+def test_a_mods_input_grad_that_flushes_too_much_is_rejected():
+    plan = _with_mods_input_grad("scaled_mm_rowwise")
+    plan.layers["dense.mlp.0"].input_grad.candidates["scaled_mm_rowwise"]["flushed"] = 0.3
+    with pytest.raises(ValueError, match="flushes 0.3 of an operand's nonzeros to zero, > max_flushed_fraction 0.05"):
+        validate_plan(plan, {"dense.mlp.0": (128, 64), "over.1": (64, 64)}, VALID)
 
 
 @pytest.mark.parametrize("content,match", [

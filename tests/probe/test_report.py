@@ -44,7 +44,8 @@ def test_report_command_writes_the_dispatch_contract(stats_dir, capsys):
     assert layer["shape"] == {"M": 16, "K": 8, "N": 32}
     assert layer["representation"].startswith("activation:full")
     for name, c in layer["candidates"].items():
-        assert set(c) == {"mere", "mere_normal", "speedup", "unsafe", "not_worth_it"}
+        assert set(c) == {"mere", "mere_normal", "flushed", "speedup", "unsafe", "not_worth_it"}
+        assert (c["flushed"] is None) == (name == "bf16")
         assert c["unsafe"] == (c["mere"] >= 0.3)
         assert c["not_worth_it"] == (c["speedup"] is None or c["speedup"] <= report["min_speedup"])
     bf16 = layer["candidates"]["bf16"]
@@ -122,3 +123,37 @@ def test_bad_input_is_one_line_and_exit_2(stats_dir, tmp_path, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_the_report_shows_what_each_backends_forward_cast_flushes(tmp_path):
+    """A layer whose input has one channel at ~1e6 (its mean; the others ~1): one scale per tensor (or per row:
+    every row holds that channel) sets most other inputs to zero; the report shows it per backend, beside MERE."""
+    import torch
+
+    from loka_trainer.kernels.backends import get_backend
+    from loka_trainer.probe.activation import ActivationTracker
+    from loka_trainer.probe.report import analyze_layer
+    from loka_trainer.probe.report_render import render_markdown
+
+    from .helpers import outlier_activations
+
+    entry = learned_layer_entry()
+    act = ActivationTracker(256)
+    x = outlier_activations(4096, 256, gen=torch.Generator().manual_seed(0), outliers=())
+    x[:, 7] += 1e6
+    act.update(x)
+    act.rows_per_call = 128
+    entry["activation"] = act.state_dict()
+    backends = {n: get_backend(n) for n in ("bf16", "scaled_mm_tensorwise", "scaled_mm_rowwise")}
+    hot = analyze_layer(entry, backends, num_samples=2, threshold=0.2, min_speedup=1.05,
+                        device=torch.device("cpu"), timing=False)["candidates"]
+    normal = analyze_layer(learned_layer_entry(), backends, num_samples=2, threshold=0.2, min_speedup=1.05,
+                           device=torch.device("cpu"), timing=False)["candidates"]
+    assert hot["bf16"]["flushed"] is None
+    assert hot["scaled_mm_tensorwise"]["flushed"] > 0.5 and hot["scaled_mm_rowwise"]["flushed"] > 0.5
+    assert normal["scaled_mm_tensorwise"]["flushed"] < 0.01
+    report = {"device": "cpu", "num_samples": 2, "threshold": 0.2, "min_speedup": 1.05, "zero_floor": 0.01,
+              "operand_dtype": "bfloat16", "layers": {"fc": {"shape": {"M": 128, "K": 256, "N": 64},
+                                                             "representation": "full", "candidates": hot}}}
+    row = next(line for line in render_markdown(report).splitlines() if "| scaled_mm_tensorwise |" in line)
+    assert f"| {hot['scaled_mm_tensorwise']['flushed']:.4f} |" in row
