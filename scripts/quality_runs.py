@@ -144,20 +144,25 @@ def run_dir(out: Path, model: str, variant: str, seed: int) -> Path:
 def build_jobs(out: Path, models: list[str], variants: list[str], seeds: list[int], *,
                overrides: Callable[[str, str, int], list[str]], dispatch: Callable[[str, str], bool],
                share_plan: bool) -> list[Job]:
-    """Every run in start order: per model, seed by seed, every variant; under ``share_plan`` the first seed's
-    run of each Dispatch variant (``dispatch(model, variant)``) comes first and measures the shared plan."""
+    """Every run, per model, seed by seed, every variant (the table's order). Under ``share_plan`` the runs of a
+    Dispatch variant (``dispatch(model, variant)``) share one plan, measured by the first seed's run."""
     jobs = []
     for m in models:
-        group = []
         for s in seeds:
             for v in variants:
                 job = Job(m, v, s, run_dir(out, m, v, s), overrides(m, v, s))
                 if share_plan and dispatch(m, v):
                     job.shared_plan = out / "plans" / f"{m}_{v}.json"
                     job.builds_plan = s == seeds[0]
-                group.append(job)
-        jobs += [j for j in group if j.builds_plan] + [j for j in group if not j.builds_plan]
+                jobs.append(job)
     return jobs
+
+
+def start_order(jobs: list[Job]) -> list[Job]:
+    """``jobs`` in the order to start them: model by model, its plan-measuring runs first (they need the device to
+    themselves, ``readiness``; the others of their variant wait for their plan)."""
+    models = list(dict.fromkeys(j.model for j in jobs))
+    return [j for m in models for first in (True, False) for j in jobs if j.model == m and j.builds_plan == first]
 
 
 def adopt_plan(job: Job) -> Optional[str]:
@@ -296,7 +301,7 @@ class Launcher:
         run.log.close()
         wall = time.perf_counter() - run.t0
         job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
-            {"command": run.command, "returncode": code, "wall_s": wall}, indent=1) + "\n")
+            {"command": run.command, "port": run.port, "returncode": code, "wall_s": wall}, indent=1) + "\n")
         state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
         print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)
 
@@ -387,7 +392,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_results(out, meta, jobs, failed)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the runs are stopped
-    not_run = run_jobs(todo, concurrent=args.concurrent, budget_s=args.time_budget, start=launcher.start,
+    not_run = run_jobs(start_order(todo), concurrent=args.concurrent, budget_s=args.time_budget, start=launcher.start,
                        on_finish=on_finish)
     result, plots = write_results(out, meta, jobs, failed + not_run)
     print(quality_table(result))
