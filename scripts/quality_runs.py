@@ -7,24 +7,26 @@ Each run is one train.py job: `model=M`, the precision's overrides (``PRECISION_
 `precision=P`), `trainer.seed=S`, with the data seed fixed, so runs of one seed see identical batches and their
 train losses are comparable window by window. `--launcher python` starts `python train.py` (one process, `--nproc
 1`), `--launcher torchrun` starts `torchrun --nproc_per_node=N` on its own rendezvous port; either way every run
-gets its own MASTER_PORT, so `--concurrent K` runs up to K of them at once (they share the device). `--time-budget
-S` starts no run after S seconds (running ones finish). `--eval-interval N` evaluates every N steps (the eval log
-loss curve). After every finished run `<out>/quality.json` (per run: the train-loss trajectory, the eval curve and
-the final eval metrics; the table adds the relative log loss (RLL) vs the BF16 run of the same seed, the BF16
-seed-to-seed noise floor and LoKA vs BF16+Mods) and the plots (`scripts.plot_results`) are rewritten, so a call
-cut short still leaves a usable partial table. Runs already finished under `<out>/runs/` are reused; a run's
-output is `<out>/runs/<name>.log`, its launch record `<out>/runs/<name>.launch.json`.
+gets its own MASTER_PORT, so `--concurrent K` runs up to K of them at once (they share the device).
+`--time-budget S` starts no run later than S seconds after the first one started (running ones finish).
+`--eval-interval N` evaluates every N steps (the eval log loss curve). After every finished run
+`<out>/quality.json` (per run: the train-loss trajectory, the eval curve and the final eval metrics; the table adds
+the relative log loss (RLL) vs the BF16 run of the same seed, the BF16 seed-to-seed noise floor and LoKA vs
+BF16+Mods) and the plots (`scripts.plot_results`) are rewritten, so a call cut short still leaves a usable partial
+table. Runs already finished under `<out>/runs/` are reused; a run's output is `<out>/runs/<name>.log`, its exit
+status, port and wall time `<out>/runs/<name>.launch.json`.
 
 `--share-plan`: the runs of a Dispatch precision (loka) share one plan, `<out>/plans/<model>_<precision>.json`,
 measured by the first seed's run while no other run uses the device (concurrent runs would skew its timings);
 the other seeds load it (`precision.plan`) and start once it exists. All seeds then train the same FP8 layers.
 
-One H200 (wukong_h200, 5 precisions x 3 seeds, about 8 minutes; see the trade-offs in the helper report):
+One H200, wukong_h200, 5 precisions x 3 seeds in about 8 minutes (an estimate from its measured speed, not a
+timed call): ~2M examples per run; a run holds an estimated ~20 GiB, so 5 fit (bench_e2e_gpu's peak column says):
 
-    python -m scripts.quality_runs --out OUT --models wukong_h200 --seeds 0 1 2 --steps 240 --eval-interval 20 \
-        --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --concurrent 5 --launcher python \
-        --share-plan --time-budget 400 -- trainer.device=cuda trainer.compile=true data.batch_size=8192 \
-        data.eval_batches=16 precision.timing_rounds=1
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python -m scripts.quality_runs --out OUT --models wukong_h200 \
+        --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --seeds 0 1 2 --steps 240 --eval-interval 30 \
+        --nproc 1 --concurrent 5 --share-plan --time-budget 330 -- trainer.device=cuda trainer.compile=true \
+        data.batch_size=8192 data.eval_batches=12 precision.timing_rounds=1
 """
 from __future__ import annotations
 
