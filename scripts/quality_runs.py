@@ -21,11 +21,12 @@ measured by the first seed's run while no other run uses the device (concurrent 
 the other seeds load it (`precision.plan`) and start once it exists. All seeds then train the same FP8 layers.
 
 One H200, wukong_h200, 5 precisions x 3 seeds in about 8 minutes (an estimate from its measured speed, not a
-timed call): ~2M examples per run; a run holds an estimated ~20 GiB, so 5 fit (bench_e2e_gpu's peak column says):
+timed call): 1.6M examples per run; a run holds an estimated ~20 GiB, so 5 fit (bench_e2e_gpu's peak column
+measures it). A second call with `--seeds 3 4 5` and the same --out adds seeds (finished runs are reused):
 
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python -m scripts.quality_runs --out OUT --models wukong_h200 \
-        --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --seeds 0 1 2 --steps 240 --eval-interval 30 \
-        --nproc 1 --concurrent 5 --share-plan --time-budget 330 -- trainer.device=cuda trainer.compile=true \
+        --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --seeds 0 1 2 --steps 200 --eval-interval 25 \
+        --nproc 1 --concurrent 5 --share-plan --time-budget 360 -- trainer.device=cuda trainer.compile=true \
         data.batch_size=8192 data.eval_batches=12 precision.timing_rounds=1
 """
 from __future__ import annotations
