@@ -22,7 +22,7 @@ the other seeds load it (`precision.plan`) and start once it exists. All seeds t
 
 One H200, wukong_h200, 5 precisions x 3 seeds in about 8 minutes (an estimate from its measured speed, not a
 timed call): 1.6M examples per run; a run holds an estimated ~20 GiB, so 5 fit (bench_e2e_gpu's peak column
-measures it). A second call with `--seeds 3 4 5` and the same --out adds seeds (finished runs are reused):
+measures it). The same call with `--seeds 0 1 2 3 4 5` reuses the finished seeds and adds three:
 
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python -m scripts.quality_runs --out OUT --models wukong_h200 \
         --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --seeds 0 1 2 --steps 200 --eval-interval 25 \
