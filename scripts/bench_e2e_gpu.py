@@ -18,7 +18,9 @@ embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here
 forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
 is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
 GEMM, attention and other kernels (the paper's figure-11 view; ``kernel_category``) and records the graph
-breaks dynamo saw. Writes OUT_DIR/bench_e2e.json (after every variant),
+breaks dynamo saw; one more step after warm-up gives the training step's peak GPU memory (``train_peak_mem_gib``:
+``max_memory_allocated`` after ``reset_peak_memory_stats``, parameters and optimizer states included;
+``train_peak_reserved_gib``: what the caching allocator held). Writes OUT_DIR/bench_e2e.json (after every variant),
 OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch variants: every candidate's MERE and time) and
 OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not started before --budget-s are skipped and
 listed as such.
@@ -40,6 +42,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from loka_trainer import register_weight_cache_hook
+from loka_trainer.bench.profilers import cuda_peak_memory
 from loka_trainer.data import DataConfig, build_stream, data_schema
 from loka_trainer.dispatch.compile import reserve_compile_cache
 from loka_trainer.models.zoo import MODELS, build_model
@@ -59,6 +62,7 @@ KERNEL_CATEGORIES: dict[str, tuple[str, ...]] = {
 
 
 PHASES = ("train", "infer")
+GIB = 2**30
 
 # CUDA-side events that are not kernels: torch records ranges such as ``Optimizer.step#Adam.step`` (around the
 # optimizer's kernels) as GPU user annotations; counted as kernels, they add the optimizer's time twice.
@@ -260,6 +264,10 @@ def measure(model_name: str, precision: str, args, device) -> dict:
                                              compile_mode=args.compile_mode,
                                              plan_dir=args.out / "plans" / f"{model_name}_{precision.replace('+', '_')}")
     row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
+    # after warm-up: the optimizer states exist and the compiled graphs are built, as in a long run
+    mem = cuda_peak_memory(lambda: train_step(model, batch, opts), device)
+    row.update(train_peak_mem_gib=mem.peak / GIB, train_peak_reserved_gib=mem.peak_reserved / GIB,
+               resident_mem_gib=mem.before / GIB)
     row.update({f"train_{k}": v for k, v in kernel_split_ms(lambda: train_step(model, batch, opts)).items()})
     row.update({f"infer_{k}": v for k, v in kernel_split_ms(lambda: infer_step(model, batch)).items()})
     model.eval()
@@ -283,19 +291,21 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    """Wall times and ratios per variant, and the training step's GPU kernel time per category."""
+    """Wall times and ratios per variant, the training step's GPU kernel time per category and its peak GPU memory
+    (allocated, GiB; n/a in rows recorded before it was measured)."""
     lines = [f"{'model':<12} {'precision':<18} {'train ms':>9} {'x bf16':>7} {'infer ms':>9} {'x bf16':>7} "
-             f"{'GPU ms':>7} {'GEMM ms':>8} {'attn ms':>8} {'rest ms':>8} {'breaks':>6}"]
+             f"{'GPU ms':>7} {'GEMM ms':>8} {'attn ms':>8} {'rest ms':>8} {'breaks':>6} {'peak GiB':>8}"]
     for r in rows:
         if "train_step_ms" not in r:
             lines.append(f"{r['model']:<12} {r['precision']:<18} {r.get('status', 'error')}")
             continue
         gpu = r["train_gemm_ms"] + r.get("train_attention_ms", 0.0) + r["train_other_ms"]
+        peak = f"{r['train_peak_mem_gib']:8.2f}" if "train_peak_mem_gib" in r else f"{'n/a':>8}"
         lines.append(f"{r['model']:<12} {r['precision']:<18} {r['train_step_ms']:9.3f} "
                      f"{r.get('train_speedup_vs_bf16', float('nan')):7.2f} {r['infer_step_ms']:9.3f} "
                      f"{r.get('infer_speedup_vs_bf16', float('nan')):7.2f} {gpu:7.2f} {r['train_gemm_ms']:8.3f} "
                      f"{r.get('train_attention_ms', float('nan')):8.3f} {r['train_other_ms']:8.3f} "
-                     f"{r.get('dynamo', {}).get('graph_breaks', -1):6d}")
+                     f"{r.get('dynamo', {}).get('graph_breaks', -1):6d} {peak}")
     return "\n".join(lines)
 
 

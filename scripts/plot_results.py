@@ -3,13 +3,15 @@
     python -m scripts.plot_results                      # every figure under docs/results
     python -m scripts.plot_results docs/results/quality_cpu/quality.json [more JSON ...]
 
-Per JSON file name (``PLOTTERS``): ``quality.json`` (quality_runs.py) -> quality_rll.png and a table;
+Per JSON file name (``PLOTTERS``): ``quality.json`` (quality_runs.py) -> quality_rll.png, quality_curve.png (eval
+log loss vs step, when the runs evaluated during training) and a table;
 ``bench_e2e.json`` (bench_e2e_gpu.py) -> bench_e2e.png and its table; ``bench_fsdp2.json`` (bench_fsdp2_gpu.py)
 -> bench_fsdp2.png; ``ablation.json`` (the InterFormer Mods ablation) -> ablation_rll.png via plot_ablation.py.
 
 Relative log loss (RLL) of a run = (its log loss - the BF16 run's log loss of the same seed) / BF16's, in %.
 Noise floor = the spread of BF16 itself across seeds: the standard deviation over seeds of each BF16 run's
 eval log loss relative to the BF16 mean, in %. A precision is "within noise" when |mean RLL| <= that floor.
+LoKA vs BF16+Mods: the RLL of ``loka`` against ``bf16_mods`` (the same Mods model without FP8) of the same seed.
 """
 from __future__ import annotations
 
@@ -26,36 +28,76 @@ def rll(value: float, baseline: float) -> float:
     return 100.0 * (value - baseline) / baseline
 
 
+# precision -> the same model without FP8 (``quality_runs.PRECISION_VARIANTS``): the RLL against it is the effect
+# of the FP8 GEMMs alone, with the Mods' own effect taken out
+MODS_BASELINES: dict[str, str] = {"loka": "bf16_mods"}
+
+
 def _by_key(result: dict) -> dict[tuple[str, str, int], dict]:
     return {(r["model"], r["precision"], r["seed"]): r for r in result["runs"]}
 
 
+def _mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+    return (statistics.mean(values), statistics.pstdev(values)) if values else (None, None)
+
+
+def paired_rll(runs: dict, model: str, precision: str, baseline: str, seeds: list[int]) -> list[float]:
+    """Eval RLL (%) of ``precision`` vs ``baseline`` for each seed that has both runs (a partial table may not)."""
+    return [rll(runs[(model, precision, s)]["eval"]["eval_logloss"], runs[(model, baseline, s)]["eval"]["eval_logloss"])
+            for s in seeds if (model, precision, s) in runs and (model, baseline, s) in runs]
+
+
+def noise_floor(logloss: list[float]) -> Optional[float]:
+    """Std over seeds of the BF16 eval log loss relative to its mean, in %; None below two seeds."""
+    return 100.0 * statistics.pstdev(logloss) / statistics.mean(logloss) if len(logloss) > 1 else None
+
+
 def summarize(result: dict) -> list[dict]:
-    """One row per (model, precision): mean±std over seeds of eval RLL, NE, AUC, throughput; the noise floor."""
+    """One row per (model, precision): mean±std over seeds of eval RLL vs BF16 (and vs the BF16 Mods model,
+    ``MODS_BASELINES``), NE, AUC, throughput; the noise floor; how many seeds each number has (``*_seeds``).
+    Works on a partial result: a statistic whose runs are missing is None."""
     runs, rows = _by_key(result), []
     models = sorted({r["model"] for r in result["runs"]})
     precisions = list(dict.fromkeys(r["precision"] for r in result["runs"]))
     for m in models:
         seeds = sorted({r["seed"] for r in result["runs"] if r["model"] == m})
-        base = [runs[(m, "bf16", s)]["eval"]["eval_logloss"] for s in seeds]
-        floor = 100.0 * statistics.pstdev(base) / statistics.mean(base)
+        base = [runs[(m, "bf16", s)]["eval"]["eval_logloss"] for s in seeds if (m, "bf16", s) in runs]
         for p in precisions:
             rs = [runs[(m, p, s)] for s in seeds if (m, p, s) in runs]
-            rlls = [rll(r["eval"]["eval_logloss"], runs[(m, "bf16", r["seed"])]["eval"]["eval_logloss"]) for r in rs]
-            rows.append({"model": m, "precision": p, "seeds": len(rs), "rll_pct_mean": statistics.mean(rlls),
-                         "rll_pct_std": statistics.pstdev(rlls), "noise_floor_pct": floor,
-                         "eval_ne": statistics.mean(r["eval"]["eval_ne"] for r in rs),
-                         "eval_auc": statistics.mean(r["eval"]["eval_auc"] for r in rs),
-                         "examples_per_s": statistics.mean(r["examples_per_s"] for r in rs)})
+            if not rs:
+                continue
+            rlls = paired_rll(runs, m, p, "bf16", seeds)
+            mean, std = _mean_std(rlls)
+            row = {"model": m, "precision": p, "seeds": len(rs), "rll_pct_mean": mean, "rll_pct_std": std,
+                   "rll_seeds": len(rlls), "noise_floor_pct": noise_floor(base), "noise_floor_seeds": len(base),
+                   "eval_ne": statistics.mean(r["eval"]["eval_ne"] for r in rs),
+                   "eval_auc": statistics.mean(r["eval"]["eval_auc"] for r in rs),
+                   "examples_per_s": statistics.mean(r["examples_per_s"] for r in rs)}
+            mods = paired_rll(runs, m, p, MODS_BASELINES[p], seeds) if p in MODS_BASELINES else []
+            if mods:
+                mean, std = _mean_std(mods)
+                row.update(mods_baseline=MODS_BASELINES[p], rll_vs_mods_pct_mean=mean, rll_vs_mods_pct_std=std,
+                           rll_vs_mods_seeds=len(mods))
+            rows.append(row)
     return rows
 
 
+def _rll_cell(mean: Optional[float], std: Optional[float], n: int) -> str:
+    return "n/a" if mean is None else f"{mean:+.3f} ± {std:.3f} (n={n})"
+
+
 def quality_table(result: dict) -> str:
-    head = "| model | precision | seeds | eval RLL vs BF16 (%) | BF16 noise floor (%) | eval NE | eval AUC |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    """Markdown table of ``summarize``: each RLL and noise-floor cell says over how many seeds (n) it is."""
+    head = ("| model | precision | seeds | eval RLL vs BF16 (%) | BF16 noise floor (%) | eval RLL vs BF16+Mods (%) "
+            "| eval NE | eval AUC |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in summarize(result):
-        lines.append(f"| {r['model']} | {r['precision']} | {r['seeds']} | {r['rll_pct_mean']:+.3f} ± "
-                     f"{r['rll_pct_std']:.3f} | {r['noise_floor_pct']:.3f} | {r['eval_ne']:.4f} | {r['eval_auc']:.4f} |")
+        floor = "n/a" if r["noise_floor_pct"] is None else f"{r['noise_floor_pct']:.3f} (n={r['noise_floor_seeds']})"
+        mods = (_rll_cell(r["rll_vs_mods_pct_mean"], r["rll_vs_mods_pct_std"], r["rll_vs_mods_seeds"])
+                if "mods_baseline" in r else "")
+        lines.append(f"| {r['model']} | {r['precision']} | {r['seeds']} | "
+                     f"{_rll_cell(r['rll_pct_mean'], r['rll_pct_std'], r['rll_seeds'])} | {floor} | {mods} | "
+                     f"{r['eval_ne']:.4f} | {r['eval_auc']:.4f} |")
     return "\n".join(lines)
 
 
@@ -70,30 +112,39 @@ def trajectory_rll(run: dict, base: dict) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
-    """The RLL trajectories of every non-BF16 precision; None (no file) when the runs are BF16 only."""
-    if all(r["precision"] == "bf16" for r in result["runs"]):
-        return None
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
+    """The RLL trajectories of every non-BF16 precision (seeds that have a BF16 run); None (no file) when there is
+    nothing to draw (BF16 runs only, or none paired with one yet)."""
     runs = _by_key(result)
     models = sorted({r["model"] for r in result["runs"]})
     precisions = [p for p in dict.fromkeys(r["precision"] for r in result["runs"]) if p != "bf16"]
+    paired = lambda m, p: [s for s in sorted({r["seed"] for r in result["runs"] if r["model"] == m})
+                           if (m, p, s) in runs and (m, "bf16", s) in runs]
+    if not any(paired(m, p) for m in models for p in precisions):
+        return None
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     floors = {r["model"]: r["noise_floor_pct"] for r in summarize(result)}
     for ax, m in zip(axes[0], models):
-        seeds = sorted({r["seed"] for r in result["runs"] if r["model"] == m})
         for p in precisions:
-            curves = [trajectory_rll(runs[(m, p, s)], runs[(m, "bf16", s)]) for s in seeds if (m, p, s) in runs]
+            curves = [trajectory_rll(runs[(m, p, s)], runs[(m, "bf16", s)]) for s in paired(m, p)]
+            if not curves:
+                continue
             xs = curves[0][0]
             mean = [statistics.mean(c[1][i] for c in curves) for i in range(len(xs))]
-            ax.plot(xs, mean, label=p)
-        ax.axhspan(-floors[m], floors[m], color="grey", alpha=0.2, label="BF16 seed noise (eval)")
+            ax.plot(xs, mean, label=f"{p} (n={len(curves)})")
+        if floors[m] is not None:
+            ax.axhspan(-floors[m], floors[m], color="grey", alpha=0.2, label="BF16 seed noise (eval)")
         ax.axhline(0, color="black", lw=0.8)
-        ax.set_title(f"{m} (mean over {len(seeds)} seeds)")
+        ax.set_title(f"{m} (mean over seeds)")
         ax.set_xlabel("step")
         ax.set_ylabel("relative log loss (%)")
         ax.legend(fontsize=8)
@@ -106,10 +157,50 @@ def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
     return path
 
 
+def mean_curve(curves: list[list[list[float]]]) -> tuple[list[int], list[float]]:
+    """[[step, value], ...] per seed -> (steps every curve has, the mean over the curves at each)."""
+    values = [dict((int(s), v) for s, v in c if v is not None) for c in curves]
+    steps = sorted(set.intersection(*(set(v) for v in values))) if values else []
+    return steps, [statistics.mean(v[s] for v in values) for s in steps]
+
+
+def plot_quality_curves(result: dict, out_dir: Path) -> Optional[Path]:
+    """Eval log loss vs step (quality_runs --eval-interval), one panel per model: per precision the mean over
+    seeds (thick) and each seed (thin). None (no file) when no run has two eval points (older JSON has none)."""
+    has_curve = lambda r: len(r.get("eval_curve", [])) > 1
+    if not any(has_curve(r) for r in result["runs"]):
+        return None
+    plt = _pyplot()
+    models = sorted({r["model"] for r in result["runs"] if has_curve(r)})
+    precisions = list(dict.fromkeys(r["precision"] for r in result["runs"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, m in zip(axes[0], models):
+        for i, p in enumerate(precisions):
+            curves = [r["eval_curve"] for r in result["runs"] if r["model"] == m and r["precision"] == p
+                      and has_curve(r)]
+            if not curves:
+                continue
+            color = f"C{i}"
+            for c in curves:
+                ax.plot(*zip(*c), color=color, lw=0.6, alpha=0.4)
+            ax.plot(*mean_curve(curves), color=color, lw=2, label=f"{p} (n={len(curves)})")
+        ax.set_title(m)
+        ax.set_xlabel("step")
+        ax.set_ylabel("eval log loss")
+        ax.legend(fontsize=8)
+    fig.suptitle("Eval log loss during training: mean over seeds (thick), each seed (thin)",
+                 fontsize=10 if len(models) == 1 else 12)
+    fig.tight_layout()
+    path = Path(out_dir) / "quality_curve.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _quality(path: Path) -> None:
     result = json.loads(path.read_text())
     print(quality_table(result))
-    print(f"plot: {plot_quality(result, path.parent)}")
+    print(f"plot: {plot_quality(result, path.parent)}, curve: {plot_quality_curves(result, path.parent)}")
 
 
 def _e2e(path: Path) -> None:

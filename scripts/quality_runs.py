@@ -1,73 +1,409 @@
 """Quality runs for the evidence report: every (model, precision, seed) trained on the same planted-teacher data.
 
     python -m scripts.quality_runs --out docs/results/quality_cpu --steps 300 --seeds 0 1 2 \
-        --models wukong interformer --precisions bf16 fp8_tensorwise fp8_rowwise loka [-- extra overrides]
+        --models wukong interformer --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka [-- extra overrides]
 
-Each run is `torchrun --nproc_per_node=N train.py model=M precision=P trainer.seed=S ...` with the data seed
-fixed, so runs of one seed see identical batches and their train losses are comparable window by window.
-Writes `<out>/quality.json` (per run: the train-loss trajectory and final eval metrics; plus relative log loss
-(RLL) vs the BF16 run of the same seed and the BF16 seed-to-seed noise floor) and draws the plots with
-`scripts.plot_results`. Runs already finished under `<out>/runs/` are reused.
+Each run is one train.py job: `model=M`, the precision's overrides (``PRECISION_VARIANTS``, else the preset
+`precision=P`), `trainer.seed=S`, with the data seed fixed, so runs of one seed see identical batches and their
+train losses are comparable window by window. `--launcher python` starts `python train.py` (one process, `--nproc
+1`), `--launcher torchrun` starts `torchrun --nproc_per_node=N` on its own rendezvous port; either way every run
+gets its own MASTER_PORT, so `--concurrent K` runs up to K of them at once (they share the device).
+`--time-budget S` starts no run later than S seconds after the first one started (running ones finish).
+`--eval-interval N` evaluates every N steps (the eval log loss curve). After every finished run
+`<out>/quality.json` (per run: the train-loss trajectory, the eval curve and the final eval metrics; the table adds
+the relative log loss (RLL) vs the BF16 run of the same seed, the BF16 seed-to-seed noise floor and LoKA vs
+BF16+Mods) and the plots (`scripts.plot_results`) are rewritten, so a call cut short still leaves a usable partial
+table. Runs already finished under `<out>/runs/` are reused; a run's output is `<out>/runs/<name>.log`, its exit
+status, port and wall time `<out>/runs/<name>.launch.json`.
+
+`--share-plan`: the runs of a Dispatch precision (loka) share one plan, `<out>/plans/<model>_<precision>.json`,
+measured by the first seed's run while no other run uses the device (concurrent runs would skew its timings);
+the other seeds load it (`precision.plan`) and start once it exists. All seeds then train the same FP8 layers.
+
+One H200, wukong_h200, 5 precisions x 3 seeds in about 8 minutes (an estimate from its measured speed, not a
+timed call): 1.6M examples per run; a run holds an estimated ~20 GiB, so 5 fit (bench_e2e_gpu's peak column
+measures it). The same call with `--seeds 0 1 2 3 4 5` reuses the finished seeds and adds three:
+
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python -m scripts.quality_runs --out OUT --models wukong_h200 \
+        --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --seeds 0 1 2 --steps 200 --eval-interval 25 \
+        --nproc 1 --concurrent 5 --share-plan --time-budget 360 -- trainer.device=cuda trainer.compile=true \
+        data.batch_size=8192 data.eval_batches=12 precision.timing_rounds=1
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import IO, Callable, Optional, Protocol
 
-from tqdm import tqdm
-
-from scripts.plot_results import plot_quality, quality_table
+from loka_trainer.dispatch.convert import PLAN_FILE
+from scripts.plot_results import plot_quality, plot_quality_curves, quality_table
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
+PRESETS = ROOT / "conf" / "precision"
+
+# Precision variants that are not a conf/precision preset: name -> train.py overrides.
+PRECISION_VARIANTS: dict[str, list[str]] = {
+    # The LoKA Mods (no bias, BlockNorm, Hard Swish: precision.mods builds them) in BF16 without FP8: with Dispatch
+    # off, apply_precision leaves the model alone. Compiled, LoKA's all-BF16 fused Mods layers run this same math
+    # (mods.module.plain_math_route), so LoKA vs this variant is the effect of LoKA's FP8 GEMMs alone.
+    "bf16_mods": ["precision=loka", "precision.dispatch=false"],
+}
 
 
-def run_one(run_dir: Path, model: str, precision: str, seed: int, *, steps: int, nproc: int,
-            extra: list[str]) -> dict:
-    if not (run_dir / "summary.json").is_file():
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(ROOT / "train.py"), f"model={model}", f"precision={precision}", f"trainer.seed={seed}",
-               f"trainer.steps={steps}", "trainer.eval_interval=0", "trainer.resume=false",
-               "callbacks.progress=false", f"hydra.run.dir={run_dir}", *extra]
-        log = run_dir.with_suffix(".log")
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as f:
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-        if proc.returncode != 0:
-            raise SystemExit(f"run failed: {' '.join(cmd)} (log: {log})")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return {"model": model, "precision": precision, "seed": seed,
-            "train": [[r["step"], r["loss"]] for r in records if "loss" in r],
-            "eval": {k: summary[k] for k in ("eval_logloss", "eval_ne", "eval_auc")},
-            "examples_per_s": summary["examples_per_s"]}
+def precision_overrides(variant: str) -> list[str]:
+    """A precision variant -> its train.py overrides: ``PRECISION_VARIANTS``, else the preset `precision=<name>`."""
+    return PRECISION_VARIANTS.get(variant, [f"precision={variant}"])
 
 
-def main() -> None:
+def known_variants() -> list[str]:
+    return sorted({*PRECISION_VARIANTS, *(p.stem for p in PRESETS.glob("*.yaml"))})
+
+
+# ---- launching ------------------------------------------------------------------------------------------------
+def python_command(nproc: int, port: int) -> list[str]:
+    """One process: train.py starts its own one-rank group from MASTER_ADDR/MASTER_PORT (set by ``run_env``)."""
+    return [sys.executable, str(ROOT / "train.py")]
+
+
+def torchrun_command(nproc: int, port: int) -> list[str]:
+    """torchrun on one node, static rendezvous on ``port``: concurrent runs must not share a rendezvous store."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train.py")]
+
+
+LAUNCHERS: dict[str, Callable[[int, int], list[str]]] = {"python": python_command, "torchrun": torchrun_command}
+
+
+def free_port(taken: set[int]) -> int:
+    """A TCP port the OS reports free on 127.0.0.1 that no running job of ours holds."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
+
+
+def run_env(port: int, *, threads: int) -> dict[str, str]:
+    """The child's environment: its rendezvous port, and (unless set) OMP threads = its share of the CPU cores."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+# ---- jobs -----------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Job:
+    """One (model, precision variant, seed) run. ``shared_plan``: its Dispatch plan file under --share-plan;
+    ``builds_plan``: this run measures that plan (the first seed), the others load it."""
+
+    model: str
+    variant: str
+    seed: int
+    run_dir: Path
+    overrides: list[str]
+    shared_plan: Optional[Path] = None
+    builds_plan: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    def finished(self) -> bool:
+        return (self.run_dir / "summary.json").is_file()
+
+    def measuring(self) -> bool:
+        """True while this run still has to measure the shared plan (nothing else may use the device then)."""
+        return self.builds_plan and not self.shared_plan.is_file()
+
+    def command_overrides(self) -> list[str]:
+        """train.py's overrides; a run that loads the shared plan gets `precision.plan` (once the plan exists)."""
+        if self.shared_plan is None or not self.shared_plan.is_file():
+            return list(self.overrides)
+        return [*self.overrides, f"precision.plan={self.shared_plan.resolve()}"]
+
+
+def run_overrides(out: Path, model: str, variant: str, seed: int, *, steps: int, eval_interval: int,
+                  extra: list[str]) -> list[str]:
+    """train.py's overrides for one run (no checkpoints: a rerun of this script reuses finished runs instead)."""
+    return [f"model={model}", *precision_overrides(variant), f"trainer.seed={seed}", f"trainer.steps={steps}",
+            f"trainer.eval_interval={eval_interval}", "trainer.resume=false", "trainer.checkpoint_at_end=false",
+            "callbacks.progress=false", f"hydra.run.dir={run_dir(out, model, variant, seed)}", *extra]
+
+
+def run_dir(out: Path, model: str, variant: str, seed: int) -> Path:
+    return out / "runs" / f"{model}_{variant}_seed{seed}"
+
+
+def build_jobs(out: Path, models: list[str], variants: list[str], seeds: list[int], *,
+               overrides: Callable[[str, str, int], list[str]], dispatch: Callable[[str, str], bool],
+               share_plan: bool) -> list[Job]:
+    """Every run, per model, seed by seed, every variant (the table's order). Under ``share_plan`` the runs of a
+    Dispatch variant (``dispatch(model, variant)``) share one plan, measured by the first seed's run."""
+    jobs = []
+    for m in models:
+        for s in seeds:
+            for v in variants:
+                job = Job(m, v, s, run_dir(out, m, v, s), overrides(m, v, s))
+                if share_plan and dispatch(m, v):
+                    job.shared_plan = out / "plans" / f"{m}_{v}.json"
+                    job.builds_plan = s == seeds[0]
+                jobs.append(job)
+    return jobs
+
+
+def start_order(jobs: list[Job]) -> list[Job]:
+    """``jobs`` in the order to start them: model by model, its plan-measuring runs first (they need the device to
+    themselves, ``readiness``; the others of their variant wait for their plan)."""
+    models = list(dict.fromkeys(j.model for j in jobs))
+    return [j for m in models for first in (True, False) for j in jobs if j.model == m and j.builds_plan == first]
+
+
+def adopt_plan(job: Job) -> Optional[str]:
+    """A plan-measuring run's `dispatch_plan.json` becomes the shared plan (copied atomically) once it exists;
+    returns a line to print when it did."""
+    src = job.run_dir / PLAN_FILE
+    if not job.builds_plan or job.shared_plan.is_file() or not src.is_file():
+        return None
+    job.shared_plan.parent.mkdir(parents=True, exist_ok=True)
+    tmp = job.shared_plan.with_suffix(".tmp")
+    shutil.copyfile(src, tmp)
+    tmp.replace(job.shared_plan)
+    return f"shared plan {job.shared_plan} (measured by {job.name})"
+
+
+WAIT = "wait"
+
+
+def readiness(job: Job, running: list[Job], active: list[Job]) -> Optional[str]:
+    """None: ``job`` may start now; ``WAIT``: not yet; any other string: it cannot run, and why.
+    ``running``: the jobs running now; ``active``: the jobs still pending or running."""
+    if any(r.measuring() for r in running):
+        return WAIT  # a plan is being measured: its timings need the device to itself
+    if job.measuring():
+        return WAIT if running else None
+    if job.shared_plan is not None and not job.shared_plan.is_file():
+        if any(j.builds_plan and j.shared_plan == job.shared_plan for j in active):
+            return WAIT
+        return f"not run: no shared plan {job.shared_plan} (the run measuring it ended without writing one)"
+    return None
+
+
+class Process(Protocol):
+    def poll(self) -> Optional[int]: ...
+
+
+def run_jobs(jobs: list[Job], *, concurrent: int, budget_s: Optional[float], start: Callable[[Job], Process],
+             on_finish: Callable[[Job, int], None], log: Callable[[str], None] = print,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+             poll_s: float = 1.0) -> list[tuple[Job, str]]:
+    """Start ``jobs`` in order, up to ``concurrent`` at a time, none after ``budget_s`` seconds (running ones
+    finish); ``on_finish(job, returncode)`` after each. Returns the jobs that did not run, with the reason."""
+    t0, pending, running, not_run = clock(), list(jobs), [], []
+    try:
+        while pending or running:
+            for job, proc in list(running):
+                code = proc.poll()  # before adopting: a run that has ended wrote its plan already
+                line = adopt_plan(job)
+                if line:
+                    log(line)
+                if code is not None:
+                    running.remove((job, proc))
+                    on_finish(job, code)
+            if pending and budget_s is not None and clock() - t0 >= budget_s:
+                not_run += [(j, f"not started: time budget {budget_s:g} s spent") for j in pending]
+                pending = []
+            while pending and len(running) < concurrent:
+                now = [j for j, _ in running]
+                verdict = readiness(pending[0], now, pending + now)
+                if verdict == WAIT:
+                    if not running:
+                        raise RuntimeError(f"{pending[0].name} waits with nothing running (job order)")
+                    break
+                job = pending.pop(0)
+                if verdict is not None:
+                    not_run.append((job, verdict))
+                    continue
+                running.append((job, start(job)))
+            if running:
+                sleep(poll_s)
+    finally:
+        for _, proc in running:  # interrupted: stop the runs this call started
+            if proc.poll() is None:
+                proc.terminate()
+    return not_run
+
+
+# ---- results --------------------------------------------------------------------------------------------------
+def read_run(job: Job) -> dict:
+    """A finished run's record in quality.json (train-loss trajectory, eval curve, final eval, throughput)."""
+    records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    record = {"model": job.model, "precision": job.variant, "seed": job.seed,
+              "train": [[r["step"], r["loss"]] for r in records if "loss" in r],
+              "eval_curve": [[r["step"], r["eval_logloss"]] for r in records if "eval_logloss" in r],
+              "eval": {k: summary[k] for k in ("eval_logloss", "eval_ne", "eval_auc")},
+              "examples_per_s": summary["examples_per_s"]}
+    launch = job.run_dir.with_suffix(".launch.json")
+    if launch.is_file():
+        record["wall_s"] = json.loads(launch.read_text())["wall_s"]
+    return record
+
+
+def write_results(out: Path, meta: dict, jobs: list[Job], not_run: list[tuple[Job, str]]) -> tuple[dict, list[Path]]:
+    """quality.json (atomically) and the plots from every finished run so far; returns (result, plot files)."""
+    result = {**meta, "runs": [read_run(j) for j in jobs if j.finished()],
+              "not_run": [{"run": j.name, "why": why} for j, why in not_run]}
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "quality.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out / "quality.json")
+    plots = [plot(result, out) for plot in (plot_quality, plot_quality_curves)] if result["runs"] else []
+    return result, [p for p in plots if p is not None]
+
+
+@dataclasses.dataclass
+class Launched:
+    proc: subprocess.Popen
+    log: IO[str]
+    port: int
+    command: list[str]
+    t0: float
+
+
+class Launcher:
+    """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status and wall
+    time in ``<run dir>.launch.json`` when it ends."""
+
+    def __init__(self, launcher: str, nproc: int, threads: int):
+        self.command, self.nproc, self.threads = LAUNCHERS[launcher], nproc, threads
+        self.live: dict[str, Launched] = {}
+
+    def start(self, job: Job) -> subprocess.Popen:
+        port = free_port({r.port for r in self.live.values()})
+        cmd = [*self.command(self.nproc, port), *job.command_overrides()]
+        job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = job.run_dir.with_suffix(".log").open("w")
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env=run_env(port, threads=self.threads))
+        self.live[job.name] = Launched(proc, log, port, cmd, time.perf_counter())
+        print(f"started {job.name} (port {port})", flush=True)
+        return proc
+
+    def finish(self, job: Job, code: int) -> None:
+        run = self.live.pop(job.name)
+        run.log.close()
+        wall = time.perf_counter() - run.t0
+        job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
+            {"command": run.command, "port": run.port, "returncode": code, "wall_s": wall}, indent=1) + "\n")
+        state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
+        print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)
+
+
+def dispatch_pairs(jobs: list[Job]) -> set[tuple[str, str]]:
+    """Compose and validate the config of each (model, variant)'s first run before any run starts (a bad
+    override: one ``error:`` line, exit 2); returns the pairs whose runs measure a Dispatch plan (Dispatch on and
+    no plan file given)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from loka_trainer.cli import compose_config, typed_config
+    from loka_trainer.config import register_schemas, to_run_config
+
+    register_schemas()
+    measured, seen = set(), set()
+    for job in jobs:
+        if (job.model, job.variant) in seen:
+            continue
+        seen.add((job.model, job.variant))
+        cfg, _ = compose_config("config", job.overrides)
+        run = typed_config(cfg, to_run_config)
+        if run.precision.dispatch and run.precision.plan is None:
+            measured.add((job.model, job.variant))
+    GlobalHydra.instance().clear()
+    return measured
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", nargs="+", default=["wukong", "interformer"])
-    ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_tensorwise", "fp8_rowwise", "loka"])
+    ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_tensorwise", "fp8_rowwise", "loka"],
+                    help=f"conf/precision presets or {sorted(PRECISION_VARIANTS)}")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--eval-interval", type=int, default=0, help="evaluate every N steps (0: at the end only)")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks per run")
+    ap.add_argument("--launcher", choices=sorted(LAUNCHERS), default=None,
+                    help="default: python for --nproc 1, else torchrun")
+    ap.add_argument("--concurrent", type=int, default=1, help="runs at once")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds after which no run starts")
+    ap.add_argument("--share-plan", action="store_true", help="one Dispatch plan per (model, precision)")
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run (after --)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.launcher = args.launcher or ("python" if args.nproc == 1 else "torchrun")
+    problems = [f"--precisions: unknown {p!r}; valid: {known_variants()}" for p in args.precisions
+                if p not in known_variants()]
     if "bf16" not in args.precisions:
-        raise SystemExit("--precisions must include bf16: RLL is relative to the BF16 run")
-    jobs = [(m, p, s) for m in args.models for s in args.seeds for p in args.precisions]
-    runs = []
-    for m, p, s in tqdm(jobs, desc="quality runs", unit="run"):
-        runs.append(run_one(args.out / "runs" / f"{m}_{p}_seed{s}", m, p, s, steps=args.steps,
-                            nproc=args.nproc, extra=args.extra))
-    result = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "steps": args.steps,
-              "nproc": args.nproc, "extra_overrides": args.extra, "runs": runs}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "quality.json").write_text(json.dumps(result, indent=1) + "\n")
+        problems.append("--precisions must include bf16: RLL is relative to the BF16 run")
+    if args.launcher == "python" and args.nproc != 1:
+        problems.append(f"--launcher python runs one process; --nproc {args.nproc} needs --launcher torchrun")
+    if args.concurrent < 1 or args.nproc < 1 or args.eval_interval < 0 or args.steps < 1:
+        problems.append("--concurrent, --nproc and --steps must be >= 1, --eval-interval >= 0")
+    if problems:
+        print(f"error: {problems[0]}", file=sys.stderr)
+        raise SystemExit(2)
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args = parse_args(argv)
+    out = args.out.resolve()
+    overrides = lambda m, v, s: run_overrides(out, m, v, s, steps=args.steps, eval_interval=args.eval_interval,
+                                              extra=args.extra)
+    measured = dispatch_pairs(build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides,
+                                         dispatch=lambda m, v: False, share_plan=False))
+    jobs = build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides,
+                      share_plan=args.share_plan, dispatch=lambda m, v: (m, v) in measured)
+    for line in filter(None, map(adopt_plan, jobs)):  # measured by a run of an earlier call
+        print(line)
+    todo = [j for j in jobs if not j.finished()]
+    print(f"{len(jobs)} runs: {len(jobs) - len(todo)} finished earlier (reused), {len(todo)} to run, "
+          f"up to {args.concurrent} at once ({args.launcher}, {args.nproc} rank(s) each)", flush=True)
+    if measured and args.concurrent > 1 and not args.share_plan:
+        print("note: a Dispatch plan measured while other runs use the device is skewed; see --share-plan")
+    meta = {"command": " ".join(["quality_runs.py", *(sys.argv[1:] if argv is None else argv)]),
+            "steps": args.steps, "nproc": args.nproc, "launcher": args.launcher, "concurrent": args.concurrent,
+            "eval_interval": args.eval_interval, "share_plan": args.share_plan, "extra_overrides": args.extra,
+            "precision_overrides": {v: precision_overrides(v) for v in args.precisions}}
+    threads = max(1, (os.cpu_count() or 1) // (args.concurrent * args.nproc))
+    launcher = Launcher(args.launcher, args.nproc, threads)
+    failed: list[tuple[Job, str]] = []
+
+    def on_finish(job: Job, code: int) -> None:
+        launcher.finish(job, code)
+        if not job.finished():
+            failed.append((job, f"failed: exit {code}, log {job.run_dir.with_suffix('.log')}"))
+        write_results(out, meta, jobs, failed)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the runs are stopped
+    not_run = run_jobs(start_order(todo), concurrent=args.concurrent, budget_s=args.time_budget, start=launcher.start,
+                       on_finish=on_finish)
+    result, plots = write_results(out, meta, jobs, failed + not_run)
     print(quality_table(result))
-    print(f"plots: {plot_quality(result, args.out)}")
+    print(f"plots: {', '.join(map(str, plots)) or 'none'}")
+    for entry in result["not_run"]:
+        print(f"{entry['run']}: {entry['why']}")
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,14 @@ def test_e2e_rows_drop_gpu_annotations_counted_as_kernels():
     assert row["train_other_ms"] == 8.0 and recategorized(new) is new  # the recorded row is not modified
 
 
+def test_e2e_table_shows_the_training_peak_memory_and_n_a_for_rows_without_it():
+    from scripts.bench_e2e_gpu import table
+    row = dict(model="wukong", batch=64, train_step_ms=2.0, infer_step_ms=1.0, train_gemm_ms=0.5, train_other_ms=1.0)
+    lines = table([{**row, "precision": "bf16", "train_peak_mem_gib": 21.5}, {**row, "precision": "loka"}])
+    assert lines.splitlines()[0].endswith("peak GiB")
+    assert lines.splitlines()[1].endswith("21.50") and lines.splitlines()[2].endswith("n/a")
+
+
 def test_e2e_precision_variants_apply_their_suffixes_and_reject_unknown_ones():
     from scripts.bench_e2e_gpu import precision_config
     assert precision_config("loka").gpu_timer == "cuda_events"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -125,6 +125,25 @@ class ParamBytes(Profiler):
         return {"param_bytes": float(_nbytes(_unique_params_and_buffers(job.module)))}
 
 
+class CudaPeak(NamedTuple):
+    """Allocator bytes around one call: ``peak`` (high-water mark during it), ``before`` (allocated when it
+    started), ``peak_reserved`` (high-water mark of what the caching allocator held from the device)."""
+
+    peak: int
+    before: int
+    peak_reserved: int
+
+
+def cuda_peak_memory(fn: Callable[[], Any], device: torch.device) -> CudaPeak:
+    """Run ``fn`` once between ``reset_peak_memory_stats`` and ``max_memory_allocated`` on CUDA ``device``."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return CudaPeak(torch.cuda.max_memory_allocated(device), before, torch.cuda.max_memory_reserved(device))
+
+
 class PeakMemory(Profiler):
     """Peak CUDA memory above the resident baseline during one fwd+bwd -> ``peak_mem_bytes`` (n/a off CUDA)."""
 
@@ -133,19 +152,18 @@ class PeakMemory(Profiler):
     def profile(self, job: Job, ctx: RunContext, so_far: Mapping[str, Any]) -> dict[str, Any]:
         if ctx.device.type != "cuda":
             return {"peak_mem_bytes": None}
-        torch.cuda.synchronize(ctx.device)
-        torch.cuda.reset_peak_memory_stats(ctx.device)
-        base = torch.cuda.memory_allocated(ctx.device)
-        step = _train_step_fn(job)
-        if step is None:
-            with torch.no_grad():
-                job.run()
-        else:
-            step()
-        torch.cuda.synchronize(ctx.device)
-        peak = torch.cuda.max_memory_allocated(ctx.device) - base
+
+        def step() -> None:  # built inside the measured call: its first forward is part of the peak
+            run = _train_step_fn(job)
+            if run is None:
+                with torch.no_grad():
+                    job.run()
+            else:
+                run()
+
+        mem = cuda_peak_memory(step, ctx.device)
         job.module.zero_grad(set_to_none=True)
-        return {"peak_mem_bytes": float(peak)}
+        return {"peak_mem_bytes": float(mem.peak - mem.before)}
 
 
 def _embedding_modules(module: nn.Module) -> list[nn.Module]:

@@ -70,3 +70,12 @@ def test_unknown_names_are_one_line_value_errors():
         from loka_trainer.bench.plugins import make
         from loka_trainer.bench.profilers import PROFILERS
         make(PROFILERS, "nope", "bench.profilers")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_peak_memory_sees_a_temporary_freed_inside_the_call():
+    from loka_trainer.bench.profilers import cuda_peak_memory
+    device = torch.device("cuda", 0)
+    kept = torch.empty(2**20, dtype=torch.uint8, device=device)
+    mem = cuda_peak_memory(lambda: torch.empty(64 * 2**20, dtype=torch.uint8, device=device), device)
+    assert mem.before >= kept.numel() and mem.peak - mem.before >= 64 * 2**20 and mem.peak_reserved >= mem.peak

@@ -1,0 +1,256 @@
+"""scripts/quality_runs.py (precision variants, the run scheduler) and its table and curves (scripts/plot_results)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import quality_runs as qr
+from scripts.plot_results import mean_curve, plot_quality_curves, quality_table, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- precision variants -----------------------------------------------------------------------------------------
+def test_variants_map_to_their_overrides_and_presets_to_precision_equals():
+    assert qr.precision_overrides("bf16_mods") == ["precision=loka", "precision.dispatch=false"]
+    assert qr.precision_overrides("fp8_rowwise") == ["precision=fp8_rowwise"]
+    assert {"bf16_mods", "bf16", "loka", "fp8_tensorwise"} <= set(qr.known_variants())
+
+
+def test_bf16_mods_builds_the_mods_model_and_converts_nothing_to_fp8():
+    import torch
+
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+    from loka_trainer.data import data_schema
+    from loka_trainer.kernels.linear import LoKALinear
+    from loka_trainer.mods.layers import BlockNorm, HardSwish
+    from loka_trainer.models.zoo import build_model
+    from loka_trainer.precision import apply_precision
+
+    register_schemas()
+    run = to_run_config(compose_config("config", ["model=wukong", *qr.precision_overrides("bf16_mods"),
+                                                  "data.max_vocab_size=16"])[0])
+    assert (run.precision.mods, run.precision.dispatch, run.precision.fp8_recipe) == (True, False, None)
+    assert run.precision.compute_dtype == "bfloat16"
+    model = build_model(run.model, schema=data_schema(run.data), loka_mods=run.precision.mods)
+    linears_before = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert apply_precision(model, config=run.precision, device="cpu", log=lambda _: None) is None
+    kinds = {type(m) for m in model.modules()}
+    assert BlockNorm in kinds and HardSwish in kinds and LoKALinear not in kinds
+    assert [n for n, m in model.named_modules() if type(m) is torch.nn.Linear] == linears_before  # no Float8Linear
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--precisions", "bf16", "turbo"], "unknown 'turbo'"),
+    (["--precisions", "loka"], "must include bf16"),
+    (["--precisions", "bf16", "--nproc", "2", "--launcher", "python"], "--launcher python runs one process"),
+    (["--precisions", "bf16", "--concurrent", "0"], "--concurrent"),
+])
+def test_bad_arguments_fail_in_one_line_with_status_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        qr.parse_args(["--out", "unused", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_launcher_follows_nproc_unless_given():
+    assert qr.parse_args(["--out", "x", "--nproc", "1"]).launcher == "python"
+    assert qr.parse_args(["--out", "x"]).launcher == "torchrun"
+    assert qr.parse_args(["--out", "x", "--nproc", "1", "--launcher", "torchrun"]).launcher == "torchrun"
+
+
+def test_torchrun_runs_get_the_port_they_are_given_and_ports_in_use_are_skipped():
+    cmd = qr.torchrun_command(1, 41234)
+    assert "--master_port=41234" in cmd and "--standalone" not in cmd and "--nproc_per_node=1" in cmd
+    assert qr.run_env(41234, threads=3)["MASTER_PORT"] == "41234"
+    first = qr.free_port(set())
+    assert qr.free_port({first}) != first
+
+
+# ---- scheduler ----------------------------------------------------------------------------------------------------
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+class FakeRun:
+    """A run that ends after ``duration`` s of the fake clock; a plan-measuring one writes its plan after
+    ``plan_after`` s (never when None)."""
+
+    def __init__(self, job: qr.Job, clock: Clock, duration: float, plan_after, code: int = 0):
+        self.job, self.clock, self.end, self.code = job, clock, clock.t + duration, code
+        self.plan_at = None if plan_after is None else clock.t + plan_after
+
+    def poll(self):
+        if self.plan_at is not None and self.clock.t >= self.plan_at:
+            self.job.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.job.run_dir / qr.PLAN_FILE).write_text("{}")
+        if self.clock.t < self.end:
+            return None
+        if self.code == 0:
+            self.job.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.job.run_dir / "summary.json").write_text("{}")
+        return self.code
+
+    def terminate(self):
+        self.end = self.clock.t
+
+
+def _schedule(tmp_path, *, variants, seeds, concurrent, budget=None, share_plan=False, duration=10.0,
+              plan_after=3.0, fail=()):
+    """Run fake jobs; returns (events [(t, 'start'|'end', name, running count)], not run, jobs)."""
+    clock, events, running = Clock(), [], set()
+    jobs = qr.build_jobs(tmp_path, ["m"], variants, seeds, overrides=lambda m, v, s: [],
+                         dispatch=lambda m, v: v == "loka", share_plan=share_plan)
+
+    def start(job):
+        running.add(job.name)
+        events.append((clock.t, "start", job.name, len(running)))
+        return FakeRun(job, clock, duration, plan_after if job.builds_plan else None,
+                       code=1 if job.name in fail else 0)
+
+    def on_finish(job, code):
+        running.discard(job.name)
+        events.append((clock.t, "end", job.name, len(running)))
+
+    not_run = qr.run_jobs(qr.start_order(jobs), concurrent=concurrent, budget_s=budget, start=start,
+                          on_finish=on_finish, log=lambda _: None, clock=clock, sleep=clock.sleep)
+    return events, not_run, jobs
+
+
+def test_runs_start_in_order_up_to_k_at_once(tmp_path):
+    events, not_run, jobs = _schedule(tmp_path, variants=["bf16", "bf16_mods"], seeds=[0, 1, 2], concurrent=2)
+    starts = [e for e in events if e[1] == "start"]
+    assert [e[2] for e in starts] == [j.name for j in jobs] and not not_run
+    assert max(e[3] for e in events) == 2 and starts[0][0] == starts[1][0] == 0.0  # two at once from the start
+    assert all(j.finished() for j in jobs)
+
+
+def test_no_run_starts_after_the_time_budget_and_running_ones_finish(tmp_path):
+    events, not_run, jobs = _schedule(tmp_path, variants=["bf16"], seeds=[0, 1, 2, 3], concurrent=2, budget=5.0)
+    assert [e[2] for e in events if e[1] == "start"] == ["m_bf16_seed0", "m_bf16_seed1"]
+    assert [e[2] for e in events if e[1] == "end"] == ["m_bf16_seed0", "m_bf16_seed1"]  # not killed at the budget
+    assert [(j.name, why.split(":")[0]) for j, why in not_run] == [("m_bf16_seed2", "not started"),
+                                                                    ("m_bf16_seed3", "not started")]
+
+
+def test_shared_plan_is_measured_alone_then_loaded_by_the_other_seeds(tmp_path):
+    events, not_run, jobs = _schedule(tmp_path, variants=["bf16", "loka"], seeds=[0, 1], concurrent=4,
+                                      share_plan=True, plan_after=3.0)
+    starts = [e for e in events if e[1] == "start"]
+    assert starts[0][2] == "m_loka_seed0" and starts[1][0] >= 3.0  # nothing else while the plan is measured
+    assert not not_run and (tmp_path / "plans" / "m_loka.json").is_file()
+    loka1 = next(j for j in jobs if j.name == "m_loka_seed1")
+    assert loka1.command_overrides()[-1] == f"precision.plan={(tmp_path / 'plans' / 'm_loka.json').resolve()}"
+    bf16 = next(j for j in jobs if j.name == "m_bf16_seed0")
+    assert bf16.shared_plan is None and bf16.command_overrides() == []
+
+
+def test_seeds_waiting_for_a_plan_that_never_came_are_reported_not_hung(tmp_path):
+    events, not_run, _ = _schedule(tmp_path, variants=["bf16", "loka"], seeds=[0, 1], concurrent=2,
+                                   share_plan=True, plan_after=None, fail={"m_loka_seed0"})
+    assert [j.name for j, _ in not_run] == ["m_loka_seed1"] and "no shared plan" in not_run[0][1]
+    assert {e[2] for e in events if e[1] == "end"} == {"m_loka_seed0", "m_bf16_seed0", "m_bf16_seed1"}
+
+
+def test_a_plan_left_by_an_earlier_call_is_adopted_so_no_run_measures_again(tmp_path):
+    jobs = qr.build_jobs(tmp_path, ["m"], ["loka"], [0, 1], overrides=lambda m, v, s: [],
+                         dispatch=lambda m, v: True, share_plan=True)
+    jobs[0].run_dir.mkdir(parents=True)
+    (jobs[0].run_dir / qr.PLAN_FILE).write_text('{"layers": {}}')
+    assert "measured by m_loka_seed0" in qr.adopt_plan(jobs[0])
+    assert not jobs[0].measuring() and jobs[0].command_overrides()[-1].startswith("precision.plan=")
+    assert qr.adopt_plan(jobs[0]) is None  # adopted once: a later file is not copied over it
+
+
+# ---- table and curves ---------------------------------------------------------------------------------------------
+def _run(precision: str, seed: int, logloss: float, curve=None) -> dict:
+    run = {"model": "wukong", "precision": precision, "seed": seed, "train": [[10, 0.6], [20, 0.55]],
+           "eval": {"eval_logloss": logloss, "eval_ne": 0.9, "eval_auc": 0.7}, "examples_per_s": 1.0}
+    if curve is not None:
+        run["eval_curve"] = curve
+    return run
+
+
+def test_table_pairs_seeds_reports_loka_vs_bf16_mods_and_the_seeds_of_each_cell():
+    runs = [_run("bf16", 0, 0.50), _run("bf16", 1, 0.51), _run("bf16_mods", 0, 0.505), _run("bf16_mods", 1, 0.51),
+            _run("loka", 0, 0.505), _run("loka", 1, 0.5151), _run("loka", 2, 0.6)]  # seed 2: no baseline yet
+    rows = {r["precision"]: r for r in summarize({"runs": runs})}
+    loka = rows["loka"]
+    assert loka["seeds"] == 3 and loka["rll_seeds"] == 2 and loka["rll_vs_mods_seeds"] == 2
+    assert loka["rll_pct_mean"] == pytest.approx((1.0 + 1.0) / 2)
+    assert loka["rll_vs_mods_pct_mean"] == pytest.approx((0.0 + 1.0) / 2)
+    assert rows["bf16"]["noise_floor_seeds"] == 2 and "mods_baseline" not in rows["bf16_mods"]
+    table = quality_table({"runs": runs})
+    assert "| wukong | loka | 3 | +1.000 ± 0.000 (n=2) |" in table and "| +0.500 ± 0.500 (n=2) |" in table
+
+
+def test_table_of_a_partial_result_without_bf16_or_with_one_seed_says_n_a():
+    table = quality_table({"runs": [_run("loka", 0, 0.5), _run("bf16_mods", 0, 0.5)]})
+    assert "| wukong | loka | 1 | n/a | n/a | +0.000 ± 0.000 (n=1) |" in table
+    one = quality_table({"runs": [_run("bf16", 0, 0.5)]})
+    assert "| wukong | bf16 | 1 | +0.000 ± 0.000 (n=1) | n/a |" in one
+
+
+def test_mean_curve_averages_the_steps_every_seed_has():
+    steps, mean = mean_curve([[[10, 1.0], [20, 2.0], [30, 3.0]], [[10, 3.0], [20, 4.0]]])
+    assert steps == [10, 20] and mean == [2.0, 3.0]
+
+
+def test_curve_plot_needs_eval_points_and_older_results_draw_none(tmp_path):
+    assert plot_quality_curves({"runs": [_run("bf16", 0, 0.5)]}, tmp_path) is None
+    runs = [_run(p, s, 0.5, curve=[[10, 0.6], [20, 0.55], [30, 0.5]]) for p in ("bf16", "loka") for s in (0, 1)]
+    path = plot_quality_curves({"runs": runs}, tmp_path)
+    assert path == tmp_path / "quality_curve.png" and path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT) for p in (ROOT / "docs" / "results").rglob("quality.json")
+                                        if "runs" not in p.parts))
+def test_every_published_quality_json_still_makes_a_table(path):
+    result = json.loads((ROOT / path).read_text())
+    table = quality_table(result).splitlines()
+    assert len(table) == 2 + len({(r["model"], r["precision"]) for r in result["runs"]})
+
+
+# ---- end to end on CPU ----------------------------------------------------------------------------------------------
+TINY = ["trainer.device=cpu", "data.batch_size=64", "data.eval_batches=2", "data.max_vocab_size=1000",
+        "trainer.log_interval=5", "callbacks.tensorboard=false", "data.prefetch=0"]
+
+
+@pytest.mark.slow
+def test_concurrent_runs_resume_and_a_budget_leaves_a_partial_table(tmp_path):
+    base = [sys.executable, "-m", "scripts.quality_runs", "--out", str(tmp_path), "--models", "wukong",
+            "--precisions", "bf16", "bf16_mods", "--steps", "10", "--eval-interval", "5", "--nproc", "1",
+            "--concurrent", "2"]
+    proc = subprocess.run([*base, "--seeds", "0", "--", *TINY], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    launches = [json.loads((tmp_path / "runs" / f"wukong_{p}_seed0.launch.json").read_text())
+                for p in ("bf16", "bf16_mods")]
+    assert all(rec["returncode"] == 0 for rec in launches) and launches[0]["port"] != launches[1]["port"]
+    starts = [line for line in proc.stdout.splitlines() if line.startswith("started")]
+    ends = [i for i, line in enumerate(proc.stdout.splitlines()) if line.startswith("finished")]
+    assert len(starts) == 2 and proc.stdout.splitlines().index(starts[1]) < ends[0]  # both ran at once
+    result = json.loads((tmp_path / "quality.json").read_text())
+    assert [r["eval_curve"][0][0] for r in result["runs"]] == [5, 5] and len(result["runs"][0]["eval_curve"]) == 2
+    # a second call: seed 0 is reused, seed 1 gets no start within a zero budget, the table stays usable
+    proc = subprocess.run([*base, "--seeds", "0", "1", "--time-budget", "0", "--", *TINY], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 finished earlier (reused), 2 to run" in proc.stdout and "\nstarted " not in proc.stdout
+    result = json.loads((tmp_path / "quality.json").read_text())
+    assert len(result["runs"]) == 2 and [n["run"] for n in result["not_run"]] == ["wukong_bf16_seed1",
+                                                                                   "wukong_bf16_mods_seed1"]
+    assert "| wukong | bf16_mods | 1 |" in proc.stdout
