@@ -19,34 +19,19 @@ MERE that decides anything, so fp64 would change nothing.
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from typing import Callable, Iterator, Optional
 
 import torch
 
+from loka_trainer.matmul_precision import fp32_matmuls
+
 DEFAULT_ZERO_FLOOR = 1e-2
 # ``--operand-dtype`` / ``precision.compute_dtype`` -> the dtype a kernel's operands have in training.
 OPERAND_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 GemmFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # x (M, K), w (N, K) -> y (M, N)
-
-
-@contextlib.contextmanager
-def no_tf32() -> Iterator[None]:
-    """fp32 matmuls at full precision (no TF32 on CUDA) inside the block."""
-    old_precision = torch.get_float32_matmul_precision()
-    old_cuda, old_cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(old_precision)
-        torch.backends.cuda.matmul.allow_tf32 = old_cuda
-        torch.backends.cudnn.allow_tf32 = old_cudnn
 
 
 @torch.no_grad()
@@ -69,7 +54,7 @@ def operands(x: torch.Tensor, w: torch.Tensor,
 @torch.no_grad()
 def exact_fp32_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Reference y = x W^T in fp32 without TF32. x: (M, K), w: (N, K) -> (M, N)."""
-    with no_tf32():
+    with fp32_matmuls(tf32=False):
         return x.float() @ w.float().T
 
 

@@ -80,3 +80,13 @@ def test_state_dict_round_trip():
     torch.testing.assert_close(dst.moments.scatter, src.moments.scatter)
     with pytest.raises(ValueError, match="scatter"):
         ActivationTracker(8).load_state_dict(src.state_dict())
+
+
+def test_fp32_matmul_precision_is_set_inside_the_block_and_restored_after():
+    from loka_trainer.matmul_precision import fp32_matmuls
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    for tf32 in (True, False):
+        with fp32_matmuls(tf32=tf32):
+            assert torch.backends.cuda.matmul.allow_tf32 is tf32
+            assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == before
