@@ -1,6 +1,6 @@
-"""The precision of fp32 matmuls inside a block: exact IEEE fp32, or TF32 tensor cores on CUDA.
+"""Exact fp32 matmuls inside a block (no TF32 on CUDA), for the references errors are measured against.
 
-torch keeps this as process-wide flags; these context managers set them for one block and restore them after.
+torch keeps this as process-wide flags; the context manager sets them for one block and restores them after.
 """
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 
 
 @contextlib.contextmanager
-def fp32_matmuls(*, tf32: bool) -> Iterator[None]:
-    """fp32 matmuls (and cuDNN convolutions) in TF32 when ``tf32``, else at full precision, inside the block."""
+def exact_fp32_matmuls() -> Iterator[None]:
+    """fp32 matmuls (and cuDNN convolutions) at full IEEE precision inside the block."""
     old_precision = torch.get_float32_matmul_precision()
     old_cuda, old_cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     try:
         yield
     finally:

@@ -62,9 +62,6 @@ class ProbeConfig:
     # ~10 s of CPU per observation (2 cores) and is estimated from tens of observations at most
     max_full_weight_factor: int = 1024
     covariance_block: int = 256  # block width of the block-diagonal representation
-    # each observed batch's activation scatter X^T X on TF32 tensor cores (CUDA): inputs rounded to 10 mantissa
-    # bits, fp32 sums, i.e. ~1e-3 relative error per covariance entry, far below what the offline MERE resolves
-    scatter_tf32: bool = True
     momentum: float = 0.99  # weight (M, U, V) EMA momentum, paper: 0.9 to 0.99 (see probe.weight)
     stats_dtype: str = "float64"  # accumulator dtype: float64 | float32
     tensorboard: bool = True
@@ -145,6 +142,13 @@ class _WeightUpdates:
             torch.cuda.current_stream(device).wait_stream(side)
 
 
+def _tracker_device(module: nn.Linear) -> Optional[torch.device]:
+    """Where the layer's weight lives (CUDA under FSDP2 too), so that no observation copies the trackers' state
+    host-to-device (a copy that waits for the GPU); None (the CPU) for a weight not materialized yet."""
+    device = module.weight.device
+    return None if device.type == "meta" else device
+
+
 class _LayerProbe:
     """Trackers and the last TensorBoard scalars of one Linear."""
 
@@ -152,7 +156,7 @@ class _LayerProbe:
         self.fqn, self.module = fqn, module
         self.activation = ActivationTracker(module.in_features, max_full_covariance=cfg.max_full_covariance,
                                             covariance_block=cfg.covariance_block, stats_dtype=cfg.stats_dtype,
-                                            scatter_tf32=cfg.scatter_tf32)
+                                            device=_tracker_device(module))
         self.weight = WeightTracker(module.out_features, module.in_features, momentum=cfg.momentum,
                                     max_full_covariance=cfg.max_full_weight_factor, stats_dtype=cfg.stats_dtype)
         self.weight_seen_at: Optional[int] = None

@@ -18,7 +18,7 @@ from loka_trainer.dispatch.plan import GemmChoice, LayerPlan
 from loka_trainer.dispatch.select import outlier_rounds, select_backend
 from loka_trainer.kernels.backend_base import GEMMS, GemmBackend
 from loka_trainer.kernels.backends import BASELINE
-from loka_trainer.matmul_precision import fp32_matmuls
+from loka_trainer.matmul_precision import exact_fp32_matmuls
 from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION, gemm_flushed_fraction
 from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR, mere
 from loka_trainer.timing import Timer
@@ -88,7 +88,7 @@ def calibration_operands(gemm: str, x: torch.Tensor, w: torch.Tensor) -> dict[st
 def fp32_reference(gemm: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """The TF32-free fp32 result of one GEMM (x (M,K), w (N,K), dy (M,N))."""
     x, w, dy = x.float(), w.float(), dy.float()
-    with fp32_matmuls(tf32=False):
+    with exact_fp32_matmuls():
         return {"forward": lambda: x @ w.t(), "input_grad": lambda: dy @ w, "weight_grad": lambda: dy.t() @ x}[gemm]()
 
 

@@ -22,8 +22,6 @@ from typing import Iterable, Optional
 
 import torch
 
-from loka_trainer.matmul_precision import fp32_matmuls
-
 STATS_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -72,19 +70,16 @@ def _blocked(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def batch_moments(x: torch.Tensor, *, block: int, compute_dtype: torch.dtype = torch.float32,
-                  tf32: bool = False) -> Moments:
+def batch_moments(x: torch.Tensor, *, block: int, compute_dtype: torch.dtype = torch.float32) -> Moments:
     """Moments of one batch. x: (..., K) -> count (), mean (K,), scatter (G, Kb, Kb), max_abs (K,).
 
     The scatter is formed from the *centered* batch, so computing it in fp32 loses little even when the mean
-    is large; the caller accumulates the merged result in its (usually fp64) stats dtype. ``tf32``: the scatter's
-    matmul on TF32 tensor cores (CUDA; inputs rounded to 10 mantissa bits, fp32 sums).
+    is large; the caller accumulates the merged result in its (usually fp64) stats dtype.
     """
     x2 = x.detach().reshape(-1, x.shape[-1]).to(compute_dtype)  # (B, K)
     mean = x2.mean(dim=0)  # (K,)
     centered = _blocked(x2 - mean, block)  # (B, G, Kb)
-    with fp32_matmuls(tf32=tf32):
-        scatter = torch.einsum("bgi,bgj->gij", centered, centered)  # (G, Kb, Kb)
+    scatter = torch.einsum("bgi,bgj->gij", centered, centered)  # (G, Kb, Kb)
     count = x2.new_full((), float(x2.shape[0]))  # a fill kernel, not a host-to-device copy (which syncs)
     return Moments(count, mean, scatter, x2.abs().amax(dim=0))
 
@@ -149,15 +144,13 @@ class ActivationTracker:
     """Accumulates Moments of one Linear's input over observed batches (fp64 or fp32 accumulators)."""
 
     def __init__(self, num_features: int, *, max_full_covariance: int = 4096, covariance_block: int = 256,
-                 stats_dtype: str = "float64", scatter_tf32: bool = False, device: Optional[torch.device] = None):
-        """scatter_tf32: each batch's scatter on TF32 tensor cores (``batch_moments(tf32=)``)."""
+                 stats_dtype: str = "float64", device: Optional[torch.device] = None):
         if stats_dtype not in STATS_DTYPES:
             raise ValueError(f"stats_dtype={stats_dtype!r}; valid values: {', '.join(STATS_DTYPES)}")
         self.block = choose_block(num_features, max_full_covariance=max_full_covariance,
                                   covariance_block=covariance_block)
         self.moments = empty_moments(num_features, self.block, dtype=STATS_DTYPES[stats_dtype], device=device)
         self.rows_per_call = 0  # rows of the last observed call: the GEMM's M at this layer
-        self.scatter_tf32 = scatter_tf32
 
     @property
     def representation(self) -> str:
@@ -170,7 +163,7 @@ class ActivationTracker:
             raise ValueError(f"activation has {x.shape[-1]} features, tracker expects {self.moments.num_features}")
         if self.moments.mean.device != x.device:
             self.moments = Moments(*(t.to(x.device) for t in self.moments.tensors()))
-        self.moments = merge_moments(self.moments, batch_moments(x, block=self.block, tf32=self.scatter_tf32))
+        self.moments = merge_moments(self.moments, batch_moments(x, block=self.block))
         self.rows_per_call = x.numel() // x.shape[-1]
 
     def state_dict(self) -> dict:

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from loka_trainer.matmul_precision import fp32_matmuls
+from loka_trainer.matmul_precision import exact_fp32_matmuls
 
 DEFAULT_ZERO_FLOOR = 1e-2
 # ``--operand-dtype`` / ``precision.compute_dtype`` -> the dtype a kernel's operands have in training.
@@ -54,7 +54,7 @@ def operands(x: torch.Tensor, w: torch.Tensor,
 @torch.no_grad()
 def exact_fp32_forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Reference y = x W^T in fp32 without TF32. x: (M, K), w: (N, K) -> (M, N)."""
-    with fp32_matmuls(tf32=False):
+    with exact_fp32_matmuls():
         return x.float() @ w.float().T
 
 

@@ -82,11 +82,12 @@ def test_state_dict_round_trip():
         ActivationTracker(8).load_state_dict(src.state_dict())
 
 
-def test_fp32_matmul_precision_is_set_inside_the_block_and_restored_after():
-    from loka_trainer.matmul_precision import fp32_matmuls
+
+
+def test_exact_fp32_matmuls_inside_the_block_and_flags_restored_after():
+    from loka_trainer.matmul_precision import exact_fp32_matmuls
     before = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
-    for tf32 in (True, False):
-        with fp32_matmuls(tf32=tf32):
-            assert torch.backends.cuda.matmul.allow_tf32 is tf32
-            assert torch.get_float32_matmul_precision() == ("high" if tf32 else "highest")
-        assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == before
+    with exact_fp32_matmuls():
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert torch.get_float32_matmul_precision() == "highest"
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == before
