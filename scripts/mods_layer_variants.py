@@ -22,7 +22,7 @@ FUSED_VARIANTS = {
     "split_bf16": dict(mode="split_bf16"),
     "fused_fp8_fwd": dict(mode="fused_fp8"),
     "fused_fp8_all": dict(mode="fused_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_rowwise"),
-    # split_fp8: quant_rowwise(x) + torch._scaled_mm (cached e4m3 W) + the Triton epilogue kernel.
+    # split_fp8: quant_rowwise(x) + torch._scaled_mm (e4m3 W) + the Triton epilogue kernel.
     # dgrad scaled_mm_rowwise runs fused in linear_mods: dz kernel writes the amax, one cast kernel, _scaled_mm.
     "split_fp8_fwd": dict(mode="split_fp8"),
     "split_bf16_fp8_dgrad": dict(mode="split_bf16", dgrad="scaled_mm_rowwise"),
@@ -99,14 +99,15 @@ def build_mods_layer_variants(K: int, N: int, only: Optional[set] = None) -> tup
     for name, f in zip(COMPILED_VARIANTS, (base, mods, no_bias, bnorm, hswish)):
         if keep(name):  # dynamic=False: each shape gets its own specialized graph (no dynamic-shape kernels)
             v[name] = torch.compile(f, dynamic=False)
-    from loka_trainer.kernels.linear import WeightCache
     from loka_trainer.mods.ops import linear_mods
     if K % 16 == 0 and N % 256 == 0:
+        # no cache passed: each call casts its FP8 weights, as a training step does after the optimizer's step
+        # (torchao's recipes cast per call too)
         for name, kw in FUSED_VARIANTS.items():
-            v[name] = lambda x, kw=kw, cache=WeightCache(): linear_mods(x, w, cache=cache, **kw)
+            v[name] = lambda x, kw=kw: linear_mods(x, w, **kw)
         for name in SERIAL_GRADS_VARIANTS:
-            v[f"{name}_serial_grads"] = (lambda x, kw=FUSED_VARIANTS[name], cache=WeightCache():
-                                         linear_mods(x, w, cache=cache, config=SERIAL_GRADS, **kw))
+            v[f"{name}_serial_grads"] = (lambda x, kw=FUSED_VARIANTS[name]:
+                                         linear_mods(x, w, config=SERIAL_GRADS, **kw))
     try:
         if not keep("torchao_rowwise_mods_compiled"):
             raise ImportError

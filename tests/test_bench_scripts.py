@@ -345,3 +345,16 @@ def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_
     mtime = (tmp_path / "runs" / "bf16" / "metrics.jsonl").stat().st_mtime
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and (tmp_path / "runs" / "bf16" / "metrics.jsonl").stat().st_mtime == mtime
+
+
+def test_observed_step_overhead_reads_the_probe_cost_inside_one_run():
+    """Windows of 10 steps at 100 examples/s; the two holding an observed step (steps 200 and 300) run at 50/s,
+    i.e. take one extra window each: 10 extra steps per observation, 2 windows over 20 measured = 10%."""
+    from scripts.train_runs import observed_step_overhead
+    trajectory = [[s, 50.0 if s in (210, 310) else 100.0] for s in range(10, 360, 10)]
+    result = observed_step_overhead(trajectory, interval=100, warmup_steps=150)
+    assert result["observed_windows"] == [210, 310]
+    assert result["extra_steps_per_observation"] == pytest.approx(10.0)
+    assert result["overhead"] == pytest.approx(2 / 20)
+    with pytest.raises(SystemExit):  # nothing observed after the warm-up
+        observed_step_overhead(trajectory, interval=1000, warmup_steps=150)
