@@ -5,10 +5,10 @@
 
 Each precision trains once with the same overrides (sharded embeddings, the data pipeline, per-window metrics and
 logging included: the whole loop). Throughput is the mean examples/s of the logged windows after
-``--warmup-steps`` (compilation excluded; a LoKA plan is built before step 0, so it is excluded too). Evaluation
-runs once at the end, outside the measured windows. Writes ``DIR/train_throughput.json`` after every run (a run
-already there is reused) and ``train_throughput.png`` (examples/s per log window), and prints ratios to the first
-precision last.
+``--warmup-steps`` (compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the
+training's peak GPU memory (``peak_gpu_memory_gib`` of ``summary.json``). Evaluation runs once at the end, outside
+the measured windows. Writes ``DIR/train_throughput.json`` after every run (a run already there is reused) and
+``train_throughput.png`` (examples/s per log window), and prints ratios to the first precision last.
 """
 from __future__ import annotations
 
@@ -48,18 +48,23 @@ def main() -> None:
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else {}
     for precision in args.precisions:
         if precision not in done:
-            records = train(args.out / "runs" / precision, [*args.overrides, f"precision={precision}"], args.nproc)
+            run_dir = args.out / "runs" / precision
+            records = train(run_dir, [*args.overrides, f"precision={precision}"], args.nproc)
+            summary = json.loads((run_dir / "summary.json").read_text())
             done[precision] = {"examples_per_s": steady_throughput(records, args.warmup_steps),
+                               "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"),
                                "trajectory": throughput_trajectory(records)}
         result["runs"][precision] = done[precision]
         args.out.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "train_throughput.png")
     first = args.precisions[0]
-    print(f"{'precision':>16}  {'examples/s':>10}  {'x ' + first:>10}")
+    print(f"{'precision':>16}  {'examples/s':>10}  {'x ' + first:>10}  {'peak GiB':>8}")
     for name, run in result["runs"].items():
         ratio = run["examples_per_s"] / result["runs"][first]["examples_per_s"]
-        print(f"{name:>16}  {run['examples_per_s']:>10,.0f}  {ratio:>9.3f}x")
+        peak = run.get("peak_gpu_memory_gib")
+        print(f"{name:>16}  {run['examples_per_s']:>10,.0f}  {ratio:>9.3f}x  "
+              f"{'n/a' if peak is None else f'{peak:.2f}':>8}")
 
 
 if __name__ == "__main__":

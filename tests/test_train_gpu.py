@@ -55,6 +55,7 @@ def test_trains_on_gpu_through_train_py(gpu_runs, name):
     assert summary["world_size"] == 1 and summary["steps"] == int(
         next(a for a in RUNS[name][::-1] if a.startswith("trainer.steps=")).split("=")[1])
     assert math.isfinite(summary["eval_logloss"]) and 0.0 < summary["eval_auc"] < 1.0
+    assert summary["peak_gpu_memory_gib"] > 0  # the training's allocator high-water mark on the GPU
     losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in line]
     assert losses and all(math.isfinite(x) for x in losses)

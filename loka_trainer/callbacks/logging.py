@@ -6,8 +6,10 @@ Run-directory contract (other tools and tests rely on it):
   was skipped has only ``step, skipped_steps``) and per evaluation (``step, eval_auc, eval_logloss, eval_ne``);
   appended across resumes (a resume first drops the records after its checkpoint: `loka_trainer.resume`).
 - ``summary.json``: written at the end (model, precision, world_size, steps, final eval metrics, mean
-  examples_per_s over logged steps, skipped_steps, and the run totals in ``TrainState.counts`` such as
-  ``malformed_rows``).
+  examples_per_s over logged steps, skipped_steps, the run totals in ``TrainState.counts`` such as
+  ``malformed_rows``, and on CUDA ``peak_gpu_memory_gib``: rank 0's allocator high-water mark from the first step
+  on, i.e. training and evaluation with FP8 weight caches and kept activations, not the model build or the Dispatch
+  plan's timing).
 - ``tensorboard/``: event files (scalars under ``train/`` and ``eval/``).
 """
 from __future__ import annotations
@@ -16,6 +18,8 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Optional
+
+import torch
 
 from loka_trainer.callbacks.base import Callback, TrainState
 
@@ -29,6 +33,10 @@ class MetricsLogger(Callback):
         self.run_info = dict(run_info)
         self.throughputs: list[float] = []
         self.last_eval: dict[str, float] = {}
+
+    def on_train_start(self, state: TrainState) -> None:
+        if state.is_rank_zero and state.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(state.device)
 
     def on_step_end(self, state: TrainState) -> None:
         if state.is_rank_zero and state.metrics:
@@ -48,6 +56,8 @@ class MetricsLogger(Callback):
         summary = {**self.run_info, "world_size": state.world_size, "steps": state.step + 1,
                    **self.last_eval, "examples_per_s": mean_throughput, "skipped_steps": state.skipped_steps,
                    **state.counts}
+        if state.device.type == "cuda":
+            summary["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(state.device) / 2**30
         self.summary_path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
 
     def _append(self, record: dict[str, Any]) -> None:
