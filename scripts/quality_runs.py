@@ -8,7 +8,8 @@ Each run is one train.py job: `model=M`, the precision's overrides (``PRECISION_
 train losses are comparable window by window. `--launcher python` starts `python train.py` (one process, `--nproc
 1`), `--launcher torchrun` starts `torchrun --nproc_per_node=N` on its own rendezvous port; either way every run
 gets its own MASTER_PORT, so `--concurrent K` runs up to K of them at once (they share the device).
-`--time-budget S` starts no run later than S seconds after the first one started (running ones finish).
+`--time-budget S` starts no run later than S seconds after the first one started (running ones finish): the
+queue is `scripts.run_queue`.
 `--eval-interval N` evaluates every N steps (the eval log loss curve). After every finished run
 `<out>/quality.json` (per run: the train-loss trajectory, the eval curve and the final eval metrics; the table adds
 the relative log loss (RLL) vs the BF16 run of the same seed, the BF16 seed-to-seed noise floor and LoKA vs
@@ -32,22 +33,17 @@ measures it). The same call with `--seeds 0 1 2 3 4 5` reuses the finished seeds
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import IO, Callable, Optional, Protocol
+from typing import Callable, Optional
 
-from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts.plot_results import plot_quality, plot_quality_curves, quality_table
+from scripts.run_queue import Job, Launcher, adopt_plan, run_jobs, start_order
+from scripts.train_runs import LAUNCHERS, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
 PRESETS = ROOT / "conf" / "precision"
 
 # Precision variants that are not a conf/precision preset: name -> train.py overrides.
@@ -66,70 +62,6 @@ def precision_overrides(variant: str) -> list[str]:
 
 def known_variants() -> list[str]:
     return sorted({*PRECISION_VARIANTS, *(p.stem for p in PRESETS.glob("*.yaml"))})
-
-
-# ---- launching ------------------------------------------------------------------------------------------------
-def python_command(nproc: int, port: int) -> list[str]:
-    """One process: train.py starts its own one-rank group from MASTER_ADDR/MASTER_PORT (set by ``run_env``)."""
-    return [sys.executable, str(ROOT / "train.py")]
-
-
-def torchrun_command(nproc: int, port: int) -> list[str]:
-    """torchrun on one node, static rendezvous on ``port``: concurrent runs must not share a rendezvous store."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train.py")]
-
-
-LAUNCHERS: dict[str, Callable[[int, int], list[str]]] = {"python": python_command, "torchrun": torchrun_command}
-
-
-def free_port(taken: set[int]) -> int:
-    """A TCP port the OS reports free on 127.0.0.1 that no running job of ours holds."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken:
-            return port
-
-
-def run_env(port: int, *, threads: int) -> dict[str, str]:
-    """The child's environment: its rendezvous port, and (unless set) OMP threads = its share of the CPU cores."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    env.setdefault("OMP_NUM_THREADS", str(threads))
-    return env
-
-
-# ---- jobs -----------------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Job:
-    """One (model, precision variant, seed) run. ``shared_plan``: its Dispatch plan file under --share-plan;
-    ``builds_plan``: this run measures that plan (the first seed), the others load it."""
-
-    model: str
-    variant: str
-    seed: int
-    run_dir: Path
-    overrides: list[str]
-    shared_plan: Optional[Path] = None
-    builds_plan: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.run_dir.name
-
-    def finished(self) -> bool:
-        return (self.run_dir / "summary.json").is_file()
-
-    def measuring(self) -> bool:
-        """True while this run still has to measure the shared plan (nothing else may use the device then)."""
-        return self.builds_plan and not self.shared_plan.is_file()
-
-    def command_overrides(self) -> list[str]:
-        """train.py's overrides; a run that loads the shared plan gets `precision.plan` (once the plan exists)."""
-        if self.shared_plan is None or not self.shared_plan.is_file():
-            return list(self.overrides)
-        return [*self.overrides, f"precision.plan={self.shared_plan.resolve()}"]
 
 
 def run_overrides(out: Path, model: str, variant: str, seed: int, *, steps: int, eval_interval: int,
@@ -161,89 +93,6 @@ def build_jobs(out: Path, models: list[str], variants: list[str], seeds: list[in
     return jobs
 
 
-def start_order(jobs: list[Job]) -> list[Job]:
-    """``jobs`` in the order to start them: model by model, its plan-measuring runs first (they need the device to
-    themselves, ``readiness``; the others of their variant wait for their plan)."""
-    models = list(dict.fromkeys(j.model for j in jobs))
-    return [j for m in models for first in (True, False) for j in jobs if j.model == m and j.builds_plan == first]
-
-
-def adopt_plan(job: Job) -> Optional[str]:
-    """A plan-measuring run's `dispatch_plan.json` becomes the shared plan (copied atomically) once it exists;
-    returns a line to print when it did."""
-    src = job.run_dir / PLAN_FILE
-    if not job.builds_plan or job.shared_plan.is_file() or not src.is_file():
-        return None
-    job.shared_plan.parent.mkdir(parents=True, exist_ok=True)
-    tmp = job.shared_plan.with_suffix(".tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(job.shared_plan)
-    return f"shared plan {job.shared_plan} (measured by {job.name})"
-
-
-WAIT = "wait"
-
-
-def readiness(job: Job, running: list[Job], active: list[Job]) -> Optional[str]:
-    """None: ``job`` may start now; ``WAIT``: not yet; any other string: it cannot run, and why.
-    ``running``: the jobs running now; ``active``: the jobs still pending or running."""
-    if any(r.measuring() for r in running):
-        return WAIT  # a plan is being measured: its timings need the device to itself
-    if job.measuring():
-        return WAIT if running else None
-    if job.shared_plan is not None and not job.shared_plan.is_file():
-        if any(j.builds_plan and j.shared_plan == job.shared_plan for j in active):
-            return WAIT
-        return f"not run: no shared plan {job.shared_plan} (the run measuring it ended without writing one)"
-    return None
-
-
-class Process(Protocol):
-    def poll(self) -> Optional[int]: ...
-
-
-def run_jobs(jobs: list[Job], *, concurrent: int, budget_s: Optional[float], start: Callable[[Job], Process],
-             on_finish: Callable[[Job, int], None], log: Callable[[str], None] = print,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-             poll_s: float = 1.0) -> list[tuple[Job, str]]:
-    """Start ``jobs`` in order, up to ``concurrent`` at a time, none after ``budget_s`` seconds (running ones
-    finish); ``on_finish(job, returncode)`` after each. Returns the jobs that did not run, with the reason."""
-    t0, pending, running, not_run = clock(), list(jobs), [], []
-    try:
-        while pending or running:
-            for job, proc in list(running):
-                code = proc.poll()  # before adopting: a run that has ended wrote its plan already
-                line = adopt_plan(job)
-                if line:
-                    log(line)
-                if code is not None:
-                    running.remove((job, proc))
-                    on_finish(job, code)
-            if pending and budget_s is not None and clock() - t0 >= budget_s:
-                not_run += [(j, f"not started: time budget {budget_s:g} s spent") for j in pending]
-                pending = []
-            while pending and len(running) < concurrent:
-                now = [j for j, _ in running]
-                verdict = readiness(pending[0], now, pending + now)
-                if verdict == WAIT:
-                    if not running:
-                        raise RuntimeError(f"{pending[0].name} waits with nothing running (job order)")
-                    break
-                job = pending.pop(0)
-                if verdict is not None:
-                    not_run.append((job, verdict))
-                    continue
-                running.append((job, start(job)))
-            if running:
-                sleep(poll_s)
-    finally:
-        for _, proc in running:  # interrupted: stop the runs this call started
-            if proc.poll() is None:
-                proc.terminate()
-    return not_run
-
-
-# ---- results --------------------------------------------------------------------------------------------------
 def read_run(job: Job) -> dict:
     """A finished run's record in quality.json (train-loss trajectory, eval curve, final eval, throughput)."""
     records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -269,44 +118,6 @@ def write_results(out: Path, meta: dict, jobs: list[Job], not_run: list[tuple[Jo
     tmp.replace(out / "quality.json")
     plots = [plot(result, out) for plot in (plot_quality, plot_quality_curves)] if result["runs"] else []
     return result, [p for p in plots if p is not None]
-
-
-@dataclasses.dataclass
-class Launched:
-    proc: subprocess.Popen
-    log: IO[str]
-    port: int
-    command: list[str]
-    t0: float
-
-
-class Launcher:
-    """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status and wall
-    time in ``<run dir>.launch.json`` when it ends."""
-
-    def __init__(self, launcher: str, nproc: int, threads: int):
-        self.command, self.nproc, self.threads = LAUNCHERS[launcher], nproc, threads
-        self.live: dict[str, Launched] = {}
-
-    def start(self, job: Job) -> subprocess.Popen:
-        port = free_port({r.port for r in self.live.values()})
-        cmd = [*self.command(self.nproc, port), *job.command_overrides()]
-        job.run_dir.parent.mkdir(parents=True, exist_ok=True)
-        log = job.run_dir.with_suffix(".log").open("w")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env=run_env(port, threads=self.threads))
-        self.live[job.name] = Launched(proc, log, port, cmd, time.perf_counter())
-        print(f"started {job.name} (port {port})", flush=True)
-        return proc
-
-    def finish(self, job: Job, code: int) -> None:
-        run = self.live.pop(job.name)
-        run.log.close()
-        wall = time.perf_counter() - run.t0
-        job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
-            {"command": run.command, "port": run.port, "returncode": code, "wall_s": wall}, indent=1) + "\n")
-        state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
-        print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)
 
 
 def dispatch_pairs(jobs: list[Job]) -> set[tuple[str, str]]:

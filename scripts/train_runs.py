@@ -1,21 +1,56 @@
-"""train.py runs for the benchmarks that measure the user's path: run one, read its logged throughput."""
+"""train.py runs for the scripts that measure the user's path: how a run is launched (one process, or torchrun on
+its own rendezvous port), one blocking run, and reading its logged throughput. Concurrent runs: ``run_queue``."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
+
+
+def python_command(nproc: int, port: int) -> list[str]:
+    """One process: train.py starts its own one-rank group from MASTER_ADDR/MASTER_PORT (set by ``run_env``)."""
+    return [sys.executable, str(ROOT / "train.py")]
+
+
+def torchrun_command(nproc: int, port: int) -> list[str]:
+    """torchrun on one node, static rendezvous on ``port``: concurrent runs must not share a rendezvous store."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train.py")]
+
+
+LAUNCHERS: dict[str, Callable[[int, int], list[str]]] = {"python": python_command, "torchrun": torchrun_command}
+
+
+def free_port(taken: set[int]) -> int:
+    """A TCP port the OS reports free on 127.0.0.1 that no running job of ours holds."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
+
+
+def run_env(port: int, *, threads: int) -> dict[str, str]:
+    """The child's environment: its rendezvous port, and (unless set) OMP threads = its share of the CPU cores."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
 
 
 def train(run_dir: Path, overrides: list[str], nproc: int) -> list[dict]:
-    """Run train.py once; returns its metrics.jsonl records (raises with the log's tail on failure)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(ROOT / "train.py"), *overrides, "trainer.eval_interval=0", "trainer.checkpoint_at_end=false",
-           "trainer.checkpoint_interval=0", "trainer.resume=false", "callbacks.progress=false",
-           "data.eval_batches=1", f"hydra.run.dir={run_dir}"]
+    """Run train.py once under torchrun (evaluation once at the end, no checkpoints); returns its metrics.jsonl
+    records (raises with the log's tail on failure)."""
+    cmd = [*torchrun_command(nproc, free_port(set())), *overrides, "trainer.eval_interval=0",
+           "trainer.checkpoint_at_end=false", "trainer.checkpoint_interval=0", "trainer.resume=false",
+           "callbacks.progress=false", "data.eval_batches=1", f"hydra.run.dir={run_dir}"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.with_suffix(".log")
     with log.open("w") as f:

@@ -20,7 +20,8 @@ def test_every_script_and_benchmark_imports_as_a_module_without_running(module):
     # paths and the sibling modules; importing starts no measurement (no CUDA here: any GPU work would raise)
     mod = importlib.import_module(module)
     assert callable(getattr(mod, "main", None)) or module in {"scripts.bench_targets", "scripts.bench_timing",
-                                                              "scripts.mods_layer_variants", "scripts.train_runs"}
+                                                              "scripts.mods_layer_variants", "scripts.train_runs",
+                                                              "scripts.run_queue"}
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""scripts/quality_runs.py (precision variants, the run scheduler) and its table and curves (scripts/plot_results)."""
+"""scripts/quality_runs.py (precision variants), its run queue (scripts/run_queue.py, scripts/train_runs.py) and its
+table and curves (scripts/plot_results)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts import quality_runs as qr
+from scripts import train_runs
 from scripts.plot_results import mean_curve, plot_quality_curves, quality_table, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,11 +69,11 @@ def test_launcher_follows_nproc_unless_given():
 
 
 def test_torchrun_runs_get_the_port_they_are_given_and_ports_in_use_are_skipped():
-    cmd = qr.torchrun_command(1, 41234)
+    cmd = train_runs.torchrun_command(1, 41234)
     assert "--master_port=41234" in cmd and "--standalone" not in cmd and "--nproc_per_node=1" in cmd
-    assert qr.run_env(41234, threads=3)["MASTER_PORT"] == "41234"
-    first = qr.free_port(set())
-    assert qr.free_port({first}) != first
+    assert train_runs.run_env(41234, threads=3)["MASTER_PORT"] == "41234"
+    first = train_runs.free_port(set())
+    assert train_runs.free_port({first}) != first
 
 
 # ---- scheduler ----------------------------------------------------------------------------------------------------
@@ -96,7 +99,7 @@ class FakeRun:
     def poll(self):
         if self.plan_at is not None and self.clock.t >= self.plan_at:
             self.job.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.job.run_dir / qr.PLAN_FILE).write_text("{}")
+            (self.job.run_dir / PLAN_FILE).write_text("{}")
         if self.clock.t < self.end:
             return None
         if self.code == 0:
@@ -169,7 +172,7 @@ def test_a_plan_left_by_an_earlier_call_is_adopted_so_no_run_measures_again(tmp_
     jobs = qr.build_jobs(tmp_path, ["m"], ["loka"], [0, 1], overrides=lambda m, v, s: [],
                          dispatch=lambda m, v: True, share_plan=True)
     jobs[0].run_dir.mkdir(parents=True)
-    (jobs[0].run_dir / qr.PLAN_FILE).write_text('{"layers": {}}')
+    (jobs[0].run_dir / PLAN_FILE).write_text('{"layers": {}}')
     assert "measured by m_loka_seed0" in qr.adopt_plan(jobs[0])
     assert not jobs[0].measuring() and jobs[0].command_overrides()[-1].startswith("precision.plan=")
     assert qr.adopt_plan(jobs[0]) is None  # adopted once: a later file is not copied over it

@@ -1,0 +1,170 @@
+"""Many train.py runs on one machine: a queue that starts up to K at once, each on its own port, and lets the runs
+of a Dispatch precision share one plan, measured by the first of them while nothing else uses the device.
+
+A ``Job`` is one run (its run dir and train.py overrides); ``run_jobs`` starts them in ``start_order`` as
+``readiness`` allows, within a time budget; ``Launcher`` starts one as a child process (output in
+``<run dir>.log``, exit status, port and wall time in ``<run dir>.launch.json``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Callable, Optional, Protocol
+
+from loka_trainer.dispatch.convert import PLAN_FILE
+from scripts.train_runs import LAUNCHERS, ROOT, free_port, run_env
+
+
+@dataclasses.dataclass
+class Job:
+    """One (model, precision variant, seed) run. ``shared_plan``: its Dispatch plan file under --share-plan;
+    ``builds_plan``: this run measures that plan (the first seed), the others load it."""
+
+    model: str
+    variant: str
+    seed: int
+    run_dir: Path
+    overrides: list[str]
+    shared_plan: Optional[Path] = None
+    builds_plan: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    def finished(self) -> bool:
+        return (self.run_dir / "summary.json").is_file()
+
+    def measuring(self) -> bool:
+        """True while this run still has to measure the shared plan (nothing else may use the device then)."""
+        return self.builds_plan and not self.shared_plan.is_file()
+
+    def command_overrides(self) -> list[str]:
+        """train.py's overrides; a run that loads the shared plan gets `precision.plan` (once the plan exists)."""
+        if self.shared_plan is None or not self.shared_plan.is_file():
+            return list(self.overrides)
+        return [*self.overrides, f"precision.plan={self.shared_plan.resolve()}"]
+
+
+def start_order(jobs: list[Job]) -> list[Job]:
+    """``jobs`` in the order to start them: model by model, its plan-measuring runs first (they need the device to
+    themselves, ``readiness``; the others of their variant wait for their plan)."""
+    models = list(dict.fromkeys(j.model for j in jobs))
+    return [j for m in models for first in (True, False) for j in jobs if j.model == m and j.builds_plan == first]
+
+
+def adopt_plan(job: Job) -> Optional[str]:
+    """A plan-measuring run's `dispatch_plan.json` becomes the shared plan (copied atomically) once it exists;
+    returns a line to print when it did."""
+    src = job.run_dir / PLAN_FILE
+    if not job.builds_plan or job.shared_plan.is_file() or not src.is_file():
+        return None
+    job.shared_plan.parent.mkdir(parents=True, exist_ok=True)
+    tmp = job.shared_plan.with_suffix(".tmp")
+    shutil.copyfile(src, tmp)
+    tmp.replace(job.shared_plan)
+    return f"shared plan {job.shared_plan} (measured by {job.name})"
+
+
+WAIT = "wait"
+
+
+def readiness(job: Job, running: list[Job], active: list[Job]) -> Optional[str]:
+    """None: ``job`` may start now; ``WAIT``: not yet; any other string: it cannot run, and why.
+    ``running``: the jobs running now; ``active``: the jobs still pending or running."""
+    if any(r.measuring() for r in running):
+        return WAIT  # a plan is being measured: its timings need the device to itself
+    if job.measuring():
+        return WAIT if running else None
+    if job.shared_plan is not None and not job.shared_plan.is_file():
+        if any(j.builds_plan and j.shared_plan == job.shared_plan for j in active):
+            return WAIT
+        return f"not run: no shared plan {job.shared_plan} (the run measuring it ended without writing one)"
+    return None
+
+
+class Process(Protocol):
+    def poll(self) -> Optional[int]: ...
+
+
+def run_jobs(jobs: list[Job], *, concurrent: int, budget_s: Optional[float], start: Callable[[Job], Process],
+             on_finish: Callable[[Job, int], None], log: Callable[[str], None] = print,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+             poll_s: float = 1.0) -> list[tuple[Job, str]]:
+    """Start ``jobs`` in order, up to ``concurrent`` at a time, none after ``budget_s`` seconds (running ones
+    finish); ``on_finish(job, returncode)`` after each. Returns the jobs that did not run, with the reason."""
+    t0, pending, running, not_run = clock(), list(jobs), [], []
+    try:
+        while pending or running:
+            for job, proc in list(running):
+                code = proc.poll()  # before adopting: a run that has ended wrote its plan already
+                line = adopt_plan(job)
+                if line:
+                    log(line)
+                if code is not None:
+                    running.remove((job, proc))
+                    on_finish(job, code)
+            if pending and budget_s is not None and clock() - t0 >= budget_s:
+                not_run += [(j, f"not started: time budget {budget_s:g} s spent") for j in pending]
+                pending = []
+            while pending and len(running) < concurrent:
+                now = [j for j, _ in running]
+                verdict = readiness(pending[0], now, pending + now)
+                if verdict == WAIT:
+                    if not running:
+                        raise RuntimeError(f"{pending[0].name} waits with nothing running (job order)")
+                    break
+                job = pending.pop(0)
+                if verdict is not None:
+                    not_run.append((job, verdict))
+                    continue
+                running.append((job, start(job)))
+            if running:
+                sleep(poll_s)
+    finally:
+        for _, proc in running:  # interrupted: stop the runs this call started
+            if proc.poll() is None:
+                proc.terminate()
+    return not_run
+
+
+@dataclasses.dataclass
+class Launched:
+    proc: subprocess.Popen
+    log: IO[str]
+    port: int
+    command: list[str]
+    t0: float
+
+
+class Launcher:
+    """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status and wall
+    time in ``<run dir>.launch.json`` when it ends."""
+
+    def __init__(self, launcher: str, nproc: int, threads: int):
+        self.command, self.nproc, self.threads = LAUNCHERS[launcher], nproc, threads
+        self.live: dict[str, Launched] = {}
+
+    def start(self, job: Job) -> subprocess.Popen:
+        port = free_port({r.port for r in self.live.values()})
+        cmd = [*self.command(self.nproc, port), *job.command_overrides()]
+        job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = job.run_dir.with_suffix(".log").open("w")
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env=run_env(port, threads=self.threads))
+        self.live[job.name] = Launched(proc, log, port, cmd, time.perf_counter())
+        print(f"started {job.name} (port {port})", flush=True)
+        return proc
+
+    def finish(self, job: Job, code: int) -> None:
+        run = self.live.pop(job.name)
+        run.log.close()
+        wall = time.perf_counter() - run.t0
+        job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
+            {"command": run.command, "port": run.port, "returncode": code, "wall_s": wall}, indent=1) + "\n")
+        state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
+        print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)
