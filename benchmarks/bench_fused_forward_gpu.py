@@ -37,6 +37,7 @@ from loka_trainer.mods import triton_mods
 from loka_trainer.timing import cuda_graph_us
 from scripts.bench_timing import time_row
 from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
+from scripts.plot_results import grouped_bars, pyplot
 
 SPLITS = (1, 2, 4, 8)
 GRID_STAGES = (3, 4)
@@ -128,20 +129,13 @@ def config_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def grouped_bars(keys: list[tuple[int, int, bool]], series: dict[str, list[float]], title: str, path: Path) -> None:
+def bars_png(keys: list[tuple[int, int, bool]], series: dict[str, list[float]], title: str, path: Path) -> None:
     """One group of bars (µs) per (K, N, fp8) case, one bar per ``series`` entry; saved as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(12, 4))
-    for i, (label, ys) in enumerate(series.items()):
-        ax.bar([j + i * width for j in range(len(keys))], ys, width, label=label)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))],
-                  [f"({K},{N}){' fp8' if f else ''}" for K, N, f in keys], rotation=35, ha="right", fontsize=8)
+    fig, ax = pyplot().subplots(figsize=(12, 4))
+    grouped_bars(ax, [f"({K},{N}){' fp8' if f else ''}" for K, N, f in keys], series, rotation=35, ha="right",
+                 fontsize=8)
     ax.set_ylabel("GPU µs (graph replay)")
     ax.set_title(title)
-    ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -154,7 +148,7 @@ def plot(rows: list[dict], path: Path, device: str) -> None:
     series = {"cuBLAS + epilogue": [t.get((K, N, f, "cublas_epilogue"), 0) for K, N, f in keys],
               "fused, split 1": [t.get((K, N, f, "fused_split1"), 0) for K, N, f in keys],
               "fused, default split": [t.get((K, N, f, default[(K, N)]), 0) for K, N, f in keys]}
-    grouped_bars(keys, series, f"Mods forward (training), batch {BATCH}, {device}", path)
+    bars_png(keys, series, f"Mods forward (training), batch {BATCH}, {device}", path)
 
 
 def plot_configs(rows: list[dict], path: Path, device: str) -> None:
@@ -163,7 +157,7 @@ def plot_configs(rows: list[dict], path: Path, device: str) -> None:
     best = [best_configs(rows, *k) for k in keys]
     series = {"best of the autotune list": [b[0]["graph_us"] for b in best],
               "best of the grid": [b[1]["graph_us"] for b in best]}
-    grouped_bars(keys, series, f"Fused Mods forward kernel (split 1) by tile config, batch {BATCH}, {device}", path)
+    bars_png(keys, series, f"Fused Mods forward kernel (split 1) by tile config, batch {BATCH}, {device}", path)
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from loka_trainer.models.layers import mlp
 from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
+from scripts.plot_results import grouped_bars, pyplot
 
 PUBLISHED = dict(bias=True, norm="layernorm", activation="silu", block_size=256)
 MODS = dict(bias=False, norm="blocknorm", activation="hardswish", block_size=256)
@@ -110,22 +111,15 @@ def table(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: Path) -> None:
     """Bars of speedup vs ``base`` (graph replay) per variant, one group per batch size."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     batches = sorted({r["batch"] for r in rows})
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(variants)
-    for i, v in enumerate(variants):
-        ys = [next((r.get("speedup_vs_base", 0) for r in rows if r["batch"] == b and r["variant"] == v), 0)
-              for b in batches]
-        ax.bar([j + i * width for j in range(len(batches))], ys, width, label=v)
+    fig, ax = pyplot().subplots(figsize=(8, 4))
+    grouped_bars(ax, [f"batch {b}" for b in batches],
+                 {v: [next((r.get("speedup_vs_base", 0) for r in rows if r["batch"] == b and r["variant"] == v), 0)
+                      for b in batches] for v in variants})
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks([j + 0.4 for j in range(len(batches))], [f"batch {b}" for b in batches])
     ax.set_ylabel("speedup vs base (graph replay)")
     ax.set_title(f"MLP {rows[0]['widths']}: forward + backward")
-    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -20,27 +20,19 @@ import json
 import statistics
 from pathlib import Path
 
+from scripts.plot_results import pyplot, throughput_curves
 from scripts.train_runs import observed_step_overhead, steady_throughput, throughput_trajectory, train
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax, curve) = plt.subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [1, 2]})
+    fig, (ax, curve) = pyplot().subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [1, 2]})
     colors = {"off": "tab:gray", "on": "tab:blue"}
     for mode, color in colors.items():
         ys = [r["examples_per_s"] for r in result["runs"] if r["probe"] == mode]
         ax.scatter([mode] * len(ys), ys, color=color)
     ax.set_ylabel("examples/s (after warm-up)")
     ax.set_title(f"probe overhead {100 * result['overhead']:+.2f}% (interval {result['interval']})")
-    for r in result["runs"]:
-        if r.get("trajectory"):
-            steps, ys = zip(*r["trajectory"])
-            curve.plot(steps, ys, color=colors[r["probe"]], lw=1, label=f"pair {r['pair']} probe {r['probe']}")
-    curve.axvline(result["warmup_steps"], color="k", lw=0.5, ls=":")
-    curve.set_xlabel("step")
-    curve.set_ylabel("examples/s (per log window)")
-    curve.legend(fontsize=7)
+    throughput_curves(curve, [(f"pair {r['pair']} probe {r['probe']}", r["trajectory"], {"color": colors[r["probe"]]})
+                              for r in result["runs"] if r.get("trajectory")], result["warmup_steps"])
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -16,21 +16,14 @@ import argparse
 import json
 from pathlib import Path
 
+from scripts.plot_results import pyplot, throughput_curves
 from scripts.train_runs import steady_throughput, throughput_trajectory, train
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for name, run in result["runs"].items():
-        steps, ys = zip(*run["trajectory"])
-        ax.plot(steps, ys, lw=1, label=f"{name}: {run['examples_per_s']:,.0f}/s")
-    ax.axvline(result["warmup_steps"], color="k", lw=0.5, ls=":")
-    ax.set_xlabel("step")
-    ax.set_ylabel("examples/s (per log window)")
-    ax.legend(fontsize=8)
+    fig, ax = pyplot().subplots(figsize=(8, 3.5))
+    throughput_curves(ax, [(f"{name}: {run['examples_per_s']:,.0f}/s", run["trajectory"], {})
+                           for name, run in result["runs"].items()], result["warmup_steps"])
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -34,6 +34,7 @@ from loka_trainer import LoKAConfig, convert_to_loka
 from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.mods.layers import BlockNorm
 from loka_trainer.timing import cuda_graph_timer, wall_clock_timer
+from scripts.plot_results import grouped_bars, pyplot
 from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
 VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
@@ -106,18 +107,12 @@ def summarize(rows: list[dict]) -> dict[str, float]:
 
 
 def plot(rows: list[dict], summary: dict[str, float], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 4))
-    width = 0.8 / len(VARIANTS)
-    for i, name in enumerate(VARIANTS):
-        ax.bar([j + i * width for j in range(len(rows))], [r["us"]["published"] / r["us"][name] for r in rows],
-               width, label=f"{name} (geomean {summary[name]:.2f}x)")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [f"{r['K']}x{r['N']}" for r in rows])
+    fig, ax = pyplot().subplots(figsize=(9, 4))
+    grouped_bars(ax, [f"{r['K']}x{r['N']}" for r in rows],
+                 {f"{name} (geomean {summary[name]:.2f}x)": [r["us"]["published"] / r["us"][name] for r in rows]
+                  for name in VARIANTS})
     ax.set_ylabel("x published layer (eager)")
     ax.axhline(1.0, color="gray", lw=0.5)
-    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

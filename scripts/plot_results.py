@@ -112,12 +112,35 @@ def trajectory_rll(run: dict, base: dict) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def grouped_bars(ax, groups: list[str], series: dict[str, list[float]], **tick_kw) -> None:
+    """One group of bars per entry of ``groups``, one bar per ``series`` entry (label -> one value per group),
+    the group's label under its centre (``tick_kw`` passed to ``set_xticks``), and the legend."""
+    width = 0.8 / len(series)
+    for i, (label, ys) in enumerate(series.items()):
+        ax.bar([j + i * width for j in range(len(groups))], ys, width, label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], groups, **tick_kw)
+    ax.legend(fontsize=7)
+
+
+def throughput_curves(ax, curves: list[tuple[str, list[list[float]], dict]], warmup_steps: int) -> None:
+    """examples/s per log window against the step, one line per (label, [[step, examples/s], ...], line style),
+    a dotted line at the end of the warm-up."""
+    for label, trajectory, style in curves:
+        steps, ys = zip(*trajectory)
+        ax.plot(steps, ys, lw=1, label=label, **style)
+    ax.axvline(warmup_steps, color="k", lw=0.5, ls=":")
+    ax.set_xlabel("step")
+    ax.set_ylabel("examples/s (per log window)")
+    ax.legend(fontsize=7)
 
 
 def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
@@ -130,7 +153,7 @@ def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
                            if (m, p, s) in runs and (m, "bf16", s) in runs]
     if not any(paired(m, p) for m in models for p in precisions):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     floors = {r["model"]: r["noise_floor_pct"] for r in summarize(result)}
     for ax, m in zip(axes[0], models):
@@ -170,7 +193,7 @@ def plot_quality_curves(result: dict, out_dir: Path) -> Optional[Path]:
     has_curve = lambda r: len(r.get("eval_curve", [])) > 1
     if not any(has_curve(r) for r in result["runs"]):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     models = sorted({r["model"] for r in result["runs"] if has_curve(r)})
     precisions = list(dict.fromkeys(r["precision"] for r in result["runs"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
