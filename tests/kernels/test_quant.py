@@ -91,7 +91,7 @@ def test_unknown_names_raise():
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_amax_to_scale_is_the_correctly_rounded_quotient(dtype):
     # The Triton kernels divide fp8_max / amax in fp32 (exactly rounded in the interpreter); the reference must
-    # give the same bits, not fp8_max * (1 / amax) with its second rounding.
+    # give the same bits, not fp8_max * (1 / amax), which is rounded twice.
     amax = torch.exp(torch.rand(10_000, generator=torch.Generator().manual_seed(0)) * 100 - 25)  # 1e-11 .. 2e32
     exact = torch.full_like(amax, torch.finfo(dtype).max) / amax
     assert torch.equal(amax_to_scale(amax, dtype), exact)
