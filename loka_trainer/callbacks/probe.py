@@ -1,9 +1,12 @@
 """LoKA Probe callback: learns per-layer activation and weight statistics online (paper III-A).
 
-Every ``interval`` steps the callback adds forward pre-hooks to the target Linears for that one step and
-removes them at its end, so steps in between run the unmodified model. Inside a Linear's forward pre-hook the
-input is the real activation and, under FSDP2, ``module.weight`` is the full unsharded weight (FSDP2's own
-pre-hook is prepended and runs first). Every ``save_interval`` steps and at the end of training, per-rank
+Each target Linear carries one forward pre-hook for the whole run. Every ``interval`` steps the callback folds
+the full weights into their trackers at the step's start and arms the hooks; an armed hook stashes the layer's
+input (the real activation) and the callback folds the stashed inputs in after the forward (``on_after_forward``,
+else at the step's end) and disarms. Under ``torch.compile`` the armed flag is a guard, so each unit is compiled
+twice (observed and not) and observed steps run compiled too: the hook's only work in the graph is returning
+the input, the statistics run outside it. Under FSDP2 the weight is gathered with ``full_tensor()`` (a collective
+every rank reaches). Every ``save_interval`` steps and at the end of training, per-rank
 activation statistics are merged with collectives and rank 0 writes ``<out_dir>/stats.pt`` on a background
 thread (atomic rename). Rank 0 also logs per-layer activation mean / std / max|x| and weight (and bias) norms
 to TensorBoard.
@@ -18,8 +21,10 @@ Plain user loop (no trainer)::
     probe.on_train_start(state)          # attaches to the model's Linears
     for step, batch in enumerate(loader):
         state.step = step
-        probe.on_step_start(state)       # hooks on only every `interval` steps
-        loss = model(batch); loss.backward(); opt.step(); opt.zero_grad()
+        probe.on_step_start(state)       # arms the hooks every `interval` steps
+        loss = model(batch)
+        probe.on_after_forward(state)    # optional: frees the stashed inputs before the backward
+        loss.backward(); opt.step(); opt.zero_grad()
         probe.on_step_end(state)         # saves every `save_interval` steps, in the background
     probe.on_train_end(state)            # final save, waits for the writer
 
@@ -96,12 +101,12 @@ def _to_config(fields: dict) -> ProbeConfig:
     return cfg
 
 
-def _full_weight(module: nn.Linear) -> torch.Tensor:
-    """The full weight. Inside the forward it is a plain tensor under FSDP2; a DTensor means we run outside
-    the unit's unshard, so gather it (a collective every rank reaches, since all ranks run the same forward)."""
-    weight = module.weight
-    full_tensor = getattr(weight, "full_tensor", None)
-    return full_tensor() if callable(full_tensor) else weight
+def _full_weight(module: nn.Linear, name: str = "weight") -> torch.Tensor:
+    """The full parameter: a DTensor (FSDP2 outside the unit's forward) is gathered, a collective every rank
+    reaches since all ranks run the same callbacks."""
+    param = getattr(module, name)
+    full_tensor = getattr(param, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else param
 
 
 class _WeightUpdates:
@@ -150,7 +155,7 @@ def _tracker_device(module: nn.Linear) -> Optional[torch.device]:
 
 
 class _LayerProbe:
-    """Trackers and the last TensorBoard scalars of one Linear."""
+    """Trackers, the input hook and the last TensorBoard scalars of one Linear."""
 
     def __init__(self, fqn: str, module: nn.Linear, cfg: ProbeConfig):
         self.fqn, self.module = fqn, module
@@ -159,26 +164,38 @@ class _LayerProbe:
                                             device=_tracker_device(module))
         self.weight = WeightTracker(module.out_features, module.in_features, momentum=cfg.momentum,
                                     max_full_covariance=cfg.max_full_weight_factor, stats_dtype=cfg.stats_dtype)
-        self.weight_seen_at: Optional[int] = None
+        # Read by the (compiled) forward: dynamo guards on it, and on the stash being empty, so both stay stable.
+        self.armed = False
+        self.inputs: list[torch.Tensor] = []  # each (..., I): stashed by the armed hook, emptied in place by fold
         self.log_scalars = False  # set on the rank that writes TensorBoard; others skip the extra reductions
+        self.weight_scalars: list[torch.Tensor] = []  # |W|, [|b|] of the observed step
         self.scalars: Optional[torch.Tensor] = None  # (4 or 5,) act mean, std, max|x|, |W|, [|b|]
 
+    def stash_input(self, module: nn.Module, args: tuple) -> None:
+        """Forward pre-hook, registered once for the run. args[0]: (..., I)."""
+        if self.armed:
+            self.inputs.append(args[0].detach())
+
     @torch.no_grad()
-    def observe(self, x: torch.Tensor, step: int, updates: _WeightUpdates) -> None:
-        """Forward pre-hook body. x: (..., I)."""
-        self.activation.update(x)
+    def observe_weight(self, updates: _WeightUpdates) -> None:
+        """Fold the full weight (O, I) into the weight tracker (at an observed step's start)."""
         weight = _full_weight(self.module)
-        if self.weight_seen_at != step:  # a module called twice in one step has the same weight both times
-            updates.submit(self.weight, weight)
-            self.weight_seen_at = step
-        if not self.log_scalars:
-            return
-        xf = x.detach().float()
-        values = [xf.mean(), xf.std(), xf.abs().amax(), weight.detach().float().norm()]
-        if self.module.bias is not None:
-            bias = self.module.bias
-            values.append((bias.full_tensor() if hasattr(bias, "full_tensor") else bias).detach().float().norm())
-        self.scalars = torch.stack(values)
+        updates.submit(self.weight, weight)
+        # gathered on every rank (a collective), though only the rank that logs uses it
+        bias = _full_weight(self.module, "bias") if self.module.bias is not None else None
+        if self.log_scalars:
+            self.weight_scalars = [p.detach().float().norm() for p in (weight, bias) if p is not None]
+
+    @torch.no_grad()
+    def fold_inputs(self) -> None:
+        """Disarm and fold the stashed inputs into the activation tracker."""
+        self.armed = False
+        for x in self.inputs:
+            self.activation.update(x)
+        if self.log_scalars and self.inputs:
+            xf = self.inputs[-1].float()
+            self.scalars = torch.stack([xf.mean(), xf.std(), xf.abs().amax(), *self.weight_scalars])
+        self.inputs.clear()
 
     def file_entry(self, merged_activation: dict) -> dict:
         return {"in_features": self.module.in_features, "out_features": self.module.out_features,
@@ -206,8 +223,8 @@ class ProbeCallback(Callback):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.layers: dict[str, _LayerProbe] = {}
         self.rank, self.world_size = 0, 1
-        self._handles: list = []
-        self._stance = None  # torch.compiler.set_stance of an observed step, restored at its end
+        self._handles: list = []  # the layers' input hooks, one per layer for the whole run
+        self._observing = False  # an observed step is in flight (hooks armed or inputs not folded yet)
         self._saver: Optional[AsyncSaver] = None
         self._weights = _WeightUpdates()
         self._pending_state: Optional[dict] = None
@@ -243,7 +260,9 @@ class ProbeCallback(Callback):
                                  min_features=cfg.min_features, module_filter_fn=self.module_filter_fn)
         if not targets:
             warnings.warn("ProbeCallback: no Linear matched the filters; nothing will be observed")
+        self._remove_hooks()
         self.layers = {fqn: _LayerProbe(fqn, module, cfg) for fqn, module in targets.items()}
+        self._handles = [layer.module.register_forward_pre_hook(layer.stash_input) for layer in self.layers.values()]
         self.rank, self.world_size = rank, world_size
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
@@ -270,32 +289,35 @@ class ProbeCallback(Callback):
 
     # ----- observing -------------------------------------------------------------------------------------
     def on_step_start(self, state: TrainState) -> None:
-        if state.step % self.config.interval != 0 or self._handles:
+        if state.step % self.config.interval != 0 or self._observing:
             return
-        step = state.step
         for layer in self.layers.values():
-            hook = (lambda lp: lambda module, args: lp.observe(args[0], step, self._weights))(layer)
-            self._handles.append(layer.module.register_forward_pre_hook(hook))
-        # A compiled model guards on its modules' hooks: adding hooks would recompile every observed unit (and
-        # soon exhaust dynamo's cache). The observed step runs eagerly instead; the next one reuses the graphs.
-        self._stance = torch.compiler.set_stance("force_eager")
+            layer.observe_weight(self._weights)
+            layer.armed = True
+        self._observing = True
+
+    def on_after_forward(self, state: TrainState) -> None:
+        self._fold_inputs()
 
     def on_step_end(self, state: TrainState) -> None:
-        if self._handles:
-            for handle in self._handles:
-                handle.remove()
-            self._handles = []
-            self._end_eager_step()
+        if self._observing:
+            self._fold_inputs()
+            self._observing = False
             self._last_observed_step = state.step
             self._log_scalars(state.step)
         if (state.step + 1) % self.config.save_interval == 0:
             self.save(state.step)
 
-    def _end_eager_step(self) -> None:
-        """Back to the compiler stance from before the observed step (no-op when none is set)."""
-        if self._stance is not None:
-            self._stance.__exit__(None, None, None)
-            self._stance = None
+    def _fold_inputs(self) -> None:
+        """Disarm every hook and fold what it stashed (no-op between observed steps)."""
+        if self._observing:
+            for layer in self.layers.values():
+                layer.fold_inputs()
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def _log_scalars(self, step: int) -> None:
         if self.writer is None or self.rank != 0:
@@ -338,10 +360,9 @@ class ProbeCallback(Callback):
 
     def close(self) -> None:
         """Remove hooks, order the queued weight updates, finish and stop the stats writer, flush TensorBoard."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._end_eager_step()
+        self._fold_inputs()
+        self._observing = False
+        self._remove_hooks()
         self._weights.wait()
         if self._saver is not None:
             saver, self._saver = self._saver, None

@@ -57,7 +57,9 @@ def test_plain_loop_observes_every_interval_and_writes_stats(tmp_path):
     assert layer["has_bias"] is False and stats["layers"]["head"]["has_bias"] is True
 
 
-def test_no_hooks_between_observed_steps():
+def test_hooks_stash_inputs_only_on_observed_steps():
+    """One hook per layer for the whole run; it stashes inputs only while armed, and they are folded (and
+    freed) after the forward."""
     probe = ProbeCallback(interval=3, save_interval=1000, tensorboard=False, out_dir="unused")
     model = Tower()
     state = TrainState(model=model)
@@ -65,12 +67,15 @@ def test_no_hooks_between_observed_steps():
     for step in range(7):
         state.step = step
         probe.on_step_start(state)
-        hooked = sum(len(m._forward_pre_hooks) for m in model.modules())
-        assert hooked == (3 if step % 3 == 0 else 0)
+        assert sum(len(m._forward_pre_hooks) for m in model.modules()) == 3
         model(torch.randn(4, 8))
+        assert len(probe.layers["head"].inputs) == (1 if step % 3 == 0 else 0)
+        probe.on_after_forward(state)
+        assert not probe.layers["head"].inputs and not probe.layers["head"].armed
         probe.on_step_end(state)
-    assert sum(len(m._forward_pre_hooks) for m in model.modules()) == 0
     assert float(probe.layers["head"].activation.moments.count) == 3 * 4  # steps 0, 3, 6
+    probe.close()
+    assert sum(len(m._forward_pre_hooks) for m in model.modules()) == 0
 
 
 def test_filters_by_name_type_and_size():
@@ -155,29 +160,47 @@ def test_checkpoint_round_trip_resumes_statistics(tmp_path):
     assert other_rank.layers["head"].weight.count == 3
 
 
-def test_observing_a_compiled_model_does_not_recompile_it(tmp_path):
-    """The observed step runs eagerly; the compiled graph stays valid, so observations cost no recompilation."""
+def _observe_loop(model: nn.Module, forward, probe: ProbeCallback, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    state = TrainState(model=model)
+    probe.on_train_start(state)
+    torch.manual_seed(1)
+    for step in range(steps):
+        state.step = step
+        probe.on_step_start(state)
+        loss = forward(torch.randn(8, 32)).square().mean()
+        probe.on_after_forward(state)
+        loss.backward(); opt.step(); opt.zero_grad()
+        probe.on_step_end(state)
+    probe.close()
+
+
+def test_observed_steps_of_a_compiled_model_run_compiled(tmp_path):
+    """Compiled: one graph for observed steps and one for the others (the armed flag is a guard), no graph
+    break, no recompilation after the first two, and the statistics of the eager run."""
     graphs = []
 
     def counting_backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
+    def model_and_probe():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+        return model, ProbeCallback(interval=2, save_interval=1000, out_dir=tmp_path / "probe", tensorboard=False)
+
     torch._dynamo.reset()
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
-    compiled = torch.compile(model, backend=counting_backend)
-    probe = ProbeCallback(interval=2, save_interval=1000, out_dir=tmp_path / "probe", tensorboard=False)
-    state = TrainState(model=model)
-    probe.on_train_start(state)
-    x = torch.randn(8, 32)
-    for step in range(8):
-        state.step = step
-        probe.on_step_start(state)
-        compiled(x).sum().backward()
-        probe.on_step_end(state)
-    probe.on_train_end(state)
-    assert len(graphs) == 1  # compiled once; hooks on observed steps triggered no recompile
-    assert all(int(layer.activation.moments.count) == 4 * 8 for layer in probe.layers.values())  # 4 steps x 8 rows
+    torch._dynamo.utils.counters.clear()
+    model, probe = model_and_probe()
+    _observe_loop(model, torch.compile(model, backend=counting_backend), probe, steps=8)
+    eager_model, eager_probe = model_and_probe()
+    _observe_loop(eager_model, eager_model, eager_probe, steps=8)
+    assert len(graphs) == 2 and not torch._dynamo.utils.counters["graph_break"]
+    for fqn, layer in probe.layers.items():
+        eager = eager_probe.layers[fqn]
+        assert int(layer.activation.moments.count) == int(eager.activation.moments.count) == 4 * 8  # 4 steps
+        torch.testing.assert_close(layer.activation.moments.scatter, eager.activation.moments.scatter)
+        torch.testing.assert_close(layer.weight.mean, eager.weight.mean)
 
 
 def test_wide_weight_factors_are_diagonal():

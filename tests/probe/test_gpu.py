@@ -50,8 +50,8 @@ def test_median_time_on_cuda_is_positive():
 
 
 def test_weight_updates_on_cuda_match_cpu_and_never_sync_the_host():
-    """Observed weights are folded in on a side stream with no host sync (the hook must not stall the step),
-    and give the CPU tracker's statistics."""
+    """Observed weights are folded in on a side stream and activations after the forward, with no host sync
+    (observing must not stall the step), and the weights give the CPU tracker's statistics."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 1200)).cuda()
     probe = ProbeCallback(interval=1, out_dir="unused", tensorboard=False)
@@ -62,14 +62,15 @@ def test_weight_updates_on_cuda_match_cpu_and_never_sync_the_host():
     for step in range(6):
         state.step = step
         x = torch.randn(256, 96, device="cuda")
-        probe.on_step_start(state)
-        # any host sync inside the hooks raises (from the second observation: the first one allocates the state)
+        observed.append({fqn: layer.module.weight.detach().cpu().clone() for fqn, layer in probe.layers.items()})
+        # any host sync while observing raises (from the second observation: the first one allocates the state)
         torch.cuda.set_sync_debug_mode("error" if step > 0 else "default")
         try:
+            probe.on_step_start(state)
             out = model(x)
+            probe.on_after_forward(state)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        observed.append({fqn: layer.module.weight.detach().cpu().clone() for fqn, layer in probe.layers.items()})
         out.square().mean().backward()
         opt.step()
         opt.zero_grad()
