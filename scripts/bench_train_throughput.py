@@ -1,23 +1,31 @@
 """Training throughput through train.py, precision by precision, side by side in one run: what users get.
 
     python -m scripts.bench_train_throughput --out DIR [--precisions bf16 fp8_rowwise loka] [--warmup-steps 100] \
-        -- model=wukong_h200 trainer.device=cuda trainer.compile=true data.batch_size=8192 trainer.steps=400
+        [--repeats 3] -- model=wukong_h200 trainer.device=cuda trainer.compile=true data.batch_size=8192 \
+        trainer.steps=400
 
-Each precision trains once with the same overrides (sharded embeddings, the data pipeline, per-window metrics and
-logging included: the whole loop). Throughput is the mean examples/s of the logged windows after
-``--warmup-steps`` (compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the
-training's peak GPU memory (``peak_gpu_memory_gib`` of ``summary.json``). Evaluation runs once at the end, outside
-the measured windows. Writes ``DIR/train_throughput.json`` after every run (a run already there is reused) and
-``train_throughput.png`` (examples/s per log window), and prints ratios to the first precision last.
+Each precision trains with the same overrides (sharded embeddings, the data pipeline, per-window metrics and
+logging included: the whole loop), ``--repeats`` times, in rounds of alternating order (A B C, C B A, ...:
+``train_runs.round_orders``). Throughput is the mean examples/s of the logged windows after ``--warmup-steps``
+(compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the training's peak
+GPU memory (``peak_gpu_memory_gib`` of ``summary.json``) and the run's window spread
+(``train_runs.window_spread``: a machine slowdown during a run shows there, above ``UNSTEADY``). A precision's ratio
+to the first one is taken within each round (runs next to each other in time) and its median over rounds is
+reported, with the range. Evaluation runs once at the end, outside the measured windows. Writes
+``DIR/train_throughput.json`` after every run (a run already there is reused) and ``train_throughput.png``
+(examples/s per log window), and prints the table last.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
-from scripts.train_runs import steady_throughput, throughput_trajectory, train
+from scripts.train_runs import round_orders, steady_throughput, throughput_trajectory, train, window_spread
+
+UNSTEADY = 0.10  # a window spread above this marks a run whose mean is not its steady speed
 
 
 def plot(result: dict, path: Path) -> None:
@@ -28,36 +36,67 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def run_key(precision: str, round_index: int) -> str:
+    """The run's name in the JSON: the precision in round 0 (so single-round results read as before), else
+    ``<precision>#<round>``."""
+    return precision if round_index == 0 else f"{precision}#{round_index}"
+
+
+def summarize(runs: dict[str, dict], precisions: list[str], repeats: int) -> dict[str, dict]:
+    """Per precision: median examples/s over its rounds, the per-round ratios to the first precision (same round)
+    with their median, and the largest window spread. ``runs``: run_key -> {"examples_per_s", "window_spread"}."""
+    first = precisions[0]
+    out = {}
+    for precision in precisions:
+        keys = [run_key(precision, r) for r in range(repeats)]
+        ratios = [runs[k]["examples_per_s"] / runs[run_key(first, r)]["examples_per_s"]
+                  for r, k in enumerate(keys)]
+        out[precision] = {"examples_per_s": statistics.median(runs[k]["examples_per_s"] for k in keys),
+                          "ratio_to_first": statistics.median(ratios), "ratios": ratios,
+                          "max_window_spread": max(runs[k]["window_spread"] for k in keys)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_rowwise", "loka"])
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--warmup-steps", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of runs, in alternating order")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
+    if args.repeats < 1:
+        raise SystemExit("error: --repeats must be >= 1")
     out_json = args.out / "train_throughput.json"
-    result = {"overrides": args.overrides, "warmup_steps": args.warmup_steps, "runs": {}}
+    result = {"overrides": args.overrides, "warmup_steps": args.warmup_steps, "repeats": args.repeats, "runs": {}}
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else {}
-    for precision in args.precisions:
-        if precision not in done:
-            run_dir = args.out / "runs" / precision
-            records = train(run_dir, [*args.overrides, f"precision={precision}"], args.nproc)
-            summary = json.loads((run_dir / "summary.json").read_text())
-            done[precision] = {"examples_per_s": steady_throughput(records, args.warmup_steps),
-                               "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"),
-                               "trajectory": throughput_trajectory(records)}
-        result["runs"][precision] = done[precision]
-        args.out.mkdir(parents=True, exist_ok=True)
-        out_json.write_text(json.dumps(result, indent=2) + "\n")
+    for round_index, order in enumerate(round_orders(args.precisions, args.repeats)):
+        for precision in order:
+            key = run_key(precision, round_index)
+            if key not in done:
+                run_dir = args.out / "runs" / key.replace("#", "_")
+                records = train(run_dir, [*args.overrides, f"precision={precision}"], args.nproc)
+                summary = json.loads((run_dir / "summary.json").read_text())
+                trajectory = throughput_trajectory(records)
+                done[key] = {"precision": precision, "round": round_index,
+                             "examples_per_s": steady_throughput(records, args.warmup_steps),
+                             "window_spread": window_spread(trajectory, args.warmup_steps),
+                             "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"), "trajectory": trajectory}
+            result["runs"][key] = done[key]
+            args.out.mkdir(parents=True, exist_ok=True)
+            out_json.write_text(json.dumps(result, indent=2) + "\n")
+    result["precisions"] = summarize(result["runs"], args.precisions, args.repeats)
+    out_json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "train_throughput.png")
     first = args.precisions[0]
-    print(f"{'precision':>16}  {'examples/s':>10}  {'x ' + first:>10}  {'peak GiB':>8}")
-    for name, run in result["runs"].items():
-        ratio = run["examples_per_s"] / result["runs"][first]["examples_per_s"]
-        peak = run.get("peak_gpu_memory_gib")
-        print(f"{name:>16}  {run['examples_per_s']:>10,.0f}  {ratio:>9.3f}x  "
-              f"{'n/a' if peak is None else f'{peak:.2f}':>8}")
+    print(f"{'precision':>16}  {'examples/s':>10}  {'x ' + first:>10}  {'range':>13}  {'spread':>6}  {'peak GiB':>8}")
+    for name, row in result["precisions"].items():
+        peak = result["runs"][name].get("peak_gpu_memory_gib")
+        flag = "  unsteady" if row["max_window_spread"] > UNSTEADY else ""
+        print(f"{name:>16}  {row['examples_per_s']:>10,.0f}  {row['ratio_to_first']:>9.3f}x  "
+              f"{min(row['ratios']):>5.3f}-{max(row['ratios']):.3f}x  {row['max_window_spread']:>6.1%}  "
+              f"{'n/a' if peak is None else f'{peak:.2f}':>8}{flag}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,23 @@ def steady_throughput(records: list[dict], warmup_steps: int) -> float:
     return statistics.fmean(values)
 
 
+def window_spread(trajectory: list[list[float]], warmup_steps: int) -> float:
+    """How unsteady a run was: (90th − 10th percentile) / median of its log windows' examples/s after the warm-up.
+    A steady run is a few percent; a machine slowdown during the run shows as tens of percent, however the mean
+    came out, so a ratio of two runs is only as good as the larger of their spreads."""
+    rates = sorted(r for s, r in trajectory if s > warmup_steps)
+    if len(rates) < 2:
+        raise SystemExit(f"need two logged windows after --warmup-steps {warmup_steps}: train longer")
+    deciles = statistics.quantiles(rates, n=10, method="inclusive")
+    return (deciles[-1] - deciles[0]) / statistics.median(rates)
+
+
+def round_orders(names: list[str], repeats: int) -> list[list[str]]:
+    """The run order of each round: as given in even rounds, reversed in odd ones (A B C, C B A, A B C, ...), so a
+    slow phase of the machine does not always fall on the same precision's runs."""
+    return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(repeats)]
+
+
 def throughput_trajectory(records: list[dict]) -> list[list[float]]:
     """[[step, examples/s of the log window ending there], ...] of every logged train step."""
     return [[r["step"], r["examples_per_s"]] for r in records if "examples_per_s" in r]

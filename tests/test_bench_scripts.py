@@ -333,19 +333,48 @@ def test_user_path_bench_times_every_variant_through_the_public_api(tmp_path):
 
 @pytest.mark.slow
 def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_runs(tmp_path):
-    """Each precision trains through train.py with the same overrides; a second call reuses the runs on disk."""
+    """Each precision trains through train.py with the same overrides, in rounds of alternating order; a second
+    call reuses the runs on disk."""
     cmd = [sys.executable, "-m", "scripts.bench_train_throughput", "--out", str(tmp_path), "--precisions", "bf16",
-           "fp8_rowwise", "--warmup-steps", "5", "--", "model=dlrm", "trainer.steps=20", "trainer.log_interval=5"]
+           "fp8_rowwise", "--warmup-steps", "5", "--repeats", "2", "--", "model=dlrm", "trainer.steps=20",
+           "trainer.log_interval=5"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "train_throughput.json").read_text())
-    assert list(result["runs"]) == ["bf16", "fp8_rowwise"]
+    assert list(result["runs"]) == ["bf16", "fp8_rowwise", "fp8_rowwise#1", "bf16#1"]
     for run in result["runs"].values():
         assert [s for s, _ in run["trajectory"]] == [5, 10, 15, 20] and run["examples_per_s"] > 0
+        assert run["window_spread"] >= 0
+    assert result["precisions"]["bf16"]["ratios"] == [1.0, 1.0]
+    assert len(result["precisions"]["fp8_rowwise"]["ratios"]) == 2
     assert (tmp_path / "train_throughput.png").stat().st_size > 0
-    mtime = (tmp_path / "runs" / "bf16" / "metrics.jsonl").stat().st_mtime
+    mtime = (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and (tmp_path / "runs" / "bf16" / "metrics.jsonl").stat().st_mtime == mtime
+    assert again.returncode == 0 and (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime == mtime
+
+
+def test_window_spread_separates_a_steady_run_from_one_that_slowed_down():
+    from scripts.train_runs import window_spread
+    steady = [[s, 100.0 + (s % 20) / 10] for s in range(10, 310, 10)]  # within 2%
+    slowed = [[s, 100.0 if s < 200 else 60.0] for s in range(10, 310, 10)]  # the last third at 60%
+    assert window_spread(steady, warmup_steps=50) < 0.03
+    assert window_spread(slowed, warmup_steps=50) == pytest.approx(0.4)
+    assert window_spread(slowed, warmup_steps=200) == 0.0  # after step 200 it is steady again, just slower
+    with pytest.raises(SystemExit):
+        window_spread(steady, warmup_steps=300)
+
+
+def test_rounds_alternate_their_order_and_ratios_pair_runs_of_one_round():
+    from scripts.bench_train_throughput import run_key, summarize
+    from scripts.train_runs import round_orders
+    assert round_orders(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+    # round 1 ran on a machine 2x slower: per-round ratios stay 1.2, a ratio of medians across rounds would not
+    rates = {("a", 0): 100.0, ("b", 0): 120.0, ("a", 1): 50.0, ("b", 1): 60.0, ("a", 2): 100.0, ("b", 2): 120.0}
+    runs = {run_key(p, r): {"examples_per_s": v, "window_spread": 0.01 * (r + 1)} for (p, r), v in rates.items()}
+    assert set(runs) == {"a", "b", "a#1", "b#1", "a#2", "b#2"}
+    table = summarize(runs, ["a", "b"], 3)
+    assert table["b"]["ratios"] == pytest.approx([1.2, 1.2, 1.2]) and table["b"]["ratio_to_first"] == pytest.approx(1.2)
+    assert table["b"]["examples_per_s"] == 120.0 and table["a"]["max_window_spread"] == pytest.approx(0.03)
 
 
 def test_observed_step_overhead_reads_the_probe_cost_inside_one_run():
