@@ -6,10 +6,9 @@ input (the real activation) and the callback folds the stashed inputs in after t
 else at the step's end) and disarms. Under ``torch.compile`` the armed flag is a guard, so each unit is compiled
 twice (observed and not) and observed steps run compiled too: the hook's only work in the graph is returning
 the input, the statistics run outside it. Under FSDP2 the weight is gathered with ``full_tensor()`` (a collective
-every rank reaches). Every ``save_interval`` steps and at the end of training, per-rank
-activation statistics are merged with collectives and rank 0 writes ``<out_dir>/stats.pt`` on a background
-thread (atomic rename). Rank 0 also logs per-layer activation mean / std / max|x| and weight (and bias) norms
-to TensorBoard.
+every rank reaches). Every ``save_interval`` steps and at the end of training, per-rank activation statistics are
+merged with collectives and rank 0 writes ``<out_dir>/stats.pt`` on a background thread (atomic rename). Rank 0
+also logs per-layer activation mean / std / max|x| and weight (and bias) norms to TensorBoard.
 
 Plain user loop (no trainer)::
 
@@ -112,10 +111,10 @@ def _full_weight(module: nn.Linear, name: str = "weight") -> torch.Tensor:
 class _WeightUpdates:
     """Folds observed weights into their WeightTrackers on the weight's own device, off the training's path.
 
-    On CUDA the hook clones the weight on the current stream (ordered before the optimizer changes it and before
-    FSDP2 frees the unsharded storage) and queues the tracker update on one side stream: the update is a chain of
-    small Cholesky factorizations, triangular solves and elementwise passes with no host sync, so the host thread
-    never waits and the GPU overlaps it with training. On an H200 this is milliseconds per observation; the same
+    On CUDA ``submit`` clones the weight on the current stream (ordered before the optimizer changes it) and queues
+    the tracker update on one side stream: the update is a chain of small Cholesky factorizations, triangular
+    solves and elementwise passes with no host sync, so the host thread never waits and the GPU overlaps it with
+    training. On an H200 this is milliseconds per observation; the same
     update on the host took seconds of CPU per observation of wukong_h200 and fell behind at interval 100.
     On CPU the update runs inline. The trackers' state lives where the weights do (mean: 8 bytes per weight
     element with stats_dtype=float64).
