@@ -91,25 +91,28 @@ def throughput_trajectory(records: list[dict]) -> list[list[float]]:
 
 
 
-def observed_step_overhead(trajectory: list[list[float]], *, interval: int, warmup_steps: int) -> dict:
+def observed_step_overhead(trajectory: list[list[float]], *, interval: int, warmup_steps: int,
+                           neighbors: int = 4) -> dict:
     """The probe's cost read inside one probe-on run, free of run-to-run noise.
 
     ``trajectory``: [[step, examples/s], ...] of log windows of L steps each; the window logged at step s covers
     steps s - L .. s - 1 (0-based), and it was observed when one of them is a multiple of ``interval``. A window's
-    time is proportional to 1 / rate. Over the windows after ``warmup_steps``: the extra time of the observed
-    windows over the median unobserved one, divided by the time all of them would take at that median, is the
-    overhead at this interval. Returns {"observed_windows": [s, ...], "extra_steps_per_observation": the extra time
-    of one observation in steps of the median window, "overhead": fraction}.
+    time is proportional to 1 / rate. Each observed window after ``warmup_steps`` is compared with the median time
+    of its ``neighbors`` nearest unobserved windows (by step; a slow phase of the machine then raises both alike);
+    its extra time, in windows, summed over the observed windows and divided by the number of measured windows,
+    is the overhead at this interval. Returns {"observed_windows": [s, ...], "extra_steps_per_observation": the
+    mean extra time of one observation in steps, "overhead": fraction}.
     """
     length = int(trajectory[1][0] - trajectory[0][0]) if len(trajectory) > 1 else 0
     measured = [(int(s), r) for s, r in trajectory if s > warmup_steps]
-    is_observed = [any(t % interval == 0 for t in range(s - length, s)) for s, _ in measured]
-    observed = [r for (_, r), o in zip(measured, is_observed) if o]
-    plain = [1.0 / r for (_, r), o in zip(measured, is_observed) if not o]
+    observed = [(s, r) for s, r in measured if any(t % interval == 0 for t in range(s - length, s))]
+    plain = [(s, r) for s, r in measured if (s, r) not in observed]
     if not observed or not plain:
         raise SystemExit("need observed and unobserved log windows after the warm-up: train longer")
-    median = statistics.median(plain)
-    extra = [1.0 / r / median - 1.0 for r in observed]  # in windows of the median
-    return {"observed_windows": [s for (s, _), o in zip(measured, is_observed) if o],
+    extra = []  # per observed window, in windows of its neighbors' median time
+    for s, r in observed:
+        nearest = sorted(plain, key=lambda w: abs(w[0] - s))[:neighbors]
+        extra.append(1.0 / r / statistics.median(1.0 / q for _, q in nearest) - 1.0)
+    return {"observed_windows": [s for s, _ in observed],
             "extra_steps_per_observation": length * statistics.fmean(extra),
             "overhead": sum(extra) / len(measured)}

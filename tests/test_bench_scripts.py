@@ -388,3 +388,16 @@ def test_observed_step_overhead_reads_the_probe_cost_inside_one_run():
     assert result["overhead"] == pytest.approx(2 / 20)
     with pytest.raises(SystemExit):  # nothing observed after the warm-up
         observed_step_overhead(trajectory, interval=1000, warmup_steps=150)
+
+
+def test_observed_step_overhead_compares_with_neighbouring_windows_not_the_whole_run():
+    """From step 250 on the machine runs at half speed; the observation at 300 costs one window there as at 200.
+    Against the run's median unobserved window the slow phase would count as probe cost (and the observation
+    inside it twice over)."""
+    from scripts.train_runs import observed_step_overhead
+    base = {s: 100.0 if s <= 250 else 50.0 for s in range(10, 410, 10)}
+    trajectory = [[s, base[s] / 2 if s in (210, 310) else base[s]] for s in range(10, 410, 10)]
+    result = observed_step_overhead(trajectory, interval=100, warmup_steps=150)
+    assert result["observed_windows"] == [210, 310]
+    assert result["extra_steps_per_observation"] == pytest.approx(10.0)
+    assert result["overhead"] == pytest.approx(2 / 25)
