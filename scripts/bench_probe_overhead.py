@@ -9,9 +9,12 @@ Each pair trains twice with the same overrides, probe off and on (``callbacks.pr
 the mean examples/s of the logged steps after ``--warmup-steps`` (compilation and the first observations excluded);
 overhead = median over pairs of (off / on) - 1. Evaluation is off and nothing is checkpointed, so the runs differ
 only by the probe. Run-to-run spread on one machine can exceed the target, so each probe-on run also reports its
-overhead measured inside itself (``scripts.train_runs.observed_step_overhead``: the log windows holding an
-observed step against the others). Writes ``DIR/probe_overhead.json`` (after every run, so an interrupted study
-keeps its runs) and ``probe_overhead.png``.
+overhead measured inside itself (``scripts.train_runs.observed_step_overhead``: each log window holding an
+observed step against its nearest unobserved ones), and every run its window spread (``train_runs.window_spread``:
+a machine slowdown during the run shows there). ``--interval`` longer than the run after the warm-up observes only
+step 0: the probe-on runs then carry the hooks and trackers without observing, which separates their cost from an
+observation's. Writes ``DIR/probe_overhead.json`` (after every run, so an interrupted study keeps its runs) and
+``probe_overhead.png``.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
-from scripts.train_runs import observed_step_overhead, steady_throughput, throughput_trajectory, train
+from scripts.train_runs import (observed_step_overhead, steady_throughput, throughput_trajectory, train,
+                                window_spread)
 
 def plot(result: dict, path: Path) -> None:
     fig, (ax, curve) = pyplot().subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [1, 2]})
@@ -59,9 +63,11 @@ def main() -> None:
             records = train(args.out / "runs" / f"pair{pair}_{mode}", [*args.overrides, *probe], args.nproc)
             run = {"pair": pair, "probe": mode, "examples_per_s": steady_throughput(records, args.warmup_steps),
                    "trajectory": throughput_trajectory(records)}
-            if mode == "on":
+            last_step = int(run["trajectory"][-1][0])
+            if mode == "on" and any(t % args.interval == 0 for t in range(args.warmup_steps, last_step)):
                 run["in_run"] = observed_step_overhead(run["trajectory"], interval=args.interval,
                                                        warmup_steps=args.warmup_steps)
+            run["window_spread"] = window_spread(run["trajectory"], args.warmup_steps)
             runs.append(run)
             args.out.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps({"overrides": args.overrides, "runs": runs}, indent=2) + "\n")
@@ -72,9 +78,10 @@ def main() -> None:
               "runs": runs, "overhead_per_pair": [x - 1 for x in ratios], "overhead": statistics.median(ratios) - 1}
     out_json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "probe_overhead.png")
-    print(" pair  probe  examples/s")
+    print(" pair  probe  examples/s  window spread")
     for r in runs:
-        print(f"{r['pair']:>5}  {r['probe']:>5}  {r['examples_per_s']:>10.0f}")
+        spread = r.get("window_spread", float("nan"))  # runs recorded before the spread was kept have none
+        print(f"{r['pair']:>5}  {r['probe']:>5}  {r['examples_per_s']:>10.0f}  {spread:>12.1%}")
     print(f"probe overhead (median over pairs): {100 * result['overhead']:+.2f}%  (target <= 1%)")
     in_run = [r["in_run"] for r in runs if "in_run" in r]
     print("probe overhead inside the probe-on runs (observed vs unobserved log windows): "

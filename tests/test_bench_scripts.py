@@ -401,3 +401,21 @@ def test_observed_step_overhead_compares_with_neighbouring_windows_not_the_whole
     assert result["observed_windows"] == [210, 310]
     assert result["extra_steps_per_observation"] == pytest.approx(10.0)
     assert result["overhead"] == pytest.approx(2 / 25)
+
+
+@pytest.mark.slow
+def test_probe_overhead_bench_reads_the_cost_inside_probe_on_runs_and_runs_hooks_only(tmp_path):
+    """A pair through train.py: the probe-on run observes at steps 0 and 10 and reports its in-run overhead; with
+    an interval longer than the run, the probe-on run observes only step 0 and reports none (and does not fail)."""
+    base = [sys.executable, "-m", "scripts.bench_probe_overhead", "--pairs", "1", "--warmup-steps", "5"]
+    overrides = ["--", "model=dlrm", "trainer.steps=20", "trainer.log_interval=5"]
+    for interval, out in ((10, tmp_path / "observing"), (1000, tmp_path / "hooks_only")):
+        proc = subprocess.run([*base, "--out", str(out), "--interval", str(interval), *overrides], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        runs = {r["probe"]: r for r in json.loads((out / "probe_overhead.json").read_text())["runs"]}
+        assert all(r["window_spread"] >= 0 for r in runs.values())
+        if interval == 10:
+            assert runs["on"]["in_run"]["observed_windows"] == [15]
+        else:
+            assert "in_run" not in runs["on"]
