@@ -100,12 +100,14 @@ def _to_config(fields: dict) -> ProbeConfig:
     return cfg
 
 
-def _full_weight(module: nn.Linear, name: str = "weight") -> torch.Tensor:
-    """The full parameter: a DTensor (FSDP2 outside the unit's forward) is gathered, a collective every rank
-    reaches since all ranks run the same callbacks."""
+def _full_weight(module: nn.Linear, name: str = "weight") -> tuple[torch.Tensor, bool]:
+    """(the full parameter, whether it is a private copy): a DTensor (FSDP2 outside the unit's forward) is gathered,
+    a collective every rank reaches since all ranks run the same callbacks; a plain parameter is returned as it is."""
     param = getattr(module, name)
-    full_tensor = getattr(param, "full_tensor", None)
-    return full_tensor() if callable(full_tensor) else param
+    if not callable(getattr(param, "full_tensor", None)):
+        return param, False
+    full = param.full_tensor()  # on a one-rank mesh this may be the local shard itself, which the optimizer writes
+    return full, full.untyped_storage().data_ptr() != param.to_local().untyped_storage().data_ptr()
 
 
 class _WeightUpdates:
@@ -124,13 +126,14 @@ class _WeightUpdates:
     def __init__(self) -> None:
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def submit(self, tracker: WeightTracker, weight: torch.Tensor) -> None:
-        """weight: (O, I) full weight on any device."""
+    def submit(self, tracker: WeightTracker, weight: torch.Tensor, *, private: bool = False) -> None:
+        """weight: (O, I) full weight on any device; ``private``: nothing else writes it (a gathered copy), so the
+        side stream may read it without a clone."""
         weight = weight.detach()
         if not weight.is_cuda:
             tracker.update(weight)
             return
-        copy = weight.clone()
+        copy = weight if private else weight.clone()
         side = self._streams.get(weight.device)
         if side is None:
             side = self._streams[weight.device] = torch.cuda.Stream(weight.device)
@@ -178,10 +181,10 @@ class _LayerProbe:
     @torch.no_grad()
     def observe_weight(self, updates: _WeightUpdates) -> None:
         """Fold the full weight (O, I) into the weight tracker (at an observed step's start)."""
-        weight = _full_weight(self.module)
-        updates.submit(self.weight, weight)
+        weight, private = _full_weight(self.module)
+        updates.submit(self.weight, weight, private=private)
         # gathered on every rank (a collective), though only the rank that logs uses it
-        bias = _full_weight(self.module, "bias") if self.module.bias is not None else None
+        bias = _full_weight(self.module, "bias")[0] if self.module.bias is not None else None
         if self.log_scalars:
             self.weight_scalars = [p.detach().float().norm() for p in (weight, bias) if p is not None]
 

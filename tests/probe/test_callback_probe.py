@@ -210,3 +210,30 @@ def test_wide_weight_factors_are_diagonal():
     wide_in, wide_out = probe.layers["0"].weight, probe.layers["2"].weight
     assert wide_in.diagonal_v and not wide_in.diagonal_u
     assert wide_out.diagonal_u and not wide_out.diagonal_v
+
+
+class _ShardedParam:
+    """Duck-types the two DTensor methods the probe uses: full_tensor() and to_local()."""
+
+    def __init__(self, local: torch.Tensor, gathered: torch.Tensor):
+        self.local, self.gathered = local, gathered
+
+    def full_tensor(self) -> torch.Tensor:
+        return self.gathered
+
+    def to_local(self) -> torch.Tensor:
+        return self.local
+
+
+def test_a_gathered_weight_is_private_only_when_it_does_not_share_the_shards_storage():
+    """The side stream reads a private gathered weight without a clone; one that is the local shard itself (a
+    one-rank mesh) is cloned, since the optimizer writes it while the update may still be reading."""
+    local = torch.randn(4, 3)
+    module = nn.Module()
+    module.weight = _ShardedParam(local, torch.cat([local, local]))
+    assert probe_mod._full_weight(module)[1] is True
+    module.weight = _ShardedParam(local, local.view(4, 3))
+    assert probe_mod._full_weight(module)[1] is False
+    plain = nn.Linear(3, 4)
+    weight, private = probe_mod._full_weight(plain)
+    assert weight is plain.weight and private is False
