@@ -17,8 +17,8 @@ under BF16 autocast, BCE loss, backward, fused Adam on the dense parameters and 
 embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here); inference =
 forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
 is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
-GEMM, attention and other kernels (the paper's figure-11 view; ``kernel_category``) and records the graph
-breaks dynamo saw; one more step after warm-up gives the training step's peak GPU memory (``train_peak_mem_gib``:
+GEMM, FP8 quantization, our Mods epilogue, attention and other kernels (the paper's figure-11 view, by kernel
+name: ``kernel_category``) and records the graph breaks dynamo saw; one more step after warm-up gives the training step's peak GPU memory (``train_peak_mem_gib``:
 ``max_memory_allocated`` after ``reset_peak_memory_stats``, parameters and optimizer states included;
 ``train_peak_reserved_gib``: what the caching allocator held). Writes OUT_DIR/bench_e2e.json (after every variant),
 OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch variants: every candidate's MERE and time) and
@@ -55,10 +55,24 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository: its conf/ holds th
 # CUTLASS's attention kernels also carry GEMM-like markers ("sm90_", "cutlass").
 # The GEMM markers before ``KERNEL_CATEGORIES`` existed (JSON without "*_attention_ms" was split by these).
 LEGACY_GEMM_MARKERS = ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem")
-KERNEL_CATEGORIES: dict[str, tuple[str, ...]] = {
-    "attention": ("sdpa", "fmha", "flash", "attention"),
-    "gemm": (*LEGACY_GEMM_MARKERS, "fused_fwd_kernel", "blockwise_kernel"),  # + our Triton GEMM kernels
+ATTENTION_MARKERS = ("sdpa", "fmha", "flash", "attention")
+# The split of rows recorded before quantization and epilogue had their own categories (JSON without
+# "*_quantization_ms"): attention, GEMM (inductor's fused pointwise kernels named after a GEMM included), other.
+SPLIT_BEFORE_QUANTIZATION: dict[str, tuple[str, ...]] = {
+    "attention": ATTENTION_MARKERS,
+    "gemm": (*LEGACY_GEMM_MARKERS, "fused_fwd_kernel", "blockwise_kernel"),
 }
+KERNEL_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "attention": ATTENTION_MARKERS,
+    "gemm": (*SPLIT_BEFORE_QUANTIZATION["gemm"], "grads_kernel"),  # + our Triton GEMM kernels
+    # FP8 casts: ours (quant_*, amax / cast / wgrad-fold kernels) and the ones inductor generates for torchao
+    # (an absolute max, a reciprocal scale); a cast that inductor fused into a norm kernel counts here whole.
+    "quantization": ("quant", "amax", "_abs_", "reciprocal", "cast_kernel", "fold_transpose"),
+    "epilogue": ("norm_fwd_kernel", "bwd_dz_kernel"),  # our Mods epilogue (BlockNorm + HardSwish fwd, dz bwd)
+}
+# Inductor's generated pointwise / reduction kernels are named after the ops they fuse, a GEMM's neighbours too
+# ("triton_poi_fused__scaled_mm__to_copy_clamp_..."), but never run a GEMM (its GEMM templates are "triton_tem_").
+INDUCTOR_FUSED_PREFIXES = ("triton_poi_", "triton_per_", "triton_red_")
 
 
 PHASES = ("train", "infer")
@@ -75,9 +89,18 @@ def is_gpu_annotation(name: str) -> bool:
 
 
 def kernel_category(name: str) -> str:
-    """A GPU kernel's name -> "attention" | "gemm" | "other" (``KERNEL_CATEGORIES``)."""
+    """A GPU kernel's name -> "attention" | "gemm" | "quantization" | "epilogue" | "other" (``KERNEL_CATEGORIES``;
+    an inductor pointwise / reduction kernel is never "gemm")."""
     low = name.lower()
-    return next((cat for cat, marks in KERNEL_CATEGORIES.items() if any(m in low for m in marks)), "other")
+    fused = low.startswith(INDUCTOR_FUSED_PREFIXES)
+    return next((cat for cat, marks in KERNEL_CATEGORIES.items()
+                 if not (fused and cat == "gemm") and any(m in low for m in marks)), "other")
+
+
+def category_before_quantization_split(name: str) -> str:
+    """Where a row recorded before the quantization / epilogue split counted a kernel (``SPLIT_BEFORE_QUANTIZATION``)."""
+    low = name.lower()
+    return next((cat for cat, marks in SPLIT_BEFORE_QUANTIZATION.items() if any(m in low for m in marks)), "other")
 
 
 # Variant suffixes: "<preset>+<suffix>..." is the preset with these changes (e.g. "bf16+mods": BF16 on the model
@@ -215,26 +238,30 @@ def kernel_split_ms(fn, top: int = 40) -> dict:
 
 
 def recategorized(row: dict) -> dict:
-    """A recorded row with its ``train_``/``infer_`` GEMM / attention / other times corrected from the kernels it
-    lists (its top kernels only: kernels below that list stay where they were counted):
+    """A recorded row with its ``train_``/``infer_`` per-category times corrected from the kernels it lists (its top
+    kernels only: kernels below that list stay where they were counted):
     - GPU annotations (``is_gpu_annotation``; counted as kernels before ``kernel_split_ms`` skipped them) are
       dropped from the list and from their category: their time was other kernels' time counted twice;
-    - rows written before the attention split are re-split by ``kernel_category``.
+    - rows written before the attention split, or before the quantization / epilogue split, are re-split by
+      ``kernel_category``.
     Rows needing neither come back unchanged (the same object)."""
     if "train_top_kernels" not in row:
         return row
-    legacy = "train_attention_ms" not in row
+    if "train_attention_ms" not in row:
+        counted = lambda name: "gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other"  # noqa: E731
+    elif "train_quantization_ms" not in row:
+        counted = category_before_quantization_split
+    else:
+        counted = kernel_category
     annotated = any(is_gpu_annotation(k[0]) for phase in PHASES for k in row.get(f"{phase}_top_kernels", []))
-    if not (legacy or annotated):
+    if counted is kernel_category and not annotated:
         return row
     out = dict(row)
     for phase in PHASES:
         ms = {cat: row.get(f"{phase}_{cat}_ms", 0.0) for cat in (*KERNEL_CATEGORIES, "other")}
         kept = []
         for name, us, calls in row.get(f"{phase}_top_kernels", []):
-            counted_in = (("gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other") if legacy
-                          else kernel_category(name))
-            ms[counted_in] -= us / 1e3
+            ms[counted(name)] -= us / 1e3
             if not is_gpu_annotation(name):
                 ms[kernel_category(name)] += us / 1e3
                 kept.append([name, us, calls])
@@ -294,17 +321,20 @@ def table(rows: list[dict]) -> str:
     """Wall times and ratios per variant, the training step's GPU kernel time per category and its peak GPU memory
     (allocated, GiB; n/a in rows recorded before it was measured)."""
     lines = [f"{'model':<12} {'precision':<18} {'train ms':>9} {'x bf16':>7} {'infer ms':>9} {'x bf16':>7} "
-             f"{'GPU ms':>7} {'GEMM ms':>8} {'attn ms':>8} {'rest ms':>8} {'breaks':>6} {'peak GiB':>8}"]
+             f"{'GPU ms':>7} {'GEMM ms':>8} {'quant ms':>8} {'epi ms':>7} {'attn ms':>8} {'rest ms':>8} "
+             f"{'breaks':>6} {'peak GiB':>8}"]
     for r in rows:
         if "train_step_ms" not in r:
             lines.append(f"{r['model']:<12} {r['precision']:<18} {r.get('status', 'error')}")
             continue
-        gpu = r["train_gemm_ms"] + r.get("train_attention_ms", 0.0) + r["train_other_ms"]
+        gpu = sum(r.get(f"train_{cat}_ms", 0.0) for cat in (*KERNEL_CATEGORIES, "other"))
         peak = f"{r['train_peak_mem_gib']:8.2f}" if "train_peak_mem_gib" in r else f"{'n/a':>8}"
+        nan = float("nan")
         lines.append(f"{r['model']:<12} {r['precision']:<18} {r['train_step_ms']:9.3f} "
-                     f"{r.get('train_speedup_vs_bf16', float('nan')):7.2f} {r['infer_step_ms']:9.3f} "
-                     f"{r.get('infer_speedup_vs_bf16', float('nan')):7.2f} {gpu:7.2f} {r['train_gemm_ms']:8.3f} "
-                     f"{r.get('train_attention_ms', float('nan')):8.3f} {r['train_other_ms']:8.3f} "
+                     f"{r.get('train_speedup_vs_bf16', nan):7.2f} {r['infer_step_ms']:9.3f} "
+                     f"{r.get('infer_speedup_vs_bf16', nan):7.2f} {gpu:7.2f} {r['train_gemm_ms']:8.3f} "
+                     f"{r.get('train_quantization_ms', nan):8.3f} {r.get('train_epilogue_ms', nan):7.3f} "
+                     f"{r.get('train_attention_ms', nan):8.3f} {r['train_other_ms']:8.3f} "
                      f"{r.get('dynamo', {}).get('graph_breaks', -1):6d} {peak}")
     return "\n".join(lines)
 
@@ -321,9 +351,10 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(ok)), 4))
     labels = [f"{r['model']}\n{r['precision']}" for r in ok]
     bottom = [0.0] * len(ok)
-    for key, label in (("train_gemm_ms", "GEMM kernels"), ("train_attention_ms", "attention kernels"),
+    for key, label in (("train_gemm_ms", "GEMM kernels"), ("train_quantization_ms", "FP8 quantization kernels"),
+                       ("train_epilogue_ms", "Mods epilogue kernels"), ("train_attention_ms", "attention kernels"),
                        ("train_other_ms", "other kernels")):
-        if not any(key in r for r in ok):  # JSON written before the attention split
+        if not any(key in r for r in ok):  # JSON written before that category was split out
             continue
         heights = [r.get(key, 0.0) for r in ok]
         ax.bar(labels, heights, bottom=bottom, label=label)

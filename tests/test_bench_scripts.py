@@ -112,8 +112,15 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     ("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT", "gemm"),
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_128x256_32x3_tn_align2>", "gemm"),
     ("fused_fwd_kernel", "gemm"),
+    ("grads_kernel", "gemm"),
     ("triton_poi_fused__to_copy_clone_transpose_0", "other"),
-    ("quant_rowwise_kernel", "other"),
+    ("quant_rowwise_kernel", "quantization"),
+    ("triton_poi_fused_quant_rowwise_zeros_3", "quantization"),
+    ("triton_red_fused__to_copy_abs_clone_max_transpose_1", "quantization"),  # torchao's amax, inductor-fused
+    ("triton_poi_fused__scaled_mm__to_copy_clamp_clone_mul_reciprocal_t_4", "quantization"),  # not a GEMM
+    ("triton_per_fused__to_copy_add_native_layer_norm_native_layer_norm_backward_1", "other"),
+    ("norm_fwd_kernel", "epilogue"),
+    ("bwd_dz_kernel", "epilogue"),
 ])
 def test_e2e_kernel_categories(name, category):
     from scripts.bench_e2e_gpu import kernel_category
@@ -129,6 +136,21 @@ def test_e2e_rows_before_the_attention_split_are_resplit_from_their_kernels():
     new = recategorized(old)
     assert (new["train_gemm_ms"], new["train_attention_ms"], new["train_other_ms"]) == pytest.approx((5.0, 5.0, 3.0))
     assert new["infer_attention_ms"] == 0.0 and recategorized(new) is new
+
+
+def test_e2e_rows_before_the_quantization_split_are_resplit_from_their_kernels():
+    """A row recorded with GEMM / attention / other only: its quantization and epilogue kernels move out of
+    "other", and inductor's fused cast kernel named after `_scaled_mm` moves out of "gemm"."""
+    from scripts.bench_e2e_gpu import recategorized
+    kernels = [["nvjet_sm90_qqtst_128x128", 9000.0, 20], ["quant_rowwise_kernel", 4000.0, 34],
+               ["triton_poi_fused__scaled_mm__to_copy_clamp_clone_mul_reciprocal_t_4", 1000.0, 3],
+               ["bwd_dz_kernel", 500.0, 8], ["multi_tensor_apply_kernel", 3000.0, 23]]
+    row = {"train_gemm_ms": 10.0, "train_attention_ms": 0.0, "train_other_ms": 8.0, "train_top_kernels": kernels,
+           "infer_gemm_ms": 1.0, "infer_attention_ms": 0.0, "infer_other_ms": 1.0, "infer_top_kernels": []}
+    new = recategorized(row)
+    got = tuple(new[f"train_{c}_ms"] for c in ("gemm", "quantization", "epilogue", "attention", "other"))
+    assert got == pytest.approx((9.0, 5.0, 0.5, 0.0, 3.5))
+    assert recategorized(new) is new and "train_quantization_ms" not in row
 
 
 def test_e2e_rows_drop_gpu_annotations_counted_as_kernels():
