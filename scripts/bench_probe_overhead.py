@@ -41,6 +41,11 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def observes_after_warmup(interval: int, warmup_steps: int, last_step: int) -> bool:
+    """Whether a probe-on run observes a step after the warm-up (else it measures hooks and trackers only)."""
+    return any(t % interval == 0 for t in range(warmup_steps, last_step))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -63,8 +68,7 @@ def main() -> None:
             records = train(args.out / "runs" / f"pair{pair}_{mode}", [*args.overrides, *probe], args.nproc)
             run = {"pair": pair, "probe": mode, "examples_per_s": steady_throughput(records, args.warmup_steps),
                    "trajectory": throughput_trajectory(records)}
-            last_step = int(run["trajectory"][-1][0])
-            if mode == "on" and any(t % args.interval == 0 for t in range(args.warmup_steps, last_step)):
+            if mode == "on" and observes_after_warmup(args.interval, args.warmup_steps, int(run["trajectory"][-1][0])):
                 run["in_run"] = observed_step_overhead(run["trajectory"], interval=args.interval,
                                                        warmup_steps=args.warmup_steps)
             run["window_spread"] = window_spread(run["trajectory"], args.warmup_steps)
