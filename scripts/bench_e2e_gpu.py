@@ -18,12 +18,13 @@ embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here
 forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
 is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
 GEMM, FP8 quantization, our Mods epilogue, attention and other kernels (the paper's figure-11 view, by kernel
-name: ``kernel_category``) and records the graph breaks dynamo saw; one more step after warm-up gives the training step's peak GPU memory (``train_peak_mem_gib``:
-``max_memory_allocated`` after ``reset_peak_memory_stats``, parameters and optimizer states included;
-``train_peak_reserved_gib``: what the caching allocator held). Writes OUT_DIR/bench_e2e.json (after every variant),
-OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch variants: every candidate's MERE and time) and
-OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not started before --budget-s are skipped and
-listed as such.
+name: ``kernel_category``) and records the graph breaks dynamo saw; one more step after warm-up gives the training
+step's peak GPU memory (``train_peak_mem_gib``: ``max_memory_allocated`` after ``reset_peak_memory_stats``,
+parameters and optimizer states included; ``train_peak_reserved_gib``: what the caching allocator held), and one
+forward what it keeps for the backward, FP8 weight caches among it (``forward_memory``). Writes
+OUT_DIR/bench_e2e.json (after every variant), OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch
+variants: every candidate's MERE and time) and OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not
+started before --budget-s are skipped and listed as such.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from loka_trainer import register_weight_cache_hook
+from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.bench.profilers import cuda_peak_memory
 from loka_trainer.data import DataConfig, build_stream, data_schema
 from loka_trainer.dispatch.compile import reserve_compile_cache
@@ -180,6 +182,30 @@ def train_step(model, batch, opts) -> None:
         opt.zero_grad(set_to_none=True)
 
 
+def forward_memory(model, batch, device) -> dict:
+    """What one training forward keeps until its backward, on CUDA (GiB; None elsewhere): ``forward_kept_gib``, the
+    memory allocated by the forward and still held after it (saved activations, outputs, FP8 operands), and
+    ``fp8_weight_cache_gib``, the part held by LoKA's per-step FP8 weight caches (``WeightCache.nbytes``). The
+    graph is dropped without a backward and the caches cleared, so the next step starts as after an optimizer step."""
+    if device.type != "cuda":
+        return {"forward_kept_gib": None, "fp8_weight_cache_gib": None}
+    caches = weight_caches(model)
+    for cache in caches:
+        cache.clear()
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.compiler.cudagraph_mark_step_begin()
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        loss = F.binary_cross_entropy_with_logits(model(batch).float(), batch.labels)
+    torch.cuda.synchronize(device)
+    out = {"forward_kept_gib": (torch.cuda.memory_allocated(device) - before) / GIB,
+           "fp8_weight_cache_gib": sum(c.nbytes for c in caches) / GIB}
+    del loss
+    for cache in caches:
+        cache.clear()
+    return out
+
+
 @torch.no_grad()
 def infer_step(model, batch) -> None:
     torch.compiler.cudagraph_mark_step_begin()
@@ -294,7 +320,7 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     # after warm-up: the optimizer states exist and the compiled graphs are built, as in a long run
     mem = cuda_peak_memory(lambda: train_step(model, batch, opts), device)
     row.update(train_peak_mem_gib=mem.peak / GIB, train_peak_reserved_gib=mem.peak_reserved / GIB,
-               resident_mem_gib=mem.before / GIB)
+               resident_mem_gib=mem.before / GIB, **forward_memory(model, batch, device))
     row.update({f"train_{k}": v for k, v in kernel_split_ms(lambda: train_step(model, batch, opts)).items()})
     row.update({f"infer_{k}": v for k, v in kernel_split_ms(lambda: infer_step(model, batch)).items()})
     model.eval()
@@ -318,24 +344,25 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    """Wall times and ratios per variant, the training step's GPU kernel time per category and its peak GPU memory
-    (allocated, GiB; n/a in rows recorded before it was measured)."""
+    """Wall times and ratios per variant, the training step's GPU kernel time per category, what one forward keeps
+    and the step's peak GPU memory (allocated, GiB; n/a in rows recorded before they were measured)."""
     lines = [f"{'model':<12} {'precision':<18} {'train ms':>9} {'x bf16':>7} {'infer ms':>9} {'x bf16':>7} "
              f"{'GPU ms':>7} {'GEMM ms':>8} {'quant ms':>8} {'epi ms':>7} {'attn ms':>8} {'rest ms':>8} "
-             f"{'breaks':>6} {'peak GiB':>8}"]
+             f"{'breaks':>6} {'kept GiB':>8} {'peak GiB':>8}"]
     for r in rows:
         if "train_step_ms" not in r:
             lines.append(f"{r['model']:<12} {r['precision']:<18} {r.get('status', 'error')}")
             continue
         gpu = sum(r.get(f"train_{cat}_ms", 0.0) for cat in (*KERNEL_CATEGORIES, "other"))
         peak = f"{r['train_peak_mem_gib']:8.2f}" if "train_peak_mem_gib" in r else f"{'n/a':>8}"
+        kept = f"{r['forward_kept_gib']:8.2f}" if r.get("forward_kept_gib") is not None else f"{'n/a':>8}"
         nan = float("nan")
         lines.append(f"{r['model']:<12} {r['precision']:<18} {r['train_step_ms']:9.3f} "
                      f"{r.get('train_speedup_vs_bf16', nan):7.2f} {r['infer_step_ms']:9.3f} "
                      f"{r.get('infer_speedup_vs_bf16', nan):7.2f} {gpu:7.2f} {r['train_gemm_ms']:8.3f} "
                      f"{r.get('train_quantization_ms', nan):8.3f} {r.get('train_epilogue_ms', nan):7.3f} "
                      f"{r.get('train_attention_ms', nan):8.3f} {r['train_other_ms']:8.3f} "
-                     f"{r.get('dynamo', {}).get('graph_breaks', -1):6d} {peak}")
+                     f"{r.get('dynamo', {}).get('graph_breaks', -1):6d} {kept} {peak}")
     return "\n".join(lines)
 
 

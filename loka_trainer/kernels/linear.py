@@ -46,6 +46,11 @@ class WeightCache:
             self.num_casts += 1
         return self._ops[(backend_name, gemm)]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cached operands hold (FP8 data and scales): device memory kept until the next ``clear()``."""
+        return sum(t.numel() * t.element_size() for op in self._ops.values() for t in op if t is not None)
+
     def clear(self) -> None:
         """Forget every operand (the optimizer stepped, or the weight was loaded from a state_dict)."""
         self._key, self._ops = None, {}

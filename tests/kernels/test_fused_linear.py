@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from loka_trainer.dispatch.convert import kernels_from_plan_backends
+from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.models.layers import mlp
 from loka_trainer.mods.module import FusedLinearMods
 from loka_trainer.mods.transform import find_fusable, fuse_linear_mods
@@ -72,6 +73,19 @@ def test_apply_precision_loka_with_mods_fuses_after_dispatch():
     assert all(isinstance(model[0][0][i], FusedLinearMods) for i in (0, 3))
     assert any("fused into FusedLinearMods" in line for line in logs) and list(model.state_dict()) == keys
     assert torch.isfinite(model(torch.randn(8, 64))).all()
+
+
+def test_weight_cache_counts_the_bytes_it_holds():
+    """256x64 weight, rowwise e4m3: 1 byte per element and one fp32 scale per row, per cached operand."""
+    cache = WeightCache()
+    assert cache.nbytes == 0
+    w = torch.randn(256, 64)
+    cache.get(w, "scaled_mm_rowwise", "forward")
+    assert cache.nbytes == 256 * 64 + 256 * 4
+    cache.get(w, "scaled_mm_rowwise", "input_grad")  # W^T cast by its own rows: 64 scales
+    assert cache.nbytes == 2 * 256 * 64 + 256 * 4 + 64 * 4
+    cache.clear()
+    assert cache.nbytes == 0
 
 
 def test_loading_a_state_dict_clears_the_cached_fp8_weight():
