@@ -99,6 +99,11 @@ def kernel_category(name: str) -> str:
                  if not (fused and cat == "gemm") and any(m in low for m in marks)), "other")
 
 
+def category_before_attention_split(name: str) -> str:
+    """Where a row recorded before the attention split (JSON without "*_attention_ms") counted a kernel."""
+    return "gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other"
+
+
 def category_before_quantization_split(name: str) -> str:
     """Where a row recorded before the quantization / epilogue split counted a kernel (``SPLIT_BEFORE_QUANTIZATION``)."""
     low = name.lower()
@@ -274,7 +279,7 @@ def recategorized(row: dict) -> dict:
     if "train_top_kernels" not in row:
         return row
     if "train_attention_ms" not in row:
-        counted = lambda name: "gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other"  # noqa: E731
+        counted = category_before_attention_split
     elif "train_quantization_ms" not in row:
         counted = category_before_quantization_split
     else:
