@@ -11,6 +11,7 @@ from torch import nn
 import loka_trainer.callbacks.probe as probe_mod
 from loka_trainer.callbacks.base import TrainState
 from loka_trainer.callbacks.probe import ProbeCallback, ProbeConfig
+from loka_trainer.callbacks.probe_layer import full_parameter
 from loka_trainer.probe.stats_io import AsyncSaver, load_stats
 
 ROWS = 16
@@ -231,9 +232,9 @@ def test_a_gathered_weight_is_private_only_when_it_does_not_share_the_shards_sto
     local = torch.randn(4, 3)
     module = nn.Module()
     module.weight = _ShardedParam(local, torch.cat([local, local]))
-    assert probe_mod._full_weight(module)[1] is True
+    assert full_parameter(module)[1] is True
     module.weight = _ShardedParam(local, local.view(4, 3))
-    assert probe_mod._full_weight(module)[1] is False
+    assert full_parameter(module)[1] is False
     plain = nn.Linear(3, 4)
-    weight, private = probe_mod._full_weight(plain)
+    weight, private = full_parameter(plain)
     assert weight is plain.weight and private is False
