@@ -18,7 +18,7 @@ embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here
 forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
 is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
 GEMM, FP8 quantization, our Mods epilogue, attention and other kernels (the paper's figure-11 view, by kernel
-name: ``kernel_category``) and records the graph breaks dynamo saw; one more step after warm-up gives the training
+name: ``scripts.kernel_split``) and records the graph breaks dynamo saw; one more step after warm-up gives the training
 step's peak GPU memory (``train_peak_mem_gib``: ``max_memory_allocated`` after ``reset_peak_memory_stats``,
 parameters and optimizer states included; ``train_peak_reserved_gib``: what the caching allocator held), and one
 forward what it keeps for the backward, FP8 weight caches among it (``forward_memory``). Writes
@@ -50,64 +50,11 @@ from loka_trainer.dispatch.compile import reserve_compile_cache
 from loka_trainer.models.zoo import MODELS, build_model
 from loka_trainer.precision import PrecisionConfig, apply_precision
 from loka_trainer.sharding.parallelize import embedding_modules
+from scripts.kernel_split import KERNEL_CATEGORIES, kernel_split_ms
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: its conf/ holds the precision and model presets
 
-# Kernel name markers per category, checked in this order (first match wins). Attention first: cuDNN's and
-# CUTLASS's attention kernels also carry GEMM-like markers ("sm90_", "cutlass").
-# The GEMM markers before ``KERNEL_CATEGORIES`` existed (JSON without "*_attention_ms" was split by these).
-LEGACY_GEMM_MARKERS = ("gemm", "sm90_", "cutlass", "matmul", "_mm_", "scaled_mm", "f8f8", "nvjet", "triton_tem")
-ATTENTION_MARKERS = ("sdpa", "fmha", "flash", "attention")
-# The split of rows recorded before quantization and epilogue had their own categories (JSON without
-# "*_quantization_ms"): attention, GEMM (inductor's fused pointwise kernels named after a GEMM included), other.
-SPLIT_BEFORE_QUANTIZATION: dict[str, tuple[str, ...]] = {
-    "attention": ATTENTION_MARKERS,
-    "gemm": (*LEGACY_GEMM_MARKERS, "fused_fwd_kernel", "blockwise_kernel"),
-}
-KERNEL_CATEGORIES: dict[str, tuple[str, ...]] = {
-    "attention": ATTENTION_MARKERS,
-    "gemm": (*SPLIT_BEFORE_QUANTIZATION["gemm"], "grads_kernel"),  # + our Triton GEMM kernels
-    # FP8 casts: ours (quant_*, amax / cast / wgrad-fold kernels) and the ones inductor generates for torchao
-    # (an absolute max, a reciprocal scale); a cast that inductor fused into a norm kernel counts here whole.
-    "quantization": ("quant", "amax", "_abs_", "reciprocal", "cast_kernel", "fold_transpose"),
-    "epilogue": ("norm_fwd_kernel", "bwd_dz_kernel"),  # our Mods epilogue (BlockNorm + HardSwish fwd, dz bwd)
-}
-# Inductor's generated pointwise / reduction kernels are named after the ops they fuse, a GEMM's neighbours too
-# ("triton_poi_fused__scaled_mm__to_copy_clamp_..."), but never run a GEMM (its GEMM templates are "triton_tem_").
-INDUCTOR_FUSED_PREFIXES = ("triton_poi_", "triton_per_", "triton_red_")
-
-
-PHASES = ("train", "infer")
 GIB = 2**30
-
-# CUDA-side events that are not kernels: torch records ranges such as ``Optimizer.step#Adam.step`` (around the
-# optimizer's kernels) as GPU user annotations; counted as kernels, they add the optimizer's time twice.
-GPU_ANNOTATION_MARK = "#"
-
-
-def is_gpu_annotation(name: str) -> bool:
-    """True for a profiler range recorded on the GPU timeline (kernel names never contain '#')."""
-    return GPU_ANNOTATION_MARK in name
-
-
-def kernel_category(name: str) -> str:
-    """A GPU kernel's name -> "attention" | "gemm" | "quantization" | "epilogue" | "other" (``KERNEL_CATEGORIES``;
-    an inductor pointwise / reduction kernel is never "gemm")."""
-    low = name.lower()
-    fused = low.startswith(INDUCTOR_FUSED_PREFIXES)
-    return next((cat for cat, marks in KERNEL_CATEGORIES.items()
-                 if not (fused and cat == "gemm") and any(m in low for m in marks)), "other")
-
-
-def category_before_attention_split(name: str) -> str:
-    """Where a row recorded before the attention split (JSON without "*_attention_ms") counted a kernel."""
-    return "gemm" if any(m in name.lower() for m in LEGACY_GEMM_MARKERS) else "other"
-
-
-def category_before_quantization_split(name: str) -> str:
-    """Where a row recorded before the quantization / epilogue split counted a kernel (``SPLIT_BEFORE_QUANTIZATION``)."""
-    low = name.lower()
-    return next((cat for cat, marks in SPLIT_BEFORE_QUANTIZATION.items() if any(m in low for m in marks)), "other")
 
 
 # Variant suffixes: "<preset>+<suffix>..." is the preset with these changes (e.g. "bf16+mods": BF16 on the model
@@ -235,70 +182,6 @@ def timed_ms(fn, steps: int, warmup: int, device_type: str = "cuda") -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / steps
-
-
-def kernel_split_ms(fn, top: int = 40) -> dict:
-    """GPU kernel time of one call of `fn` per ``kernel_category`` (``gemm_ms``, ``attention_ms``, ``other_ms``),
-    plus the ``top`` kernels by time as [name[:90], µs, calls] and the ``top`` host-side ops by self CPU time
-    (where a launch-bound step spends its Python/dispatcher time) as [name[:90], self µs, calls]."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    # A discarded profiled call first: entering the profiler can make dynamo recompile (and inductor autotune)
-    # on the next call, which must not be counted as the step's kernels.
-    with profile(activities=activities):
-        fn()
-        torch.cuda.synchronize()
-    with profile(activities=activities) as prof:
-        fn()
-        torch.cuda.synchronize()
-    ms = {cat: 0.0 for cat in (*KERNEL_CATEGORIES, "other")}
-    kernels, host = [], []
-    for evt in prof.key_averages():
-        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
-        if evt.device_type.name == "CPU" and evt.self_cpu_time_total > 0:
-            host.append([evt.key[:90], round(evt.self_cpu_time_total, 1), evt.count])
-        if (evt.device_type.name != "CUDA" or t <= 0 or getattr(evt, "is_user_annotation", False)
-                or is_gpu_annotation(evt.key)):
-            continue
-        kernels.append([evt.key[:90], round(t, 1), evt.count])
-        ms[kernel_category(evt.key)] += t / 1e3
-    kernels.sort(key=lambda k: -k[1])
-    host.sort(key=lambda k: -k[1])
-    return {**{f"{cat}_ms": v for cat, v in ms.items()}, "top_kernels": kernels[:top], "top_host_ops": host[:top]}
-
-
-def recategorized(row: dict) -> dict:
-    """A recorded row with its ``train_``/``infer_`` per-category times corrected from the kernels it lists (its top
-    kernels only: kernels below that list stay where they were counted):
-    - GPU annotations (``is_gpu_annotation``; counted as kernels before ``kernel_split_ms`` skipped them) are
-      dropped from the list and from their category: their time was other kernels' time counted twice;
-    - rows written before the attention split, or before the quantization / epilogue split, are re-split by
-      ``kernel_category``.
-    Rows needing neither come back unchanged (the same object)."""
-    if "train_top_kernels" not in row:
-        return row
-    if "train_attention_ms" not in row:
-        counted = category_before_attention_split
-    elif "train_quantization_ms" not in row:
-        counted = category_before_quantization_split
-    else:
-        counted = kernel_category
-    annotated = any(is_gpu_annotation(k[0]) for phase in PHASES for k in row.get(f"{phase}_top_kernels", []))
-    if counted is kernel_category and not annotated:
-        return row
-    out = dict(row)
-    for phase in PHASES:
-        ms = {cat: row.get(f"{phase}_{cat}_ms", 0.0) for cat in (*KERNEL_CATEGORIES, "other")}
-        kept = []
-        for name, us, calls in row.get(f"{phase}_top_kernels", []):
-            ms[counted(name)] -= us / 1e3
-            if not is_gpu_annotation(name):
-                ms[kernel_category(name)] += us / 1e3
-                kept.append([name, us, calls])
-        out.update({f"{phase}_{cat}_ms": v for cat, v in ms.items()})
-        out[f"{phase}_top_kernels"] = kept
-    return out
 
 
 def dynamo_summary(top: int = 5) -> dict:

@@ -5,12 +5,12 @@
         trainer.steps=400
 
 Each precision trains with the same overrides (sharded embeddings, the data pipeline, per-window metrics and
-logging included: the whole loop), ``--repeats`` times, in rounds of alternating order (A B C, C B A, ...:
-``train_runs.round_orders``). Throughput is the mean examples/s of the logged windows after ``--warmup-steps``
+logging included: the whole loop), ``--repeats`` times, each repeat in the reverse order of the last (A B C, C B A, ...
+``train_runs.repeat_orders``). Throughput is the mean examples/s of the logged windows after ``--warmup-steps``
 (compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the training's peak
 GPU memory (``peak_gpu_memory_gib`` of ``summary.json``) and the run's window spread
 (``train_runs.window_spread``: a machine slowdown during a run shows there, above ``UNSTEADY``). A precision's ratio
-to the first one is taken within each round (runs next to each other in time) and its median over rounds is
+to the first one is taken within each repeat (runs next to each other in time) and its median over repeats is
 reported, with the range. Evaluation runs once at the end, outside the measured windows. Writes
 ``DIR/train_throughput.json`` after every run (a run already there is reused) and ``train_throughput.png``
 (examples/s per log window), and prints the table last.
@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
-from scripts.train_runs import round_orders, steady_throughput, throughput_trajectory, train, window_spread
+from scripts.train_runs import repeat_orders, steady_throughput, throughput_trajectory, train, window_spread
 
 UNSTEADY = 0.10  # a window spread above this marks a run whose mean is not its steady speed
 
@@ -36,14 +36,14 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def run_key(precision: str, round_index: int) -> str:
-    """The run's name in the JSON: the precision in round 0 (so single-round results read as before), else
-    ``<precision>#<round>``."""
-    return precision if round_index == 0 else f"{precision}#{round_index}"
+def run_key(precision: str, repeat: int) -> str:
+    """The run's name in the JSON: the precision for its first run (so results of one repeat read as before), else
+    ``<precision>#<repeat>``."""
+    return precision if repeat == 0 else f"{precision}#{repeat}"
 
 
 def summarize(runs: dict[str, dict], precisions: list[str], repeats: int) -> dict[str, dict]:
-    """Per precision: median examples/s over its rounds, the per-round ratios to the first precision (same round)
+    """Per precision: median examples/s over its repeats, the ratios to the first precision within each repeat
     with their median, and the largest window spread. ``runs``: run_key -> {"examples_per_s", "window_spread"}."""
     first = precisions[0]
     out = {}
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_rowwise", "loka"])
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--warmup-steps", type=int, default=100)
-    ap.add_argument("--repeats", type=int, default=1, help="rounds of runs, in alternating order")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per precision, in alternating order")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
     if args.repeats < 1:
@@ -71,15 +71,15 @@ def main() -> None:
     out_json = args.out / "train_throughput.json"
     result = {"overrides": args.overrides, "warmup_steps": args.warmup_steps, "repeats": args.repeats, "runs": {}}
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else {}
-    for round_index, order in enumerate(round_orders(args.precisions, args.repeats)):
+    for repeat, order in enumerate(repeat_orders(args.precisions, args.repeats)):
         for precision in order:
-            key = run_key(precision, round_index)
+            key = run_key(precision, repeat)
             if key not in done:
                 run_dir = args.out / "runs" / key.replace("#", "_")
                 records = train(run_dir, [*args.overrides, f"precision={precision}"], args.nproc)
                 summary = json.loads((run_dir / "summary.json").read_text())
                 trajectory = throughput_trajectory(records)
-                done[key] = {"precision": precision, "round": round_index,
+                done[key] = {"precision": precision, "repeat": repeat,
                              "examples_per_s": steady_throughput(records, args.warmup_steps),
                              "window_spread": window_spread(trajectory, args.warmup_steps),
                              "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"), "trajectory": trajectory}

@@ -227,7 +227,8 @@ def _quality(path: Path) -> None:
 
 
 def _e2e(path: Path) -> None:
-    from scripts.bench_e2e_gpu import plot, recategorized, table  # the benchmark's own plot, from its JSON
+    from scripts.bench_e2e_gpu import plot, table  # the benchmark's own plot, from its JSON
+    from scripts.kernel_split import recategorized
     rows = [recategorized(r) for r in json.loads(path.read_text())["rows"]]
     plot(rows, path.parent / "bench_e2e.png")
     print(table(rows))

@@ -79,8 +79,8 @@ def window_spread(trajectory: list[list[float]], warmup_steps: int) -> float:
     return (deciles[-1] - deciles[0]) / statistics.median(rates)
 
 
-def round_orders(names: list[str], repeats: int) -> list[list[str]]:
-    """The run order of each round: as given in even rounds, reversed in odd ones (A B C, C B A, A B C, ...), so a
+def repeat_orders(names: list[str], repeats: int) -> list[list[str]]:
+    """The run order of each repeat: as given in even repeats, reversed in odd ones (A B C, C B A, A B C, ...), so a
     slow phase of the machine does not always fall on the same precision's runs."""
     return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(repeats)]
 

@@ -21,7 +21,7 @@ def test_every_script_and_benchmark_imports_as_a_module_without_running(module):
     mod = importlib.import_module(module)
     assert callable(getattr(mod, "main", None)) or module in {"scripts.bench_targets", "scripts.bench_timing",
                                                               "scripts.mods_layer_variants", "scripts.train_runs",
-                                                              "scripts.run_queue"}
+                                                              "scripts.run_queue", "scripts.kernel_split"}
 
 
 @pytest.mark.slow
@@ -104,66 +104,6 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     bad.write_text("{}")
     proc = subprocess.run([sys.executable, *script, str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "no plot for a file named 'other.json'" in proc.stderr
-
-
-@pytest.mark.parametrize("name,category", [
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1", "attention"),
-    ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80", "attention"),
-    ("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT", "gemm"),
-    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_128x256_32x3_tn_align2>", "gemm"),
-    ("fused_fwd_kernel", "gemm"),
-    ("grads_kernel", "gemm"),
-    ("triton_poi_fused__to_copy_clone_transpose_0", "other"),
-    ("quant_rowwise_kernel", "quantization"),
-    ("triton_poi_fused_quant_rowwise_zeros_3", "quantization"),
-    ("triton_red_fused__to_copy_abs_clone_max_transpose_1", "quantization"),  # torchao's amax, inductor-fused
-    ("triton_poi_fused__scaled_mm__to_copy_clamp_clone_mul_reciprocal_t_4", "quantization"),  # not a GEMM
-    ("triton_per_fused__to_copy_add_native_layer_norm_native_layer_norm_backward_1", "other"),
-    ("norm_fwd_kernel", "epilogue"),
-    ("bwd_dz_kernel", "epilogue"),
-])
-def test_e2e_kernel_categories(name, category):
-    from scripts.bench_e2e_gpu import kernel_category
-    assert kernel_category(name) == category
-
-
-def test_e2e_rows_before_the_attention_split_are_resplit_from_their_kernels():
-    from scripts.bench_e2e_gpu import recategorized
-    kernels = [["cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 5000.0, 7], ["fused_fwd_kernel", 1000.0, 8],
-               ["nvjet_sm90_tst_128x192", 2000.0, 20]]
-    old = {"train_gemm_ms": 9.0, "train_other_ms": 4.0, "train_top_kernels": kernels,
-           "infer_gemm_ms": 1.0, "infer_other_ms": 1.0, "infer_top_kernels": []}
-    new = recategorized(old)
-    assert (new["train_gemm_ms"], new["train_attention_ms"], new["train_other_ms"]) == pytest.approx((5.0, 5.0, 3.0))
-    assert new["infer_attention_ms"] == 0.0 and recategorized(new) is new
-
-
-def test_e2e_rows_before_the_quantization_split_are_resplit_from_their_kernels():
-    """A row recorded with GEMM / attention / other only: its quantization and epilogue kernels move out of
-    "other", and inductor's fused cast kernel named after `_scaled_mm` moves out of "gemm"."""
-    from scripts.bench_e2e_gpu import recategorized
-    kernels = [["nvjet_sm90_qqtst_128x128", 9000.0, 20], ["quant_rowwise_kernel", 4000.0, 34],
-               ["triton_poi_fused__scaled_mm__to_copy_clamp_clone_mul_reciprocal_t_4", 1000.0, 3],
-               ["bwd_dz_kernel", 500.0, 8], ["multi_tensor_apply_kernel", 3000.0, 23]]
-    row = {"train_gemm_ms": 10.0, "train_attention_ms": 0.0, "train_other_ms": 8.0, "train_top_kernels": kernels,
-           "infer_gemm_ms": 1.0, "infer_attention_ms": 0.0, "infer_other_ms": 1.0, "infer_top_kernels": []}
-    new = recategorized(row)
-    got = tuple(new[f"train_{c}_ms"] for c in ("gemm", "quantization", "epilogue", "attention", "other"))
-    assert got == pytest.approx((9.0, 5.0, 0.5, 0.0, 3.5))
-    assert recategorized(new) is new and "train_quantization_ms" not in row
-
-
-def test_e2e_rows_drop_gpu_annotations_counted_as_kernels():
-    from scripts.bench_e2e_gpu import is_gpu_annotation, recategorized
-    kernels = [["Optimizer.step#Adam.step", 3800.0, 1], ["multi_tensor_apply_kernel", 3700.0, 23],
-               ["nvjet_sm90_tst_256x128", 2000.0, 13]]
-    row = {"train_gemm_ms": 2.0, "train_attention_ms": 0.0, "train_other_ms": 8.0, "train_top_kernels": kernels,
-           "infer_gemm_ms": 1.0, "infer_attention_ms": 0.0, "infer_other_ms": 1.0, "infer_top_kernels": []}
-    new = recategorized(row)
-    assert is_gpu_annotation(kernels[0][0]) and not any(is_gpu_annotation(k[0]) for k in kernels[1:])
-    assert (new["train_gemm_ms"], new["train_other_ms"]) == pytest.approx((2.0, 4.2))
-    assert [k[0] for k in new["train_top_kernels"]] == [k[0] for k in kernels[1:]]
-    assert row["train_other_ms"] == 8.0 and recategorized(new) is new  # the recorded row is not modified
 
 
 def test_e2e_table_shows_the_training_peak_memory_and_n_a_for_rows_without_it():
@@ -351,95 +291,3 @@ def test_user_path_bench_times_every_variant_through_the_public_api(tmp_path):
     assert result["geomean_vs_published"]["published"] == 1.0
     assert (tmp_path / "user_path.png").stat().st_size > 0
     assert "LoKA compiled / plain Mods compiled" in proc.stdout.splitlines()[-1]
-
-
-@pytest.mark.slow
-def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_runs(tmp_path):
-    """Each precision trains through train.py with the same overrides, in rounds of alternating order; a second
-    call reuses the runs on disk."""
-    cmd = [sys.executable, "-m", "scripts.bench_train_throughput", "--out", str(tmp_path), "--precisions", "bf16",
-           "fp8_rowwise", "--warmup-steps", "5", "--repeats", "2", "--", "model=dlrm", "trainer.steps=20",
-           "trainer.log_interval=5"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result = json.loads((tmp_path / "train_throughput.json").read_text())
-    assert list(result["runs"]) == ["bf16", "fp8_rowwise", "fp8_rowwise#1", "bf16#1"]
-    for run in result["runs"].values():
-        assert [s for s, _ in run["trajectory"]] == [5, 10, 15, 20] and run["examples_per_s"] > 0
-        assert run["window_spread"] >= 0
-    assert result["precisions"]["bf16"]["ratios"] == [1.0, 1.0]
-    assert len(result["precisions"]["fp8_rowwise"]["ratios"]) == 2
-    assert (tmp_path / "train_throughput.png").stat().st_size > 0
-    mtime = (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime == mtime
-
-
-def test_window_spread_separates_a_steady_run_from_one_that_slowed_down():
-    from scripts.train_runs import window_spread
-    steady = [[s, 100.0 + (s % 20) / 10] for s in range(10, 310, 10)]  # within 2%
-    slowed = [[s, 100.0 if s < 200 else 60.0] for s in range(10, 310, 10)]  # the last third at 60%
-    assert window_spread(steady, warmup_steps=50) < 0.03
-    assert window_spread(slowed, warmup_steps=50) == pytest.approx(0.4)
-    assert window_spread(slowed, warmup_steps=200) == 0.0  # after step 200 it is steady again, just slower
-    with pytest.raises(SystemExit):
-        window_spread(steady, warmup_steps=300)
-
-
-def test_rounds_alternate_their_order_and_ratios_pair_runs_of_one_round():
-    from scripts.bench_train_throughput import run_key, summarize
-    from scripts.train_runs import round_orders
-    assert round_orders(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
-    # round 1 ran on a machine 2x slower: per-round ratios stay 1.2, a ratio of medians across rounds would not
-    rates = {("a", 0): 100.0, ("b", 0): 120.0, ("a", 1): 50.0, ("b", 1): 60.0, ("a", 2): 100.0, ("b", 2): 120.0}
-    runs = {run_key(p, r): {"examples_per_s": v, "window_spread": 0.01 * (r + 1)} for (p, r), v in rates.items()}
-    assert set(runs) == {"a", "b", "a#1", "b#1", "a#2", "b#2"}
-    table = summarize(runs, ["a", "b"], 3)
-    assert table["b"]["ratios"] == pytest.approx([1.2, 1.2, 1.2]) and table["b"]["ratio_to_first"] == pytest.approx(1.2)
-    assert table["b"]["examples_per_s"] == 120.0 and table["a"]["max_window_spread"] == pytest.approx(0.03)
-
-
-def test_observed_step_overhead_reads_the_probe_cost_inside_one_run():
-    """Windows of 10 steps at 100 examples/s; the two holding an observed step (steps 200 and 300) run at 50/s,
-    i.e. take one extra window each: 10 extra steps per observation, 2 windows over 20 measured = 10%."""
-    from scripts.train_runs import observed_step_overhead
-    trajectory = [[s, 50.0 if s in (210, 310) else 100.0] for s in range(10, 360, 10)]
-    result = observed_step_overhead(trajectory, interval=100, warmup_steps=150)
-    assert result["observed_windows"] == [210, 310]
-    assert result["extra_steps_per_observation"] == pytest.approx(10.0)
-    assert result["overhead"] == pytest.approx(2 / 20)
-    with pytest.raises(SystemExit):  # nothing observed after the warm-up
-        observed_step_overhead(trajectory, interval=1000, warmup_steps=150)
-
-
-def test_observed_step_overhead_compares_with_neighbouring_windows_not_the_whole_run():
-    """From step 250 on the machine runs at half speed; the observation at 300 costs one window there as at 200.
-    Against the run's median unobserved window the slow phase would count as probe cost (and the observation
-    inside it twice over)."""
-    from scripts.train_runs import observed_step_overhead
-    base = {s: 100.0 if s <= 250 else 50.0 for s in range(10, 410, 10)}
-    trajectory = [[s, base[s] / 2 if s in (210, 310) else base[s]] for s in range(10, 410, 10)]
-    result = observed_step_overhead(trajectory, interval=100, warmup_steps=150)
-    assert result["observed_windows"] == [210, 310]
-    assert result["extra_steps_per_observation"] == pytest.approx(10.0)
-    assert result["overhead"] == pytest.approx(2 / 25)
-
-
-@pytest.mark.slow
-def test_probe_overhead_bench_reads_the_cost_inside_the_probe_on_run(tmp_path):
-    """A pair through train.py: the probe-on run observes at steps 0 and 10 and reports its in-run overhead, and
-    every run its window spread."""
-    cmd = [sys.executable, "-m", "scripts.bench_probe_overhead", "--out", str(tmp_path), "--pairs", "1",
-           "--warmup-steps", "5", "--interval", "10", "--", "model=dlrm", "trainer.steps=20", "trainer.log_interval=5"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    runs = {r["probe"]: r for r in json.loads((tmp_path / "probe_overhead.json").read_text())["runs"]}
-    assert all(r["window_spread"] >= 0 for r in runs.values())
-    assert runs["on"]["in_run"]["observed_windows"] == [15] and "in_run" not in runs["off"]
-
-
-def test_an_interval_longer_than_the_run_measures_hooks_without_observations():
-    from scripts.bench_probe_overhead import observes_after_warmup
-    assert observes_after_warmup(100, 150, 350)  # steps 200, 300
-    assert not observes_after_warmup(100_000, 150, 350)  # only step 0, inside the warm-up
-    assert not observes_after_warmup(100, 150, 199)

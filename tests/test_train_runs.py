@@ -1,0 +1,104 @@
+"""The train.py-driven benchmarks (throughput per precision, probe overhead) and what they read from a run's log
+windows (scripts.train_runs): steady throughput, window spread, run order, the probe's in-run cost."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_runs(tmp_path):
+    """Each precision trains through train.py with the same overrides, in repeats of alternating order; a second
+    call reuses the runs on disk."""
+    cmd = [sys.executable, "-m", "scripts.bench_train_throughput", "--out", str(tmp_path), "--precisions", "bf16",
+           "fp8_rowwise", "--warmup-steps", "5", "--repeats", "2", "--", "model=dlrm", "trainer.steps=20",
+           "trainer.log_interval=5"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "train_throughput.json").read_text())
+    assert list(result["runs"]) == ["bf16", "fp8_rowwise", "fp8_rowwise#1", "bf16#1"]
+    for run in result["runs"].values():
+        assert [s for s, _ in run["trajectory"]] == [5, 10, 15, 20] and run["examples_per_s"] > 0
+        assert run["window_spread"] >= 0
+    assert result["precisions"]["bf16"]["ratios"] == [1.0, 1.0]
+    assert len(result["precisions"]["fp8_rowwise"]["ratios"]) == 2
+    assert (tmp_path / "train_throughput.png").stat().st_size > 0
+    mtime = (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime == mtime
+
+
+def test_window_spread_separates_a_steady_run_from_one_that_slowed_down():
+    from scripts.train_runs import window_spread
+    steady = [[s, 100.0 + (s % 20) / 10] for s in range(10, 310, 10)]  # within 2%
+    slowed = [[s, 100.0 if s < 200 else 60.0] for s in range(10, 310, 10)]  # the last third at 60%
+    assert window_spread(steady, warmup_steps=50) < 0.03
+    assert window_spread(slowed, warmup_steps=50) == pytest.approx(0.4)
+    assert window_spread(slowed, warmup_steps=200) == 0.0  # after step 200 it is steady again, just slower
+    with pytest.raises(SystemExit):
+        window_spread(steady, warmup_steps=300)
+
+
+def test_repeats_alternate_their_order_and_ratios_pair_runs_of_one_repeat():
+    from scripts.bench_train_throughput import run_key, summarize
+    from scripts.train_runs import repeat_orders
+    assert repeat_orders(["a", "b", "c"], 3) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+    # repeat 1 ran on a machine 2x slower: ratios within a repeat stay 1.2, a ratio of medians across them would not
+    rates = {("a", 0): 100.0, ("b", 0): 120.0, ("a", 1): 50.0, ("b", 1): 60.0, ("a", 2): 100.0, ("b", 2): 120.0}
+    runs = {run_key(p, r): {"examples_per_s": v, "window_spread": 0.01 * (r + 1)} for (p, r), v in rates.items()}
+    assert set(runs) == {"a", "b", "a#1", "b#1", "a#2", "b#2"}
+    table = summarize(runs, ["a", "b"], 3)
+    assert table["b"]["ratios"] == pytest.approx([1.2, 1.2, 1.2]) and table["b"]["ratio_to_first"] == pytest.approx(1.2)
+    assert table["b"]["examples_per_s"] == 120.0 and table["a"]["max_window_spread"] == pytest.approx(0.03)
+
+
+def test_observed_step_overhead_reads_the_probe_cost_inside_one_run():
+    """Windows of 10 steps at 100 examples/s; the two holding an observed step (steps 200 and 300) run at 50/s,
+    i.e. take one extra window each: 10 extra steps per observation, 2 windows over 20 measured = 10%."""
+    from scripts.train_runs import observed_step_overhead
+    trajectory = [[s, 50.0 if s in (210, 310) else 100.0] for s in range(10, 360, 10)]
+    result = observed_step_overhead(trajectory, interval=100, warmup_steps=150)
+    assert result["observed_windows"] == [210, 310]
+    assert result["extra_steps_per_observation"] == pytest.approx(10.0)
+    assert result["overhead"] == pytest.approx(2 / 20)
+    with pytest.raises(SystemExit):  # nothing observed after the warm-up
+        observed_step_overhead(trajectory, interval=1000, warmup_steps=150)
+
+
+def test_observed_step_overhead_compares_with_neighbouring_windows_not_the_whole_run():
+    """From step 250 on the machine runs at half speed; the observation at 300 costs one window there as at 200.
+    Against the run's median unobserved window the slow phase would count as probe cost (and the observation
+    inside it twice over)."""
+    from scripts.train_runs import observed_step_overhead
+    base = {s: 100.0 if s <= 250 else 50.0 for s in range(10, 410, 10)}
+    trajectory = [[s, base[s] / 2 if s in (210, 310) else base[s]] for s in range(10, 410, 10)]
+    result = observed_step_overhead(trajectory, interval=100, warmup_steps=150)
+    assert result["observed_windows"] == [210, 310]
+    assert result["extra_steps_per_observation"] == pytest.approx(10.0)
+    assert result["overhead"] == pytest.approx(2 / 25)
+
+
+@pytest.mark.slow
+def test_probe_overhead_bench_reads_the_cost_inside_the_probe_on_run(tmp_path):
+    """A pair through train.py: the probe-on run observes at steps 0 and 10 and reports its in-run overhead, and
+    every run its window spread."""
+    cmd = [sys.executable, "-m", "scripts.bench_probe_overhead", "--out", str(tmp_path), "--pairs", "1",
+           "--warmup-steps", "5", "--interval", "10", "--", "model=dlrm", "trainer.steps=20", "trainer.log_interval=5"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    runs = {r["probe"]: r for r in json.loads((tmp_path / "probe_overhead.json").read_text())["runs"]}
+    assert all(r["window_spread"] >= 0 for r in runs.values())
+    assert runs["on"]["in_run"]["observed_windows"] == [15] and "in_run" not in runs["off"]
+
+
+def test_an_interval_longer_than_the_run_measures_hooks_without_observations():
+    from scripts.bench_probe_overhead import observes_after_warmup
+    assert observes_after_warmup(100, 150, 350)  # steps 200, 300
+    assert not observes_after_warmup(100_000, 150, 350)  # only step 0, inside the warm-up
+    assert not observes_after_warmup(100, 150, 199)
