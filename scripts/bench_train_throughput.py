@@ -5,7 +5,7 @@
         trainer.steps=400
 
 Each precision trains with the same overrides (sharded embeddings, the data pipeline, per-window metrics and
-logging included: the whole loop), ``--repeats`` times, each repeat in the reverse order of the last (A B C, C B A, ...
+logging included: the whole loop), ``--repeats`` times, each repeat in the reverse order of the last (A B C, C B A, ...:
 ``train_runs.repeat_orders``). Throughput is the mean examples/s of the logged windows after ``--warmup-steps``
 (compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the training's peak
 GPU memory (``peak_gpu_memory_gib`` of ``summary.json``) and the run's window spread
