@@ -122,10 +122,12 @@ class TokenMix(nn.Module):
 
     (B, n_in, D) -> (B, n_out, D). The weight lives in an ``nn.Linear`` child (state_dict ``linear.weight``) so
     Probe, Dispatch and torchao see the GEMM. While that child is a plain ``nn.Linear`` without forward
-    pre-hooks, the mix runs as ``token_linear`` (no transposed copies of the tokens: on an H200 the transposing
-    copy of the Linear route took 3-5 ms per Wukong layer at batch 8192, CHANGELOG.md 2026-11-30); when a precision
-    transform replaced the child (an FP8 Linear) or a hook observes it (the Probe, Dispatch calibration), the
-    child runs on the transposed tokens, so it sees its (B, D, n_in) input. Same math either way.
+    hooks other than plain forward pre-hooks, the mix runs as ``token_linear`` (no transposed copies of the tokens:
+    on an H200 the transposing copy of the Linear route took 3-5 ms per Wukong layer at batch 8192, CHANGELOG.md
+    2026-11-30). Its forward pre-hooks (the Probe's, Dispatch calibration's) are called first with the child's
+    (B, D, n_in) input as a view, so observers see what the Linear would; a pre-hook that returns a new input makes
+    the child run on it. When a precision transform replaced the child (an FP8 Linear) or other hooks are on it,
+    the child runs on the transposed tokens. Same math either way.
     """
 
     def __init__(self, num_in: int, num_out: int, *, bias: bool) -> None:
@@ -134,11 +136,29 @@ class TokenMix(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         lin = self.linear
-        if type(lin) is nn.Linear and not lin._forward_pre_hooks and not lin._forward_hooks:
-            return token_linear(tokens, lin.weight, lin.bias)
-        # NOTE: contiguous on both sides: FP8 Linears (torchao rowwise) reject non-contiguous inputs with
-        # axiswise scales, and the next Linear (e.g. InterFormer's gate) gets this output as its input.
-        return lin(tokens.transpose(1, 2).contiguous()).transpose(1, 2).contiguous()
+        if type(lin) is not nn.Linear or not _only_plain_pre_hooks(lin):
+            return _transposed(lin, tokens.transpose(1, 2))
+        args, replaced = (tokens.transpose(1, 2),), False  # the child's (B, D, n_in) input, as a view
+        for hook in lin._forward_pre_hooks.values():  # nn.Module's pre-hook rules: a returned value replaces args
+            result = hook(lin, args)
+            if result is not None:
+                args, replaced = (result if isinstance(result, tuple) else (result,)), True
+        if replaced:
+            return _transposed(lin.forward, args[0])
+        return token_linear(tokens, lin.weight, lin.bias)
+
+
+def _only_plain_pre_hooks(lin: nn.Linear) -> bool:
+    """No forward, backward or keyword pre-hooks on ``lin``: its plain pre-hooks can be called by hand."""
+    return not (lin._forward_hooks or lin._forward_pre_hooks_with_kwargs or lin._backward_hooks
+                or lin._backward_pre_hooks)
+
+
+def _transposed(linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear`` on x (B, D, n_in) -> (B, n_out, D)."""
+    # NOTE: contiguous on both sides: FP8 Linears (torchao rowwise) reject non-contiguous inputs with axiswise
+    # scales, and the next Linear (e.g. InterFormer's gate) gets this output as its input.
+    return linear(x.contiguous()).transpose(1, 2).contiguous()
 
 
 class DenseEmbeddingArch(nn.Module):

@@ -110,8 +110,8 @@ def test_token_mix_batched_gemm_equals_the_linear_route():
     tokens = torch.randn(5, 12, 32, requires_grad=True)
     fast = mix(tokens)  # plain nn.Linear child, no hooks: token_linear
     seen = []
-    handle = mix.linear.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape))
-    slow = mix(tokens)  # a hook observes the child: it runs on the transposed tokens
+    handle = mix.linear.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape))
+    slow = mix(tokens)  # a forward hook on the child: it runs on the transposed tokens
     handle.remove()
     assert seen == [(5, 32, 12)]
     torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
@@ -119,6 +119,51 @@ def test_token_mix_batched_gemm_equals_the_linear_route():
     ref = torch.autograd.grad(slow.square().sum(), [tokens, mix.linear.weight, mix.linear.bias])
     for got, want in zip(grads, ref):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _aten_ops(fn) -> list[str]:
+    """The aten ops ``fn()`` runs (names like ``bmm``, ``clone``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Record() as rec:
+        fn()
+    return rec.ops
+
+
+def test_token_mix_observed_by_a_pre_hook_keeps_the_batched_gemm():
+    """The Probe's and calibration's pre-hooks see the child's (B, D, n_in) input without the mix paying the
+    transposed copies of the Linear route (a persistent hook would otherwise slow every step)."""
+    torch.manual_seed(0)
+    mix = TokenMix(12, 8, bias=True)
+    tokens = torch.randn(5, 12, 32)
+    seen = []
+    mix.linear.register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach()))
+    ops = _aten_ops(lambda: mix(tokens))
+    assert "bmm" in ops and not {"clone", "addmm", "mm"} & set(ops)
+    assert len(seen) == 1
+    torch.testing.assert_close(seen[0], tokens.transpose(1, 2))
+    torch.testing.assert_close(mix(tokens), mix.linear(tokens.transpose(1, 2)).transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_token_mix_pre_hook_that_replaces_the_input_is_honoured():
+    torch.manual_seed(0)
+    mix = TokenMix(12, 8, bias=True)
+    tokens = torch.randn(5, 12, 32)
+    mix.linear.register_forward_pre_hook(lambda mod, args: (2 * args[0],))
+    seen = []
+    mix.linear.register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()))
+    out = mix(tokens)
+    torch.testing.assert_close(seen[0], 2 * tokens.transpose(1, 2))  # later hooks see the replaced input
+    torch.testing.assert_close(out, mix.linear.forward(2 * tokens.transpose(1, 2)).transpose(1, 2))
 
 
 def test_token_mix_keeps_a_replaced_child_in_the_loop():

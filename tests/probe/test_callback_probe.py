@@ -12,6 +12,7 @@ import loka_trainer.callbacks.probe as probe_mod
 from loka_trainer.callbacks.base import TrainState
 from loka_trainer.callbacks.probe import ProbeCallback, ProbeConfig
 from loka_trainer.callbacks.probe_layer import full_parameter
+from loka_trainer.models.layers import TokenMix
 from loka_trainer.probe.stats_io import AsyncSaver, load_stats
 
 ROWS = 16
@@ -202,6 +203,32 @@ def test_observed_steps_of_a_compiled_model_run_compiled(tmp_path):
         assert int(layer.activation.moments.count) == int(eager.activation.moments.count) == 4 * 8  # 4 steps
         torch.testing.assert_close(layer.activation.moments.scatter, eager.activation.moments.scatter)
         torch.testing.assert_close(layer.weight.mean, eager.weight.mean)
+
+
+def test_unobserved_steps_of_a_probed_token_mix_run_the_unprobed_graph(tmp_path):
+    """The probe's hook on a token-axis Linear (Wukong's FM/LC blocks) must not switch the mix to its transposing
+    route between observations: compiled, the probed model runs the same ops as the model without the probe."""
+    def ops_of(probed: bool) -> list[list[str]]:
+        torch._dynamo.reset()
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append([str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "call_method")])
+            return gm.forward
+
+        torch.manual_seed(0)
+        model = TokenMix(32, 48, bias=True)
+        if probed:
+            probe = ProbeCallback(interval=1000, out_dir=tmp_path / "probe", tensorboard=False)
+            assert list(probe.attach(model)) == ["linear"]
+        compiled = torch.compile(model, backend=backend)
+        for _ in range(2):
+            compiled(torch.randn(4, 32, 16)).sum().backward()
+        return graphs
+
+    probed, plain = ops_of(True), ops_of(False)
+    torch._dynamo.reset()
+    assert probed == plain and len(plain) == 1
 
 
 def test_wide_weight_factors_are_diagonal():
