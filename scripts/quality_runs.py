@@ -21,13 +21,16 @@ status, port and wall time `<out>/runs/<name>.launch.json`.
 measured by the first seed's run while no other run uses the device (concurrent runs would skew its timings);
 the other seeds load it (`precision.plan`) and start once it exists. All seeds then train the same FP8 layers.
 
-One H200, wukong_h200, 5 precisions x 3 seeds in about 8 minutes (an estimate from its measured speed, not a
-timed call): 1.6M examples per run; a run holds an estimated ~20 GiB, so 5 fit (bench_e2e_gpu's peak column
-measures it). The same call with `--seeds 0 1 2 3 4 5` reuses the finished seeds and adds three:
+How long: BF16 wukong_h200's eval log loss flattens after ~2000 steps at batch 8192 (one H200, 2026-12-02,
+docs/results/quality_h200_bf16_curve/), where a run trains at ~110k examples/s, so each run is ~3 minutes of
+training plus ~40 s of start-up and compilation (LoKA builds its plan first: ~130 s with one timing round). Runs
+on one GPU share its time, so 5 precisions x 3 seeds take ~55 minutes however many run at once (an estimate from
+those speeds, not a timed study). `--time-budget` cuts it into parts; the same command again goes on where it
+stopped:
 
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python -m scripts.quality_runs --out OUT --models wukong_h200 \
-        --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --seeds 0 1 2 --steps 200 --eval-interval 25 \
-        --nproc 1 --concurrent 5 --share-plan --time-budget 360 -- trainer.device=cuda trainer.compile=true \
+        --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --seeds 0 1 2 --steps 2400 --eval-interval 200 \
+        --nproc 1 --concurrent 3 --share-plan -- trainer.device=cuda trainer.compile=true \
         data.batch_size=8192 data.eval_batches=12 precision.timing_rounds=1
 """
 from __future__ import annotations
