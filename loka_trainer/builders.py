@@ -88,7 +88,7 @@ def build_callbacks(run: RunConfig, run_dir: Path, *, extra: Optional[list[Callb
     if cbs.progress:
         callbacks.append(ProgressBar())
     if cbs.profiler.enabled:
-        callbacks.append(ProfilerCallback(run_dir / "tensorboard" / "profiler",
+        callbacks.append(ProfilerCallback(run_dir / "tensorboard" / "profiler", summary_path=run_dir / "profile.json",
                                           start_step=cbs.profiler.start_step, num_steps=cbs.profiler.num_steps))
     if cbs.probe.enabled:
         callbacks.append(ProbeCallback.from_config(cbs.probe, run_dir=run_dir))

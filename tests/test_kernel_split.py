@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.kernel_split import is_gpu_annotation, kernel_category, recategorized
+from loka_trainer.profiling.kernels import is_gpu_annotation, kernel_category
+from scripts.kernel_split import recategorized
 
 
 @pytest.mark.parametrize("name,category", [

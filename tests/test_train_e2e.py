@@ -67,6 +67,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_profiled_steps_are_summarized_in_the_run_dir_and_the_log(two_rank_run):
+    """callbacks.profiler: steps 3 and 4 (0-based) profiled, each with its host time in profile.json and train.log."""
+    profile = json.loads((two_rank_run / "profile.json").read_text())
+    assert [s["step"] for s in profile["steps"]] == [3, 4]
+    assert all(s["wall_ms"] > 0 and s["gpu_ms"] == 0 for s in profile["steps"])  # CPU run: no kernels
+    log = (two_rank_run / "train.log").read_text()
+    assert "profile step 3: " in log and "profile step 4: " in log
+
+
 def test_profiler_trace_is_listed_by_tensorboard_pytorch_profiler_plugin(two_rank_run):
     assert list((two_rank_run / "tensorboard" / "profiler").glob("*.pt.trace.json"))
     port = _free_port()

@@ -30,7 +30,8 @@ RUNS = {  # name -> overrides; the zoo under LoKA as users compile it, plus BF16
     "dlrm_dcnv2_loka": ["model=dlrm_dcnv2", "precision=loka", *GPU_SMALL],
     "wukong_loka": ["model=wukong", "precision=loka", *GPU_SMALL],
     "interformer_loka": ["model=interformer", "precision=loka", *GPU_SMALL],
-    "wukong_bf16": ["model=wukong", "precision=bf16", *GPU_SMALL],
+    "wukong_bf16": ["model=wukong", "precision=bf16", *GPU_SMALL, "callbacks.profiler.enabled=true",
+                    "callbacks.profiler.start_step=15", "callbacks.profiler.num_steps=2"],
     "wukong_h200_loka": ["model=wukong_h200", "precision=loka", *GPU_SMALL, "data.batch_size=8192",
                          "trainer.steps=10"],
 }
@@ -62,3 +63,14 @@ def test_trains_on_gpu_through_train_py(gpu_runs, name):
     assert "device cuda" in (run_dir / "train.log").read_text()
     if "loka" in name:
         assert (run_dir / "dispatch_plan.json").is_file()
+
+
+def test_profiled_steps_split_their_gpu_kernels(gpu_runs):
+    """callbacks.profiler on CUDA: each profiled step's kernels, by kind, in profile.json."""
+    run_dir, proc = gpu_runs["wukong_bf16"]
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    steps = json.loads((run_dir / "profile.json").read_text())["steps"]
+    assert [s["step"] for s in steps] == [15, 16]
+    for s in steps:
+        assert 0 < s["gemm_ms"] < s["gpu_ms"] and s["top_kernels"]
+        assert s["gpu_ms"] < 2 * s["wall_ms"]  # one step's kernels, not the window's
