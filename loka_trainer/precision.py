@@ -5,7 +5,9 @@ Presets (``conf/precision/<name>.yaml``):
 - ``fp32``, ``bf16``: nothing here; bf16 autocasts the dense part (the trainer's job, from ``compute_dtype``).
 - ``fp8_tensorwise`` / ``fp8_rowwise`` / ``fp8_rowwise_gw_hp``: uniform torchao ``Float8Linear`` with that
   recipe on every target Linear (``convert_to_float8_training`` with ``Float8LinearConfig.from_recipe_name``;
-  the baselines LoKA must beat).
+  the baselines LoKA must beat). ``fp8_filter=auto`` keeps FP8 off the shapes torchao's own benchmarks found
+  slower in FP8 (``FP8_FILTERS``), as torchtitan's ``auto_filter_small_kn`` applies the recipe: the speed baseline;
+  ``all`` is uniform FP8, the quality baseline.
 - ``loka``: ``convert_to_loka`` (Mods on + Dispatch: per-layer, per-GEMM backend choice; plan file reusable
   via ``plan``).
 """
@@ -24,6 +26,21 @@ from loka_trainer.dispatch.plan import DispatchPlan
 from loka_trainer.dispatch.targets import ModuleFilter, drop_unaligned_rows, target_linears
 
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+LinearFilter = Callable[[nn.Module, str], bool]
+
+
+def _torchao_auto_filter(recipe: str) -> LinearFilter:
+    from torchao.float8 import _auto_filter_for_recipe  # noqa: PLC0415 -- torchao imports slowly
+    return _auto_filter_for_recipe(recipe, filter_fqns=[])
+
+
+# precision.fp8_filter -> (recipe -> the extra test a target Linear must pass to be converted, or None: all), and
+# the recipes it supports. "auto": torchao's size thresholds per recipe (tensorwise: not K <= 4096 and N <= 1024;
+# rowwise: N > 2048, K > 1024, not both N <= 4096 and K <= 2048), from its H100 benchmarks.
+FP8_FILTERS: dict[str, tuple[Callable[[str], Optional[LinearFilter]], tuple[str, ...]]] = {
+    "all": (lambda recipe: None, FP8_RECIPES),
+    "auto": (_torchao_auto_filter, ("tensorwise", "rowwise")),
+}
 
 
 @dataclasses.dataclass
@@ -36,6 +53,7 @@ class PrecisionConfig(LoKAConfig):
     mods: bool = False  # LoKA Mods fusion (the zoo builds the Mods layers themselves from ``model.mods``)
     dispatch: bool = False
     fp8_recipe: Optional[str] = None  # uniform torchao recipe, one of FP8_RECIPES
+    fp8_filter: str = "all"  # which target Linears the torchao recipe converts: FP8_FILTERS
 
     where: ClassVar[str] = "precision"
 
@@ -43,6 +61,11 @@ class PrecisionConfig(LoKAConfig):
         """``LoKAConfig.validate`` plus the torchao recipe; raises a one-line ValueError; returns self."""
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"precision.fp8_recipe: unknown {self.fp8_recipe!r}; valid: {list(FP8_RECIPES)} or null")
+        if self.fp8_filter not in FP8_FILTERS:
+            raise ValueError(f"precision.fp8_filter: unknown {self.fp8_filter!r}; valid: {sorted(FP8_FILTERS)}")
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_FILTERS[self.fp8_filter][1]:
+            raise ValueError(f"precision.fp8_filter={self.fp8_filter} supports the recipes "
+                             f"{list(FP8_FILTERS[self.fp8_filter][1])}, not {self.fp8_recipe!r}")
         if self.fp8_recipe is not None and self.dispatch:
             raise ValueError("precision.fp8_recipe and precision.dispatch are exclusive; set one of them")
         super().validate()
@@ -70,8 +93,12 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
     if config.fp8_recipe is not None:
         linears = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
         linears = drop_unaligned_rows(model, linears, calibration_batch, log)
+        keep = FP8_FILTERS[config.fp8_filter][0](config.fp8_recipe)
+        if keep is not None:
+            linears = {fqn: m for fqn, m in linears.items() if keep(m, fqn)}
         _apply_torchao(model, config.fp8_recipe, linears)
-        log(f"precision={config.name}: torchao float8 '{config.fp8_recipe}' on {len(linears)} Linear(s)")
+        log(f"precision={config.name}: torchao float8 '{config.fp8_recipe}' on {len(linears)} Linear(s) "
+            f"(fp8_filter={config.fp8_filter})")
         return None
     if not config.dispatch:
         return None

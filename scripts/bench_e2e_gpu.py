@@ -11,7 +11,8 @@ the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
 sharding is not part of this measurement), then applies the precision exactly as `train.py` does
 (`apply_precision`; `loka` also builds the model with the LoKA Mods, as `precision=loka` does; `P+mods`,
 e.g. `bf16+mods`, is precision P on the model with the Mods, which separates the Mods from Dispatch;
-`loka+graph_timed` has Dispatch time its candidates by CUDA-graph replay: ``VARIANT_SUFFIXES``). The dense units
+`loka+graph_timed` has Dispatch time its candidates by CUDA-graph replay, `fp8_tensorwise+auto_filter` converts
+only the Linears torchao's own size filter keeps: ``VARIANT_SUFFIXES``). The dense units
 (`model.dense_units()`) are compiled with `torch.compile` unless `--no-compile`. A training step = forward
 under BF16 autocast, BCE loss, backward, fused Adam on the dense parameters and SGD on the embeddings (dense
 embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here); inference =
@@ -59,7 +60,8 @@ GIB = 2**30
 
 # Variant suffixes: "<preset>+<suffix>..." is the preset with these changes (e.g. "bf16+mods": BF16 on the model
 # built with the LoKA Mods; "loka+graph_timed": LoKA with Dispatch timing candidates by CUDA-graph replay).
-VARIANT_SUFFIXES: dict[str, dict[str, object]] = {"mods": {"mods": True}, "graph_timed": {"gpu_timer": "cuda_graph"}}
+VARIANT_SUFFIXES: dict[str, dict[str, object]] = {"mods": {"mods": True}, "graph_timed": {"gpu_timer": "cuda_graph"},
+                                                   "auto_filter": {"fp8_filter": "auto"}}
 
 
 def precision_config(name: str) -> PrecisionConfig:

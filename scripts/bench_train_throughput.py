@@ -4,16 +4,17 @@
         [--repeats 3] -- model=wukong_h200 trainer.device=cuda trainer.compile=true data.batch_size=8192 \
         trainer.steps=400
 
-Each precision trains with the same overrides (sharded embeddings, the data pipeline, per-window metrics and
-logging included: the whole loop), ``--repeats`` times, each repeat in the reverse order of the last (A B C, C B A, ...:
-``train_runs.repeat_orders``). Throughput is the mean examples/s of the logged windows after ``--warmup-steps``
-(compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the training's peak
-GPU memory (``peak_gpu_memory_gib`` of ``summary.json``) and the run's window spread
-(``train_runs.window_spread``: a machine slowdown during a run shows there, above ``UNSTEADY``). A precision's ratio
-to the first one is taken within each repeat (runs next to each other in time) and its median over repeats is
-reported, with the range. Evaluation runs once at the end, outside the measured windows. Writes
-``DIR/train_throughput.json`` after every run (a run already there is reused) and ``train_throughput.png``
-(examples/s per log window), and prints the table last.
+A precision is a conf/precision preset or a ``train_runs.PRECISION_VARIANTS`` name (``fp8_tensorwise_auto``: torchao
+with its own size filter, the speed baseline; ``bf16_mods``). Each precision trains with the same overrides (sharded
+embeddings, the data pipeline, per-window metrics and logging included: the whole loop), ``--repeats`` times, each
+repeat in the reverse order of the last (A B C, C B A, ...: ``train_runs.repeat_orders``). Throughput is the mean
+examples/s of the logged windows after ``--warmup-steps`` (compilation excluded; a LoKA plan is built before step 0,
+so it is excluded too); beside it the training's peak GPU memory (``peak_gpu_memory_gib`` of ``summary.json``) and
+the run's window spread (``train_runs.window_spread``: a machine slowdown during a run shows there, above
+``UNSTEADY``). A precision's ratio to the first one is taken within each repeat (runs next to each other in time)
+and its median over repeats is reported, with the range. Evaluation runs once at the end, outside the measured
+windows. Writes ``DIR/train_throughput.json`` after every run (a run already there is reused) and
+``train_throughput.png`` (examples/s per log window), and prints the table last.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
-from scripts.train_runs import repeat_orders, steady_throughput, throughput_trajectory, train, window_spread
+from scripts.train_runs import (known_variants, precision_overrides, repeat_orders, steady_throughput,
+                                throughput_trajectory, train, window_spread)
 
 UNSTEADY = 0.10  # a window spread above this marks a run whose mean is not its steady speed
 
@@ -68,6 +70,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 1:
         raise SystemExit("error: --repeats must be >= 1")
+    unknown = [p for p in args.precisions if p not in known_variants()]
+    if unknown:
+        raise SystemExit(f"error: --precisions: unknown {unknown}; valid: {known_variants()}")
     out_json = args.out / "train_throughput.json"
     result = {"overrides": args.overrides, "warmup_steps": args.warmup_steps, "repeats": args.repeats, "runs": {}}
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else {}
@@ -76,7 +81,7 @@ def main() -> None:
             key = run_key(precision, repeat)
             if key not in done:
                 run_dir = args.out / "runs" / key.replace("#", "_")
-                records = train(run_dir, [*args.overrides, f"precision={precision}"], args.nproc)
+                records = train(run_dir, [*args.overrides, *precision_overrides(precision)], args.nproc)
                 summary = json.loads((run_dir / "summary.json").read_text())
                 trajectory = throughput_trajectory(records)
                 done[key] = {"precision": precision, "repeat": repeat,

@@ -45,27 +45,7 @@ from typing import Callable, Optional
 
 from scripts.plot_results import plot_quality, plot_quality_curves, quality_table
 from scripts.run_queue import Job, Launcher, adopt_plan, run_jobs, start_order
-from scripts.train_runs import LAUNCHERS, ROOT
-
-PRESETS = ROOT / "conf" / "precision"
-
-# Precision variants that are not a conf/precision preset: name -> train.py overrides.
-PRECISION_VARIANTS: dict[str, list[str]] = {
-    # The LoKA Mods (no bias, BlockNorm, Hard Swish: precision.mods builds them) in BF16 without FP8: with Dispatch
-    # off, apply_precision leaves the model alone. Compiled, LoKA's all-BF16 fused Mods layers run this same math
-    # (mods.module.plain_math_route), so LoKA vs this variant is the effect of LoKA's FP8 GEMMs alone.
-    "bf16_mods": ["precision=loka", "precision.dispatch=false"],
-}
-
-
-def precision_overrides(variant: str) -> list[str]:
-    """A precision variant -> its train.py overrides: ``PRECISION_VARIANTS``, else the preset `precision=<name>`."""
-    return PRECISION_VARIANTS.get(variant, [f"precision={variant}"])
-
-
-def known_variants() -> list[str]:
-    return sorted({*PRECISION_VARIANTS, *(p.stem for p in PRESETS.glob("*.yaml"))})
-
+from scripts.train_runs import LAUNCHERS, PRECISION_VARIANTS, known_variants, precision_overrides
 
 def run_overrides(out: Path, model: str, variant: str, seed: int, *, steps: int, eval_interval: int,
                   extra: list[str]) -> list[str]:

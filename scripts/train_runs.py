@@ -12,6 +12,28 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
+PRESETS = ROOT / "conf" / "precision"
+
+# Precision variants that are not a conf/precision preset: name -> train.py overrides.
+PRECISION_VARIANTS: dict[str, list[str]] = {
+    # The LoKA Mods (no bias, BlockNorm, Hard Swish: precision.mods builds them) in BF16 without FP8: with Dispatch
+    # off, apply_precision leaves the model alone. Compiled, LoKA's all-BF16 fused Mods layers run this same math
+    # (mods.module.plain_math_route), so LoKA vs this variant is the effect of LoKA's FP8 GEMMs alone.
+    "bf16_mods": ["precision=loka", "precision.dispatch=false"],
+    # torchao's recipes on the Linears its own size thresholds keep (precision.FP8_FILTERS "auto"): the speed
+    # baseline, as torchtitan applies them; the presets convert every target Linear (uniform FP8).
+    "fp8_tensorwise_auto": ["precision=fp8_tensorwise", "precision.fp8_filter=auto"],
+    "fp8_rowwise_auto": ["precision=fp8_rowwise", "precision.fp8_filter=auto"],
+}
+
+
+def precision_overrides(variant: str) -> list[str]:
+    """A precision variant -> its train.py overrides: ``PRECISION_VARIANTS``, else the preset `precision=<name>`."""
+    return PRECISION_VARIANTS.get(variant, [f"precision={variant}"])
+
+
+def known_variants() -> list[str]:
+    return sorted({*PRECISION_VARIANTS, *(p.stem for p in PRESETS.glob("*.yaml"))})
 
 
 def python_command(nproc: int, port: int) -> list[str]:

@@ -24,6 +24,31 @@ def test_variants_map_to_their_overrides_and_presets_to_precision_equals():
     assert {"bf16_mods", "bf16", "loka", "fp8_tensorwise"} <= set(qr.known_variants())
 
 
+def test_torchao_auto_variant_keeps_wukongs_token_mixes_in_bf16():
+    """fp8_tensorwise_auto: torchao's size filter leaves the small token-mix Linears (K = n_in tokens) alone, which
+    uniform FP8 converts (and so moves off their batched GEMM, models.layers.TokenMix)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+    from loka_trainer.data import data_schema
+    from loka_trainer.models.zoo import build_model
+    from loka_trainer.precision import apply_precision
+
+    register_schemas()
+    converted = {}
+    for variant in ("fp8_tensorwise", "fp8_tensorwise_auto"):
+        run = to_run_config(compose_config("config", ["model=wukong", *qr.precision_overrides(variant),
+                                                      "model.num_fm_embeddings=16", "model.num_lc_embeddings=16",
+                                                      "precision.min_features=16", "data.max_vocab_size=16"])[0])
+        model = build_model(run.model, schema=data_schema(run.data), loka_mods=run.precision.mods)
+        apply_precision(model, config=run.precision, device="cpu", log=lambda _: None)
+        converted[variant] = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
+    assert "layers.1.lcb.linear" in converted["fp8_tensorwise"]
+    assert not any("lcb" in n or "projection" in n for n in converted["fp8_tensorwise_auto"])
+    assert converted["fp8_tensorwise_auto"] < converted["fp8_tensorwise"]
+
+
 def test_bf16_mods_builds_the_mods_model_and_converts_nothing_to_fp8():
     import torch
 

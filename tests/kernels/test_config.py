@@ -25,6 +25,8 @@ def test_yaml_matches_schema_and_validates(name):
     (dict(compute_dtype="fp16"), "precision.compute_dtype"),
     (dict(fp8_recipe="blockwise"), "precision.fp8_recipe"),
     (dict(fp8_recipe="rowwise", dispatch=True), "exclusive"),
+    (dict(fp8_recipe="tensorwise", fp8_filter="small"), "precision.fp8_filter: unknown 'small'"),
+    (dict(fp8_recipe="rowwise_with_gw_hp", fp8_filter="auto"), "precision.fp8_filter=auto supports the recipes"),
     (dict(plan="/nonexistent/plan.json"), "precision.plan"),
     (dict(probe_stats="/nonexistent"), "precision.probe_stats"),
     (dict(backends=["bf16", "warp_drive"]), "precision.backends"),

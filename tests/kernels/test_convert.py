@@ -61,6 +61,26 @@ def test_uniform_torchao_converts_targets_only(recipe):
     assert torch.isfinite(m.mlp[0].weight.grad).all()
 
 
+@pytest.mark.parametrize("recipe,converted", [
+    ("tensorwise", {"wide_k", "wide_n"}),  # skipped: K <= 4096 and N <= 1024
+    ("rowwise", {"wide_n"}),  # skipped: N <= 2048 (wide_k), or N <= 4096 with K <= 2048 (small)
+])
+def test_torchao_auto_filter_keeps_the_shapes_torchao_finds_slower_in_bf16(recipe, converted):
+    """precision.fp8_filter=auto: torchao's own size thresholds per recipe; "all" converts every target."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    def model():
+        return nn.ModuleDict({"small": nn.Linear(512, 512), "wide_k": nn.Linear(4112, 1024),
+                              "wide_n": nn.Linear(1040, 4112)})
+
+    for fp8_filter, want in (("auto", converted), ("all", {"small", "wide_k", "wide_n"})):
+        m, logs = model(), []
+        apply_precision(m, config=PrecisionConfig(name=f"fp8_{recipe}", fp8_recipe=recipe, fp8_filter=fp8_filter),
+                        device="cpu", log=logs.append)
+        assert {fqn for fqn, mod in m.items() if isinstance(mod, Float8Linear)} == want
+        assert f"on {len(want)} Linear(s) (fp8_filter={fp8_filter})" in logs[-1]
+
+
 def test_uniform_torchao_keeps_linears_with_unaligned_input_rows_high_precision():
     from torchao.float8.float8_linear import Float8Linear
 
