@@ -65,7 +65,11 @@ class ProfilerCallback(Callback):
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         path = self.trace_dir / f"{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json"
         prof.export_chrome_trace(str(path))
-        steps = split_steps(json.loads(path.read_text()), step_offset=self._first_step)
+        try:
+            steps = split_steps(json.loads(path.read_text()), step_offset=self._first_step)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # the trace stays; only its summary is lost
+            log.warning(f"profile summary skipped: {path} could not be read ({type(exc).__name__}: {exc})")
+            return
         for step in steps:
             log.info(summary_line(step))
         if self.summary_path is not None:

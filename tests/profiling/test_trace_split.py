@@ -57,3 +57,20 @@ def test_summary_line_names_each_kind_with_time():
     line = summary_line(first)
     assert line.startswith("profile step 0: 1.00 ms on the host, GPU kernels 0.55 ms (")
     assert "gemm 0.40" in line and "quantization 0.10" in line and "epilogue" not in line
+
+
+def test_an_unreadable_trace_costs_its_summary_only(tmp_path, caplog):
+    """The profiler callback logs one line and keeps training when its trace cannot be split."""
+    from loka_trainer.callbacks.profiler import ProfilerCallback
+
+    class Prof:
+        def export_chrome_trace(self, path):
+            with open(path, "w") as f:
+                f.write("{not json")
+
+    cb = ProfilerCallback(tmp_path / "trace", start_step=0, num_steps=1, summary_path=tmp_path / "profile.json")
+    with caplog.at_level("WARNING"):
+        cb._write_trace(Prof())
+    assert not (tmp_path / "profile.json").exists()
+    assert any("profile summary skipped" in r.getMessage() for r in caplog.records)
+    assert list((tmp_path / "trace").glob("*.pt.trace.json"))
