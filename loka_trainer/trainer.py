@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from loka_trainer import checkpoint as ckpt
 from loka_trainer.builders import (
@@ -29,6 +30,7 @@ from loka_trainer.config import RunConfig
 from loka_trainer.data.batch import Batch
 from loka_trainer.metrics import CTRMetrics
 from loka_trainer.nonfinite import NonFiniteError, NonFiniteGuard
+from loka_trainer.profiling.trace_split import phase
 from loka_trainer.resume import checkpoint_root
 from loka_trainer.sharding.dist import DistInfo
 
@@ -71,14 +73,18 @@ class Trainer:
         try:
             for step in range(start, last + 1):
                 self.state.step = step
-                self._train_step(next(self.train_iter))
+                with record_function(phase("data")):
+                    batch = next(self.train_iter)
+                self._train_step(batch)
                 done = step + 1
                 if t.eval_interval and done % t.eval_interval == 0 and done != t.steps:
                     self._raise_if_nonfinite()
-                    self._evaluate()
+                    with record_function(phase("eval")):
+                        self._evaluate()
                 if _saved_at(t, done):
                     self._raise_if_nonfinite()
-                    self._save_checkpoint(done)
+                    with record_function(phase("checkpoint")):
+                        self._save_checkpoint(done)
             self._raise_if_nonfinite()
             if last + 1 == t.steps:
                 self._evaluate()
@@ -92,34 +98,44 @@ class Trainer:
         return self.state
 
     def _train_step(self, batch: Batch) -> None:
+        """One step, in named phases (``profiling.trace_split.phase``: the profiler's per-step split reads them)."""
         state = self.state
-        batch = batch.to(self.dist.device, non_blocking=True)
+        with record_function(phase("data")):
+            batch = batch.to(self.dist.device, non_blocking=True)
         state.batch_size = len(batch)
         state.metrics = {}
-        self.callbacks.fire("on_step_start", state)
+        with record_function(phase("callbacks")):
+            self.callbacks.fire("on_step_start", state)
         self.model.train()
-        with self._autocast():
-            logits = self.model(batch).float()
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        with record_function(phase("forward")):
+            with self._autocast():
+                logits = self.model(batch).float()
+            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         state.loss = loss
-        self.callbacks.fire("on_after_forward", state)
+        with record_function(phase("callbacks")):
+            self.callbacks.fire("on_after_forward", state)
         if self.nonfinite.skip(loss, step=state.step + 1):  # before backward: the embedding update is in it
             state.skipped_steps = self.nonfinite.skipped_steps
             self.log(f"warning: step {state.step + 1}: non-finite loss, step skipped (no backward, no dense or "
                      f"embedding update; {state.skipped_steps} skipped so far)")
         else:
-            loss.backward()
-            self.callbacks.fire("on_after_backward", state)
-            self.nonfinite.record_gradients((p.grad for g in self.dense_optimizer.param_groups
-                                             for p in g["params"]), step=state.step + 1)
-            self.dense_optimizer.step()
+            with record_function(phase("backward")):  # the embeddings' fused optimizer runs in it
+                loss.backward()
+            with record_function(phase("callbacks")):
+                self.callbacks.fire("on_after_backward", state)
+            with record_function(phase("optimizer")):
+                self.nonfinite.record_gradients((p.grad for g in self.dense_optimizer.param_groups
+                                                 for p in g["params"]), step=state.step + 1)
+                self.dense_optimizer.step()
             self._window.append((loss.detach(), logits.detach(), batch.labels))
-        self.dense_optimizer.zero_grad(set_to_none=True)
+        with record_function(phase("optimizer")):
+            self.dense_optimizer.zero_grad(set_to_none=True)
         if (state.step + 1) % self.run.trainer.log_interval == 0:
-            self._raise_if_nonfinite()  # nothing computed from a non-finite state is logged
-            state.metrics = {**(self._window_metrics() if self._window else {}),
-                             "skipped_steps": self.nonfinite.skipped_steps}
-        self.callbacks.fire("on_step_end", state)
+            with record_function(phase("metrics")):
+                self._raise_if_nonfinite()  # nothing computed from a non-finite state is logged
+                state.metrics = {**(self._window_metrics() if self._window else {}),
+                                 "skipped_steps": self.nonfinite.skipped_steps}
+        self.callbacks.fire("on_step_end", state)  # outside the phases: the profiler's step boundary is in it
 
     def _window_metrics(self) -> dict[str, float]:
         """Train metrics over the steps since the last log, over all ranks."""

@@ -72,6 +72,9 @@ def test_profiled_steps_are_summarized_in_the_run_dir_and_the_log(two_rank_run):
     profile = json.loads((two_rank_run / "profile.json").read_text())
     assert [s["step"] for s in profile["steps"]] == [3, 4]
     assert all(s["wall_ms"] > 0 and s["gpu_ms"] == 0 for s in profile["steps"])  # CPU run: no kernels
+    for s in profile["steps"]:  # the trainer's phases, each inside the step
+        assert {"data", "forward", "backward", "optimizer"} <= set(s["phases"])
+        assert 0 < sum(p["host_ms"] for p in s["phases"].values()) <= s["wall_ms"]
     log = (two_rank_run / "train.log").read_text()
     assert "profile step 3: " in log and "profile step 4: " in log
 

@@ -74,3 +74,4 @@ def test_profiled_steps_split_their_gpu_kernels(gpu_runs):
     for s in steps:
         assert 0 < s["gemm_ms"] < s["gpu_ms"] and s["top_kernels"]
         assert s["gpu_ms"] < 2 * s["wall_ms"]  # one step's kernels, not the window's
+        assert s["phases"]["forward"]["gpu_ms"] > 0 and s["phases"]["backward"]["gpu_ms"] > 0

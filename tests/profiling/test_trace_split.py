@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from loka_trainer.profiling.trace_split import split_steps, step_ranges, summary_line
+from loka_trainer.profiling.trace_split import phase, split_steps, step_ranges, summary_line
 
 
 def _range(name, ts, dur, cat="user_annotation"):
@@ -23,6 +23,7 @@ TRACE = {"traceEvents": [
     _range("ProfilerStep#1", 1000.0, 1000.0),
     _range("ProfilerStep#0", 50.0, 3000.0, cat="gpu_user_annotation"),  # the GPU span of a host range: not a step
     _range("Optimizer.step#Adam.step", 900.0, 80.0, cat="gpu_user_annotation"),
+    _range(phase("forward"), 50.0, 750.0), _range(phase("backward"), 1100.0, 400.0),
     _launch(100.0, 1), _gpu("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 150.0, 400.0, 1),
     _launch(200.0, 2, cat="cuda_driver", name="cuLaunchKernelEx"), _gpu("quant_rowwise_kernel", 600.0, 100.0, 2),
     # launched at the end of step 0, run while the host is already in step 1: still step 0's
@@ -52,10 +53,17 @@ def test_kernels_count_for_the_step_that_launched_them():
     assert second["top_kernels"][0] == ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 300.0, 2]
 
 
+def test_host_and_kernel_time_split_by_the_trainers_phases():
+    first, second = split_steps(TRACE)
+    assert first["phases"]["forward"] == pytest.approx({"host_ms": 0.75, "gpu_ms": 0.5})
+    assert first["phases"]["unnamed"] == pytest.approx({"host_ms": 0.0, "gpu_ms": 0.05})  # launched at 990 µs
+    assert second["phases"]["backward"] == pytest.approx({"host_ms": 0.4, "gpu_ms": 0.33})
+
+
 def test_summary_line_names_each_kind_with_time():
     first = split_steps(TRACE)[0]
     line = summary_line(first)
-    assert line.startswith("profile step 0: 1.00 ms on the host, GPU kernels 0.55 ms (")
+    assert line.startswith("profile step 0: 1.00 ms on the host (forward 0.75); GPU kernels 0.55 ms (")
     assert "gemm 0.40" in line and "quantization 0.10" in line and "epilogue" not in line
 
 
