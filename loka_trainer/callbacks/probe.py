@@ -35,69 +35,19 @@ import dataclasses
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from loka_trainer.callbacks.base import Callback, TrainState
+from loka_trainer.callbacks.probe_config import to_probe_config
 from loka_trainer.callbacks.probe_layer import SCALAR_NAMES, LayerProbe, WeightUpdates
-from loka_trainer.probe.activation import STATS_DTYPES
 from loka_trainer.probe.distributed import all_reduce_moments
 from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, seal_stats, to_cpu
 from loka_trainer.probe.targets import ModuleFilter, select_linears
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class ProbeConfig:
-    """``callbacks.probe.*``. Hydra structured-config schema: only int/float/str/bool/Optional/List fields."""
-
-    enabled: bool = False
-    interval: int = 100  # observe one step's forward every `interval` steps
-    save_interval: int = 10000  # write stats every `save_interval` steps (and at the end)
-    include: Optional[List[str]] = None  # fnmatch globs on clean FQNs; None = all Linears
-    exclude: Optional[List[str]] = None
-    module_types: Optional[List[str]] = None  # class names (or base-class names); None = any nn.Linear
-    min_features: int = 1  # skip layers with min(in_features, out_features) below this
-    max_full_covariance: int = 4096  # wider inputs use a block-diagonal scatter
-    # weight covariance factors (U: O x O, V: I x I) wider than this are diagonal: a full 4096-wide factor costs
-    # ~10 s of CPU per observation (2 cores) and is estimated from tens of observations at most
-    max_full_weight_factor: int = 1024
-    covariance_block: int = 256  # block width of the block-diagonal representation
-    momentum: float = 0.99  # weight (M, U, V) EMA momentum, paper: 0.9 to 0.99 (see probe.weight)
-    stats_dtype: str = "float64"  # accumulator dtype: float64 | float32
-    tensorboard: bool = True
-    out_dir: Optional[str] = None  # default: <run_dir>/probe
-
-    def validate(self) -> None:
-        validate_config(self)
-
-
-def validate_config(cfg: ProbeConfig) -> None:
-    """One-line ValueError naming the field for anything out of range."""
-    for name in ("interval", "save_interval", "min_features", "max_full_covariance", "max_full_weight_factor",
-                 "covariance_block"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"callbacks.probe.{name}={getattr(cfg, name)}; valid values: integers >= 1")
-    if not 0.0 < cfg.momentum < 1.0:
-        raise ValueError(f"callbacks.probe.momentum={cfg.momentum}; valid values: 0 < momentum < 1 "
-                         "(paper: 0.9 to 0.99)")
-    if cfg.stats_dtype not in STATS_DTYPES:
-        raise ValueError(f"callbacks.probe.stats_dtype={cfg.stats_dtype!r}; valid values: {', '.join(STATS_DTYPES)}")
-
-
-def _to_config(fields: dict) -> ProbeConfig:
-    valid = {f.name for f in dataclasses.fields(ProbeConfig)}
-    unknown = sorted(set(fields) - valid)
-    if unknown:
-        raise ValueError(f"unknown callbacks.probe field(s) {unknown}; valid fields: {', '.join(sorted(valid))}")
-    fields = {k: (list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else v)
-              for k, v in fields.items()}
-    cfg = ProbeConfig(**fields)
-    validate_config(cfg)
-    return cfg
 
 
 class ProbeCallback(Callback):
@@ -111,7 +61,7 @@ class ProbeCallback(Callback):
 
     def __init__(self, *, module_filter_fn: Optional[ModuleFilter] = None, writer: Any = None,
                  run_dir: Optional[str | Path] = None, **fields: Any):
-        self.config = _to_config(fields)
+        self.config = to_probe_config(fields)
         self.module_filter_fn = module_filter_fn
         self.writer = writer
         self.run_dir = Path(run_dir) if run_dir is not None else None

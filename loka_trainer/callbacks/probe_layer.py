@@ -12,7 +12,7 @@ from loka_trainer.probe.activation import ActivationTracker
 from loka_trainer.probe.weight import WeightTracker
 
 if TYPE_CHECKING:
-    from loka_trainer.callbacks.probe import ProbeConfig
+    from loka_trainer.callbacks.probe_config import ProbeConfig
 
 
 def full_parameter(module: nn.Linear, name: str = "weight") -> tuple[torch.Tensor, bool]:

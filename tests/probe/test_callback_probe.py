@@ -10,7 +10,8 @@ from torch import nn
 
 import loka_trainer.callbacks.probe as probe_mod
 from loka_trainer.callbacks.base import TrainState
-from loka_trainer.callbacks.probe import ProbeCallback, ProbeConfig
+from loka_trainer.callbacks.probe import ProbeCallback
+from loka_trainer.callbacks.probe_config import ProbeConfig
 from loka_trainer.callbacks.probe_layer import full_parameter
 from loka_trainer.models.layers import TokenMix
 from loka_trainer.probe.stats_io import AsyncSaver, load_stats
