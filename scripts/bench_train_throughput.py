@@ -14,7 +14,9 @@ the run's window spread (``train_runs.window_spread``: a machine slowdown during
 ``UNSTEADY``). A precision's ratio to the first one is taken within each repeat (runs next to each other in time)
 and its median over repeats is reported, with the range. Evaluation runs once at the end, outside the measured
 windows. Writes ``DIR/train_throughput.json`` after every run (a run already there is reused) and
-``train_throughput.png`` (examples/s per log window), and prints the table last.
+``train_throughput.png`` (examples/s per log window), and prints the table last. ``--profile-step N`` profiles step N
+of every run (inside the warm-up) and adds its split by phase and kernel kind (``profile.json``) to the run's entry
+and a phase table to the output: where each precision's step goes, the whole loop included.
 """
 from __future__ import annotations
 
@@ -66,10 +68,15 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--warmup-steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=1, help="runs per precision, in alternating order")
+    ap.add_argument("--profile-step", type=int, default=None,
+                    help="profile this step of every run (train.py's callbacks.profiler; inside the warm-up)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
     if args.repeats < 1:
         raise SystemExit("error: --repeats must be >= 1")
+    if args.profile_step is not None and not 0 <= args.profile_step < args.warmup_steps:
+        raise SystemExit("error: --profile-step must be inside the warm-up (0 <= step < --warmup-steps): a profiled "
+                         "step is slowed by the profiler")
     unknown = [p for p in args.precisions if p not in known_variants()]
     if unknown:
         raise SystemExit(f"error: --precisions: unknown {unknown}; valid: {known_variants()}")
@@ -81,13 +88,16 @@ def main() -> None:
             key = run_key(precision, repeat)
             if key not in done:
                 run_dir = args.out / "runs" / key.replace("#", "_")
-                records = train(run_dir, [*args.overrides, *precision_overrides(precision)], args.nproc)
+                records = train(run_dir, [*args.overrides, *precision_overrides(precision),
+                                          *profile_overrides(args.profile_step)], args.nproc)
                 summary = json.loads((run_dir / "summary.json").read_text())
                 trajectory = throughput_trajectory(records)
                 done[key] = {"precision": precision, "repeat": repeat,
                              "examples_per_s": steady_throughput(records, args.warmup_steps),
                              "window_spread": window_spread(trajectory, args.warmup_steps),
                              "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"), "trajectory": trajectory}
+                if args.profile_step is not None:
+                    done[key]["profile"] = json.loads((run_dir / "profile.json").read_text())["steps"][0]
             result["runs"][key] = done[key]
             args.out.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps(result, indent=2) + "\n")
@@ -102,6 +112,20 @@ def main() -> None:
         print(f"{name:>16}  {row['examples_per_s']:>10,.0f}  {row['ratio_to_first']:>9.3f}x  "
               f"{min(row['ratios']):>5.3f}-{max(row['ratios']):.3f}x  {row['max_window_spread']:>6.1%}  "
               f"{'n/a' if peak is None else f'{peak:.2f}':>8}{flag}")
+    if args.profile_step is not None:
+        print(f"step {args.profile_step} by phase, host ms / GPU kernel ms (callbacks.profiler):")
+        for key, run in result["runs"].items():
+            phases = run["profile"]["phases"]
+            print(f"{key:>16}  " + "  ".join(f"{name} {t['host_ms']:.1f}/{t['gpu_ms']:.1f}"
+                                             for name, t in phases.items()))
+
+
+def profile_overrides(step) -> list[str]:
+    """train.py overrides that profile one step (none for None)."""
+    if step is None:
+        return []
+    return ["callbacks.profiler.enabled=true", f"callbacks.profiler.start_step={step}",
+            "callbacks.profiler.num_steps=1"]
 
 
 if __name__ == "__main__":

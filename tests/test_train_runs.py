@@ -17,8 +17,8 @@ def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_
     """Each precision trains through train.py with the same overrides, in repeats of alternating order; a second
     call reuses the runs on disk."""
     cmd = [sys.executable, "-m", "scripts.bench_train_throughput", "--out", str(tmp_path), "--precisions", "bf16",
-           "fp8_rowwise", "--warmup-steps", "5", "--repeats", "2", "--", "model=dlrm", "trainer.steps=20",
-           "trainer.log_interval=5"]
+           "fp8_rowwise", "--warmup-steps", "5", "--repeats", "2", "--profile-step", "3", "--", "model=dlrm",
+           "trainer.steps=20", "trainer.log_interval=5"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "train_throughput.json").read_text())
@@ -26,9 +26,11 @@ def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_
     for run in result["runs"].values():
         assert [s for s, _ in run["trajectory"]] == [5, 10, 15, 20] and run["examples_per_s"] > 0
         assert run["window_spread"] >= 0
+        assert run["profile"]["step"] == 3 and run["profile"]["phases"]["forward"]["host_ms"] > 0
     assert result["precisions"]["bf16"]["ratios"] == [1.0, 1.0]
     assert len(result["precisions"]["fp8_rowwise"]["ratios"]) == 2
     assert (tmp_path / "train_throughput.png").stat().st_size > 0
+    assert "step 3 by phase" in proc.stdout and "forward" in proc.stdout.split("step 3 by phase")[1]
     mtime = (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime == mtime
