@@ -115,9 +115,9 @@ def main() -> None:
     if args.profile_step is not None:
         print(f"step {args.profile_step} by phase, host ms / GPU kernel ms (callbacks.profiler):")
         for key, run in result["runs"].items():
-            phases = run["profile"]["phases"]
-            print(f"{key:>16}  " + "  ".join(f"{name} {t['host_ms']:.1f}/{t['gpu_ms']:.1f}"
-                                             for name, t in phases.items()))
+            phases = run.get("profile", {}).get("phases")  # a run reused from a call without --profile-step: none
+            print(f"{key:>16}  " + ("not profiled" if phases is None else "  ".join(
+                f"{name} {t['host_ms']:.1f}/{t['gpu_ms']:.1f}" for name, t in phases.items())))
 
 
 def profile_overrides(step) -> list[str]:
