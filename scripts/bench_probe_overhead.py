@@ -13,7 +13,9 @@ overhead measured inside itself (``scripts.train_runs.observed_step_overhead``: 
 observed step against its nearest unobserved ones), and every run its window spread (``train_runs.window_spread``:
 a machine slowdown during the run shows there). ``--interval`` longer than the run after the warm-up observes only
 step 0: the probe-on runs then carry the hooks and trackers without observing, which separates their cost from an
-observation's. Writes ``DIR/probe_overhead.json`` (after every run, so an interrupted study keeps its runs) and
+observation's. ``--profile-step N`` (inside the warm-up; a multiple of ``--interval``, e.g. 100, is an observed step in
+the probe-on runs) profiles step N of every run and prints it by phase: the observed step against the same step
+without the probe. Writes ``DIR/probe_overhead.json`` (after every run, so an interrupted study keeps its runs) and
 ``probe_overhead.png``.
 """
 from __future__ import annotations
@@ -24,8 +26,8 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
-from scripts.train_runs import (observed_step_overhead, steady_throughput, throughput_trajectory, train,
-                                window_spread)
+from scripts.train_runs import (check_profile_step, observed_step_overhead, print_phase_table, profile_overrides,
+                                profiled_step, steady_throughput, throughput_trajectory, train, window_spread)
 
 def plot(result: dict, path: Path) -> None:
     fig, (ax, curve) = pyplot().subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [1, 2]})
@@ -53,8 +55,11 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--interval", type=int, default=100)
     ap.add_argument("--warmup-steps", type=int, default=100)
+    ap.add_argument("--profile-step", type=int, default=None,
+                    help="profile this step of every run (inside the warm-up; a multiple of --interval is observed)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
+    check_profile_step(args.profile_step, args.warmup_steps)
     out_json = args.out / "probe_overhead.json"
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else []
     runs = []
@@ -65,9 +70,12 @@ def main() -> None:
                 runs.append(prior[0])
                 continue
             probe = [f"callbacks.probe.enabled={mode == 'on'}", f"callbacks.probe.interval={args.interval}"]
-            records = train(args.out / "runs" / f"pair{pair}_{mode}", [*args.overrides, *probe], args.nproc)
+            run_dir = args.out / "runs" / f"pair{pair}_{mode}"
+            records = train(run_dir, [*args.overrides, *probe, *profile_overrides(args.profile_step)], args.nproc)
             run = {"pair": pair, "probe": mode, "examples_per_s": steady_throughput(records, args.warmup_steps),
                    "trajectory": throughput_trajectory(records)}
+            if args.profile_step is not None:
+                run["profile"] = profiled_step(run_dir)
             if mode == "on" and observes_after_warmup(args.interval, args.warmup_steps, int(run["trajectory"][-1][0])):
                 run["in_run"] = observed_step_overhead(run["trajectory"], interval=args.interval,
                                                        warmup_steps=args.warmup_steps)
@@ -91,6 +99,8 @@ def main() -> None:
     print("probe overhead inside the probe-on runs (observed vs unobserved log windows): "
           + ", ".join(f"{100 * x['overhead']:+.2f}% ({x['extra_steps_per_observation']:.1f} steps per observation)"
                       for x in in_run))
+    if args.profile_step is not None:
+        print_phase_table(args.profile_step, {f"pair {r['pair']} {r['probe']}": r for r in runs})
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
-from scripts.train_runs import (known_variants, precision_overrides, repeat_orders, steady_throughput,
+from scripts.train_runs import (check_profile_step, known_variants, precision_overrides, print_phase_table,
+                                profile_overrides, profiled_step, repeat_orders, steady_throughput,
                                 throughput_trajectory, train, window_spread)
 
 UNSTEADY = 0.10  # a window spread above this marks a run whose mean is not its steady speed
@@ -74,9 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 1:
         raise SystemExit("error: --repeats must be >= 1")
-    if args.profile_step is not None and not 0 <= args.profile_step < args.warmup_steps:
-        raise SystemExit("error: --profile-step must be inside the warm-up (0 <= step < --warmup-steps): a profiled "
-                         "step is slowed by the profiler")
+    check_profile_step(args.profile_step, args.warmup_steps)
     unknown = [p for p in args.precisions if p not in known_variants()]
     if unknown:
         raise SystemExit(f"error: --precisions: unknown {unknown}; valid: {known_variants()}")
@@ -97,7 +96,7 @@ def main() -> None:
                              "window_spread": window_spread(trajectory, args.warmup_steps),
                              "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"), "trajectory": trajectory}
                 if args.profile_step is not None:
-                    done[key]["profile"] = json.loads((run_dir / "profile.json").read_text())["steps"][0]
+                    done[key]["profile"] = profiled_step(run_dir)
             result["runs"][key] = done[key]
             args.out.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps(result, indent=2) + "\n")
@@ -113,19 +112,8 @@ def main() -> None:
               f"{min(row['ratios']):>5.3f}-{max(row['ratios']):.3f}x  {row['max_window_spread']:>6.1%}  "
               f"{'n/a' if peak is None else f'{peak:.2f}':>8}{flag}")
     if args.profile_step is not None:
-        print(f"step {args.profile_step} by phase, host ms / GPU kernel ms (callbacks.profiler):")
-        for key, run in result["runs"].items():
-            phases = run.get("profile", {}).get("phases")  # a run reused from a call without --profile-step: none
-            print(f"{key:>16}  " + ("not profiled" if phases is None else "  ".join(
-                f"{name} {t['host_ms']:.1f}/{t['gpu_ms']:.1f}" for name, t in phases.items())))
+        print_phase_table(args.profile_step, result["runs"])
 
-
-def profile_overrides(step) -> list[str]:
-    """train.py overrides that profile one step (none for None)."""
-    if step is None:
-        return []
-    return ["callbacks.profiler.enabled=true", f"callbacks.profiler.start_step={step}",
-            "callbacks.profiler.num_steps=1"]
 
 
 if __name__ == "__main__":

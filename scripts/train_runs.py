@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
 PRESETS = ROOT / "conf" / "precision"
@@ -138,3 +138,32 @@ def observed_step_overhead(trajectory: list[list[float]], *, interval: int, warm
     return {"observed_windows": [s for s, _ in observed],
             "extra_steps_per_observation": length * statistics.fmean(extra),
             "overhead": sum(extra) / len(measured)}
+
+
+def profile_overrides(step: Optional[int]) -> list[str]:
+    """train.py overrides that profile one step (``callbacks.profiler``; none for None)."""
+    if step is None:
+        return []
+    return ["callbacks.profiler.enabled=true", f"callbacks.profiler.start_step={step}",
+            "callbacks.profiler.num_steps=1"]
+
+
+def check_profile_step(step: Optional[int], warmup_steps: int) -> None:
+    """A profiled step is slowed by the profiler, so it must lie inside the warm-up that throughput leaves out."""
+    if step is not None and not 0 <= step < warmup_steps:
+        raise SystemExit(f"error: --profile-step {step} must be inside the warm-up (0 <= step < --warmup-steps "
+                         f"{warmup_steps}): the profiler slows the step it profiles")
+
+
+def profiled_step(run_dir: Path) -> dict:
+    """The profiled step of a run (its ``profile.json``): host and kernel time by phase and kind."""
+    return json.loads((run_dir / "profile.json").read_text())["steps"][0]
+
+
+def print_phase_table(step: int, runs: dict[str, dict]) -> None:
+    """Each run's profiled step by phase: host ms / GPU kernel ms."""
+    print(f"step {step} by phase, host ms / GPU kernel ms (callbacks.profiler):")
+    for key, run in runs.items():
+        phases = run.get("profile", {}).get("phases")  # a run reused from a call without --profile-step: none
+        print(f"{key:>16}  " + ("not profiled" if phases is None else "  ".join(
+            f"{name} {t['host_ms']:.1f}/{t['gpu_ms']:.1f}" for name, t in phases.items())))

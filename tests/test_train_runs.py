@@ -91,11 +91,14 @@ def test_probe_overhead_bench_reads_the_cost_inside_the_probe_on_run(tmp_path):
     """A pair through train.py: the probe-on run observes at steps 0 and 10 and reports its in-run overhead, and
     every run its window spread."""
     cmd = [sys.executable, "-m", "scripts.bench_probe_overhead", "--out", str(tmp_path), "--pairs", "1",
-           "--warmup-steps", "5", "--interval", "10", "--", "model=dlrm", "trainer.steps=20", "trainer.log_interval=5"]
+           "--warmup-steps", "5", "--interval", "10", "--profile-step", "0", "--", "model=dlrm", "trainer.steps=20",
+           "trainer.log_interval=5"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     runs = {r["probe"]: r for r in json.loads((tmp_path / "probe_overhead.json").read_text())["runs"]}
     assert all(r["window_spread"] >= 0 for r in runs.values())
+    assert all(r["profile"]["step"] == 0 and "forward" in r["profile"]["phases"] for r in runs.values())
+    assert "pair 0 on" in proc.stdout.split("step 0 by phase")[1]
     assert runs["on"]["in_run"]["observed_windows"] == [15] and "in_run" not in runs["off"]
 
 
