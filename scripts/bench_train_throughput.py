@@ -104,11 +104,11 @@ def main() -> None:
     out_json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "train_throughput.png")
     first = args.precisions[0]
-    print(f"{'precision':>16}  {'examples/s':>10}  {'x ' + first:>10}  {'range':>13}  {'spread':>6}  {'peak GiB':>8}")
+    print(f"{'precision':>22}  {'examples/s':>10}  {'x ' + first:>10}  {'range':>13}  {'spread':>6}  {'peak GiB':>8}")
     for name, row in result["precisions"].items():
         peak = result["runs"][name].get("peak_gpu_memory_gib")
         flag = "  unsteady" if row["max_window_spread"] > UNSTEADY else ""
-        print(f"{name:>16}  {row['examples_per_s']:>10,.0f}  {row['ratio_to_first']:>9.3f}x  "
+        print(f"{name:>22}  {row['examples_per_s']:>10,.0f}  {row['ratio_to_first']:>9.3f}x  "
               f"{min(row['ratios']):>5.3f}-{max(row['ratios']):.3f}x  {row['max_window_spread']:>6.1%}  "
               f"{'n/a' if peak is None else f'{peak:.2f}':>8}{flag}")
     if args.profile_step is not None:

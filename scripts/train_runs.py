@@ -165,5 +165,5 @@ def print_phase_table(step: int, runs: dict[str, dict]) -> None:
     print(f"step {step} by phase, host ms / GPU kernel ms (callbacks.profiler):")
     for key, run in runs.items():
         phases = run.get("profile", {}).get("phases")  # a run reused from a call without --profile-step: none
-        print(f"{key:>16}  " + ("not profiled" if phases is None else "  ".join(
+        print(f"{key:>22}  " + ("not profiled" if phases is None else "  ".join(
             f"{name} {t['host_ms']:.1f}/{t['gpu_ms']:.1f}" for name, t in phases.items())))
