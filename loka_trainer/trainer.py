@@ -16,7 +16,6 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.profiler import record_function
 
 from loka_trainer import checkpoint as ckpt
 from loka_trainer.builders import (
@@ -30,7 +29,7 @@ from loka_trainer.config import RunConfig
 from loka_trainer.data.batch import Batch
 from loka_trainer.metrics import CTRMetrics
 from loka_trainer.nonfinite import NonFiniteError, NonFiniteGuard
-from loka_trainer.profiling.trace_split import phase
+from loka_trainer.profiling.trace_split import phase_range
 from loka_trainer.resume import checkpoint_root
 from loka_trainer.sharding.dist import DistInfo
 
@@ -73,17 +72,17 @@ class Trainer:
         try:
             for step in range(start, last + 1):
                 self.state.step = step
-                with record_function(phase("data")):
+                with phase_range("data"):
                     batch = next(self.train_iter)
                 self._train_step(batch)
                 done = step + 1
                 if t.eval_interval and done % t.eval_interval == 0 and done != t.steps:
                     self._raise_if_nonfinite()
-                    with record_function(phase("eval")):
+                    with phase_range("eval"):
                         self._evaluate()
                 if _saved_at(t, done):
                     self._raise_if_nonfinite()
-                    with record_function(phase("checkpoint")):
+                    with phase_range("checkpoint"):
                         self._save_checkpoint(done)
             self._raise_if_nonfinite()
             if last + 1 == t.steps:
@@ -98,40 +97,40 @@ class Trainer:
         return self.state
 
     def _train_step(self, batch: Batch) -> None:
-        """One step, in named phases (``profiling.trace_split.phase``: the profiler's per-step split reads them)."""
+        """One step, in named phases (``profiling.trace_split.phase_range``, read by the profiler's per-step split)."""
         state = self.state
-        with record_function(phase("data")):
+        with phase_range("data"):
             batch = batch.to(self.dist.device, non_blocking=True)
         state.batch_size = len(batch)
         state.metrics = {}
-        with record_function(phase("callbacks")):
+        with phase_range("callbacks"):
             self.callbacks.fire("on_step_start", state)
         self.model.train()
-        with record_function(phase("forward")):
+        with phase_range("forward"):
             with self._autocast():
                 logits = self.model(batch).float()
             loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         state.loss = loss
-        with record_function(phase("callbacks")):
+        with phase_range("callbacks"):
             self.callbacks.fire("on_after_forward", state)
         if self.nonfinite.skip(loss, step=state.step + 1):  # before backward: the embedding update is in it
             state.skipped_steps = self.nonfinite.skipped_steps
             self.log(f"warning: step {state.step + 1}: non-finite loss, step skipped (no backward, no dense or "
                      f"embedding update; {state.skipped_steps} skipped so far)")
         else:
-            with record_function(phase("backward")):  # the embeddings' fused optimizer runs in it
+            with phase_range("backward"):  # the embeddings' fused optimizer runs in it
                 loss.backward()
-            with record_function(phase("callbacks")):
+            with phase_range("callbacks"):
                 self.callbacks.fire("on_after_backward", state)
-            with record_function(phase("optimizer")):
+            with phase_range("optimizer"):
                 self.nonfinite.record_gradients((p.grad for g in self.dense_optimizer.param_groups
                                                  for p in g["params"]), step=state.step + 1)
                 self.dense_optimizer.step()
             self._window.append((loss.detach(), logits.detach(), batch.labels))
-        with record_function(phase("optimizer")):
+        with phase_range("optimizer"):
             self.dense_optimizer.zero_grad(set_to_none=True)
         if (state.step + 1) % self.run.trainer.log_interval == 0:
-            with record_function(phase("metrics")):
+            with phase_range("metrics"):
                 self._raise_if_nonfinite()  # nothing computed from a non-finite state is logged
                 state.metrics = {**(self._window_metrics() if self._window else {}),
                                  "skipped_steps": self.nonfinite.skipped_steps}

@@ -51,7 +51,8 @@ from loka_trainer.dispatch.compile import reserve_compile_cache
 from loka_trainer.models.zoo import MODELS, build_model
 from loka_trainer.precision import PrecisionConfig, apply_precision
 from loka_trainer.sharding.parallelize import embedding_modules
-from scripts.kernel_split import KERNEL_CATEGORIES, kernel_split_ms
+from loka_trainer.profiling.kernels import CATEGORIES
+from scripts.kernel_split import kernel_split_ms
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: its conf/ holds the precision and model presets
 
@@ -243,7 +244,7 @@ def table(rows: list[dict]) -> str:
         if "train_step_ms" not in r:
             lines.append(f"{r['model']:<12} {r['precision']:<18} {r.get('status', 'error')}")
             continue
-        gpu = sum(r.get(f"train_{cat}_ms", 0.0) for cat in (*KERNEL_CATEGORIES, "other"))
+        gpu = sum(r.get(f"train_{cat}_ms", 0.0) for cat in CATEGORIES)
         peak = f"{r['train_peak_mem_gib']:8.2f}" if "train_peak_mem_gib" in r else f"{'n/a':>8}"
         kept = f"{r['forward_kept_gib']:8.2f}" if r.get("forward_kept_gib") is not None else f"{'n/a':>8}"
         nan = float("nan")

@@ -26,8 +26,8 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
-from scripts.train_runs import (check_profile_step, observed_step_overhead, print_phase_table, profile_overrides,
-                                profiled_step, steady_throughput, throughput_trajectory, train, window_spread)
+from scripts.train_runs import (check_profile_step, measured_run, observed_step_overhead, observes,
+                                print_phase_table)
 
 def plot(result: dict, path: Path) -> None:
     fig, (ax, curve) = pyplot().subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [1, 2]})
@@ -41,11 +41,6 @@ def plot(result: dict, path: Path) -> None:
                               for r in result["runs"] if r.get("trajectory")], result["warmup_steps"])
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-def observes_after_warmup(interval: int, warmup_steps: int, last_step: int) -> bool:
-    """Whether a probe-on run observes a step after the warm-up (else it measures hooks and trackers only)."""
-    return any(t % interval == 0 for t in range(warmup_steps, last_step))
 
 
 def main() -> None:
@@ -70,16 +65,12 @@ def main() -> None:
                 runs.append(prior[0])
                 continue
             probe = [f"callbacks.probe.enabled={mode == 'on'}", f"callbacks.probe.interval={args.interval}"]
-            run_dir = args.out / "runs" / f"pair{pair}_{mode}"
-            records = train(run_dir, [*args.overrides, *probe, *profile_overrides(args.profile_step)], args.nproc)
-            run = {"pair": pair, "probe": mode, "examples_per_s": steady_throughput(records, args.warmup_steps),
-                   "trajectory": throughput_trajectory(records)}
-            if args.profile_step is not None:
-                run["profile"] = profiled_step(run_dir)
-            if mode == "on" and observes_after_warmup(args.interval, args.warmup_steps, int(run["trajectory"][-1][0])):
+            run = {"pair": pair, "probe": mode,
+                   **measured_run(args.out / "runs" / f"pair{pair}_{mode}", [*args.overrides, *probe], args.nproc,
+                                  warmup_steps=args.warmup_steps, profile_step=args.profile_step)}
+            if mode == "on" and observes(args.warmup_steps, int(run["trajectory"][-1][0]), args.interval):
                 run["in_run"] = observed_step_overhead(run["trajectory"], interval=args.interval,
                                                        warmup_steps=args.warmup_steps)
-            run["window_spread"] = window_spread(run["trajectory"], args.warmup_steps)
             runs.append(run)
             args.out.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps({"overrides": args.overrides, "runs": runs}, indent=2) + "\n")

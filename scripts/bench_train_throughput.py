@@ -26,9 +26,8 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
-from scripts.train_runs import (check_profile_step, known_variants, precision_overrides, print_phase_table,
-                                profile_overrides, profiled_step, repeat_orders, steady_throughput,
-                                throughput_trajectory, train, window_spread)
+from scripts.train_runs import (check_profile_step, known_variants, measured_run, precision_overrides,
+                                print_phase_table, repeat_orders)
 
 UNSTEADY = 0.10  # a window spread above this marks a run whose mean is not its steady speed
 
@@ -86,17 +85,10 @@ def main() -> None:
         for precision in order:
             key = run_key(precision, repeat)
             if key not in done:
-                run_dir = args.out / "runs" / key.replace("#", "_")
-                records = train(run_dir, [*args.overrides, *precision_overrides(precision),
-                                          *profile_overrides(args.profile_step)], args.nproc)
-                summary = json.loads((run_dir / "summary.json").read_text())
-                trajectory = throughput_trajectory(records)
-                done[key] = {"precision": precision, "repeat": repeat,
-                             "examples_per_s": steady_throughput(records, args.warmup_steps),
-                             "window_spread": window_spread(trajectory, args.warmup_steps),
-                             "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"), "trajectory": trajectory}
-                if args.profile_step is not None:
-                    done[key]["profile"] = profiled_step(run_dir)
+                run = measured_run(args.out / "runs" / key.replace("#", "_"),
+                                   [*args.overrides, *precision_overrides(precision)], args.nproc,
+                                   warmup_steps=args.warmup_steps, profile_step=args.profile_step)
+                done[key] = {"precision": precision, "repeat": repeat, **run}
             result["runs"][key] = done[key]
             args.out.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps(result, indent=2) + "\n")

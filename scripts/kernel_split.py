@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from loka_trainer.profiling.kernels import ATTENTION_MARKERS, KERNEL_CATEGORIES, is_gpu_annotation, kernel_category
+from loka_trainer.profiling.kernels import ATTENTION_MARKERS, CATEGORIES, is_gpu_annotation, kernel_category
 
 PHASES = ("train", "infer")  # the step kinds a bench_e2e row splits: "<phase>_<category>_ms"
 
@@ -45,7 +45,7 @@ def kernel_split_ms(fn, top: int = 40) -> dict:
     with profile(activities=activities) as prof:
         fn()
         torch.cuda.synchronize()
-    ms = {cat: 0.0 for cat in (*KERNEL_CATEGORIES, "other")}
+    ms = dict.fromkeys(CATEGORIES, 0.0)
     kernels, host = [], []
     for evt in prof.key_averages():
         t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
@@ -82,7 +82,7 @@ def recategorized(row: dict) -> dict:
         return row
     out = dict(row)
     for phase in PHASES:
-        ms = {cat: row.get(f"{phase}_{cat}_ms", 0.0) for cat in (*KERNEL_CATEGORIES, "other")}
+        ms = {cat: row.get(f"{phase}_{cat}_ms", 0.0) for cat in CATEGORIES}
         kept = []
         for name, us, calls in row.get(f"{phase}_top_kernels", []):
             ms[counted(name)] -= us / 1e3

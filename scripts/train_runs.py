@@ -113,6 +113,11 @@ def throughput_trajectory(records: list[dict]) -> list[list[float]]:
 
 
 
+def observes(start: int, stop: int, interval: int) -> bool:
+    """Whether the probe observes a step in [start, stop) at this interval (it observes the multiples of it)."""
+    return any(t % interval == 0 for t in range(start, stop))
+
+
 def observed_step_overhead(trajectory: list[list[float]], *, interval: int, warmup_steps: int,
                            neighbors: int = 4) -> dict:
     """The probe's cost read inside one probe-on run, free of run-to-run noise.
@@ -127,8 +132,8 @@ def observed_step_overhead(trajectory: list[list[float]], *, interval: int, warm
     """
     length = int(trajectory[1][0] - trajectory[0][0]) if len(trajectory) > 1 else 0
     measured = [(int(s), r) for s, r in trajectory if s > warmup_steps]
-    observed = [(s, r) for s, r in measured if any(t % interval == 0 for t in range(s - length, s))]
-    plain = [(s, r) for s, r in measured if (s, r) not in observed]
+    observed = [(s, r) for s, r in measured if observes(s - length, s, interval)]
+    plain = [(s, r) for s, r in measured if not observes(s - length, s, interval)]
     if not observed or not plain:
         raise SystemExit("need observed and unobserved log windows after the warm-up: train longer")
     extra = []  # per observed window, in windows of its neighbors' median time
@@ -155,9 +160,20 @@ def check_profile_step(step: Optional[int], warmup_steps: int) -> None:
                          f"{warmup_steps}): the profiler slows the step it profiles")
 
 
-def profiled_step(run_dir: Path) -> dict:
-    """The profiled step of a run (its ``profile.json``): host and kernel time by phase and kind."""
-    return json.loads((run_dir / "profile.json").read_text())["steps"][0]
+def measured_run(run_dir: Path, overrides: list[str], nproc: int, *, warmup_steps: int,
+                 profile_step: Optional[int] = None) -> dict:
+    """One train.py run as the throughput benchmarks record it: {"examples_per_s" (after the warm-up),
+    "window_spread", "trajectory", "peak_gpu_memory_gib" (``summary.json``), and with ``profile_step`` "profile"
+    (that step by phase and kernel kind, ``profile.json``)}."""
+    records = train(run_dir, [*overrides, *profile_overrides(profile_step)], nproc)
+    trajectory = throughput_trajectory(records)
+    run = {"examples_per_s": steady_throughput(records, warmup_steps),
+           "window_spread": window_spread(trajectory, warmup_steps),
+           "peak_gpu_memory_gib": json.loads((run_dir / "summary.json").read_text()).get("peak_gpu_memory_gib"),
+           "trajectory": trajectory}
+    if profile_step is not None:
+        run["profile"] = json.loads((run_dir / "profile.json").read_text())["steps"][0]
+    return run
 
 
 def print_phase_table(step: int, runs: dict[str, dict]) -> None:

@@ -103,7 +103,7 @@ def test_probe_overhead_bench_reads_the_cost_inside_the_probe_on_run(tmp_path):
 
 
 def test_an_interval_longer_than_the_run_measures_hooks_without_observations():
-    from scripts.bench_probe_overhead import observes_after_warmup
-    assert observes_after_warmup(100, 150, 350)  # steps 200, 300
-    assert not observes_after_warmup(100_000, 150, 350)  # only step 0, inside the warm-up
-    assert not observes_after_warmup(100, 150, 199)
+    from scripts.train_runs import observes
+    assert observes(150, 350, 100)  # steps 200, 300
+    assert not observes(150, 350, 100_000)  # only step 0, inside the warm-up
+    assert not observes(150, 199, 100)

@@ -11,9 +11,13 @@ profiling window, not per step or phase.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import defaultdict
-from typing import Optional
+from typing import ContextManager, Optional
+
+import torch
+from torch.profiler import record_function
 
 from loka_trainer.profiling.kernels import CATEGORIES, is_gpu_annotation, kernel_category
 
@@ -24,13 +28,18 @@ LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # host-side calls that laun
 GPU_WORK_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")  # GPU-side events with a duration
 
 
+def _span(e: dict) -> tuple[float, float]:
+    """(start, end) in µs of a complete ("X") trace event."""
+    return float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
+
+
 def step_ranges(events: list[dict]) -> dict[int, tuple[float, float]]:
     """Profiler step index -> (start, end) in µs on the host timeline, from the ``ProfilerStep#N`` ranges."""
     ranges = {}
     for e in events:
         match = STEP_RANGE.match(str(e.get("name", "")))
         if match and e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation":
-            ranges[int(match.group(1))] = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+            ranges[int(match.group(1))] = _span(e)
     return ranges
 
 
@@ -39,10 +48,18 @@ def phase(name: str) -> str:
     return PHASE_PREFIX + name
 
 
+def phase_range(name: str) -> ContextManager:
+    """The trainer's range around a phase: a ``record_function`` while a profiler records, else a no-op (a
+    ``record_function`` costs microseconds of host time even with no profiler, on every step)."""
+    if torch._C._autograd._profiler_enabled():  # NOTE: torch's own check (record_function's enter does not skip)
+        return record_function(phase(name))
+    return contextlib.nullcontext()
+
+
 def phase_ranges(events: list[dict]) -> list[tuple[str, float, float]]:
     """(phase, start, end) in µs on the host timeline, from the trainer's ``phase`` ranges."""
-    return [(str(e["name"])[len(PHASE_PREFIX):], float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-            for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+    return [(str(e["name"])[len(PHASE_PREFIX):], *_span(e)) for e in events
+            if e.get("ph") == "X" and e.get("cat") == "user_annotation"
             and str(e.get("name", "")).startswith(PHASE_PREFIX)]
 
 
