@@ -3,6 +3,7 @@ weight reaches the weight tracker (gathered under FSDP2, folded in on a CUDA sid
 drives them every ``interval`` steps is ``callbacks.probe.ProbeCallback``."""
 from __future__ import annotations
 
+import zlib
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -78,7 +79,8 @@ class LayerProbe:
         self.fqn, self.module = fqn, module
         self.activation = ActivationTracker(module.in_features, max_full_covariance=cfg.max_full_covariance,
                                             covariance_block=cfg.covariance_block, stats_dtype=cfg.stats_dtype,
-                                            device=tracker_device(module))
+                                            device=tracker_device(module), sample_rows=cfg.sample_rows,
+                                            seed=zlib.crc32(fqn.encode()))
         self.weight = WeightTracker(module.out_features, module.in_features, momentum=cfg.momentum,
                                     max_full_covariance=cfg.max_full_weight_factor, stats_dtype=cfg.stats_dtype)
         # Read by the (compiled) forward: dynamo guards on it, and on the stash being empty, so both stay stable.

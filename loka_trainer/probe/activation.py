@@ -10,6 +10,11 @@ Representation (bounded memory): the scatter is kept block-diagonal, as a (G, Kb
     block. Lost: correlations *between* features of different blocks (samples treat blocks as independent).
 Also kept per feature: the max |x| seen (merges by max), for outlier inspection; it is not used to sample.
 
+Row sampling (``sample_rows``): an observed input with more rows than that folds a uniform sample of its rows (drawn
+with replacement from a generator of the tracker's own, so the training's random stream is untouched) into the
+count, mean and scatter; the rows are i.i.d., so the estimates stay unbiased, and the cost of the scatter, the
+(B, K) x (B, K) product that dominates an observation, is bounded by sample_rows * K^2. max |x| still covers every row.
+
 Chan merge of (n_a, mu_a, S_a) and (n_b, mu_b, S_b), n = n_a + n_b, d = mu_b - mu_a:
   mu = mu_a + (n_b / n) d,   S = S_a + S_b + (n_a n_b / n) d d^T.   Covariance = S / (n - 1).
 The merge is associative and commutative, so per-rank partials can be merged in any order.
@@ -70,18 +75,26 @@ def _blocked(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def batch_moments(x: torch.Tensor, *, block: int, compute_dtype: torch.dtype = torch.float32) -> Moments:
+def batch_moments(x: torch.Tensor, *, block: int, compute_dtype: torch.dtype = torch.float32,
+                  sample_rows: int = 0, generator: Optional[torch.Generator] = None) -> Moments:
     """Moments of one batch. x: (..., K) -> count (), mean (K,), scatter (G, Kb, Kb), max_abs (K,).
 
-    The scatter is formed from the *centered* batch, so computing it in fp32 loses little even when the mean
-    is large; the caller accumulates the merged result in its (usually fp64) stats dtype.
+    ``sample_rows`` > 0 and fewer than the B rows of x: count, mean and scatter come from that many rows drawn
+    uniformly with replacement (``generator`` on x's device); max_abs always covers all B rows. The scatter is
+    formed from the *centered* rows, so computing it in fp32 loses little even when the mean is large; the caller
+    accumulates the merged result in its (usually fp64) stats dtype.
     """
-    x2 = x.detach().reshape(-1, x.shape[-1]).to(compute_dtype)  # (B, K)
+    rows = x.detach().reshape(-1, x.shape[-1])  # (B, K), x's dtype
+    max_abs = torch.linalg.vector_norm(rows, ord=float("inf"), dim=0).to(compute_dtype)  # one pass, no |x| copy
+    if 0 < sample_rows < rows.shape[0]:
+        picked = torch.randint(rows.shape[0], (sample_rows,), device=rows.device, generator=generator)
+        rows = rows.index_select(0, picked)  # (sample_rows, K)
+    x2 = rows.to(compute_dtype)
     mean = x2.mean(dim=0)  # (K,)
-    centered = _blocked(x2 - mean, block)  # (B, G, Kb)
+    centered = _blocked(x2 - mean, block)  # (B', G, Kb)
     scatter = torch.einsum("bgi,bgj->gij", centered, centered)  # (G, Kb, Kb)
     count = x2.new_full((), float(x2.shape[0]))  # a fill kernel, not a host-to-device copy (which syncs)
-    return Moments(count, mean, scatter, x2.abs().amax(dim=0))
+    return Moments(count, mean, scatter, max_abs)
 
 
 def _block_outer(d: torch.Tensor, block: int) -> torch.Tensor:
@@ -93,13 +106,17 @@ def _block_outer(d: torch.Tensor, block: int) -> torch.Tensor:
 @torch.no_grad()
 def merge_moments(a: Moments, b: Moments) -> Moments:
     """Chan merge of two partial statistics (same K and block); result in a's dtype. Either may be empty."""
-    b = Moments(*(t.to(a.mean.dtype) for t in b.tensors()))
-    count = a.count + b.count
+    dtype = a.mean.dtype
+    b_count, b_mean = b.count.to(dtype), b.mean.to(dtype)  # b's (G, Kb, Kb) scatter is promoted inside the sum
+    count = a.count + b_count
     safe = count.clamp_min(1.0)  # both empty -> weights 0, no NaN; no host sync (this runs inside forward)
-    d = b.mean - a.mean  # (K,)
-    mean = a.mean + (b.count / safe) * d
-    scatter = a.scatter + b.scatter + (a.count * b.count / safe) * _block_outer(d, a.block)
-    return Moments(count, mean, scatter, torch.maximum(a.max_abs, b.max_abs))
+    d = b_mean - a.mean  # (K,)
+    mean = a.mean + (b_count / safe) * d
+    db = _blocked(d.unsqueeze(0), a.block)[0]  # (G, Kb)
+    # S_a + S_b + w d d^T over the blocks, the outer product fused into one pass over the (G, Kb, Kb) sum
+    scatter = torch.addcmul(a.scatter + b.scatter, ((a.count * b_count / safe) * db).unsqueeze(-1),
+                            db.unsqueeze(-2)).to(dtype)
+    return Moments(count, mean, scatter, torch.maximum(a.max_abs, b.max_abs.to(dtype)))
 
 
 @torch.no_grad()
@@ -144,9 +161,14 @@ class ActivationTracker:
     """Accumulates Moments of one Linear's input over observed batches (fp64 or fp32 accumulators)."""
 
     def __init__(self, num_features: int, *, max_full_covariance: int = 4096, covariance_block: int = 256,
-                 stats_dtype: str = "float64", device: Optional[torch.device] = None):
+                 stats_dtype: str = "float64", device: Optional[torch.device] = None, sample_rows: int = 0,
+                 seed: int = 0):
         if stats_dtype not in STATS_DTYPES:
             raise ValueError(f"stats_dtype={stats_dtype!r}; valid values: {', '.join(STATS_DTYPES)}")
+        if sample_rows < 0:
+            raise ValueError(f"sample_rows={sample_rows}; valid values: 0 (every row) or a row count >= 1")
+        self.sample_rows, self.seed = sample_rows, seed
+        self._generator: Optional[torch.Generator] = None  # made on the first input's device
         self.block = choose_block(num_features, max_full_covariance=max_full_covariance,
                                   covariance_block=covariance_block)
         self.moments = empty_moments(num_features, self.block, dtype=STATS_DTYPES[stats_dtype], device=device)
@@ -163,8 +185,18 @@ class ActivationTracker:
             raise ValueError(f"activation has {x.shape[-1]} features, tracker expects {self.moments.num_features}")
         if self.moments.mean.device != x.device:
             self.moments = Moments(*(t.to(x.device) for t in self.moments.tensors()))
-        self.moments = merge_moments(self.moments, batch_moments(x, block=self.block))
+        self.moments = merge_moments(self.moments, batch_moments(x, block=self.block, sample_rows=self.sample_rows,
+                                                                 generator=self._rows_generator(x.device)))
         self.rows_per_call = x.numel() // x.shape[-1]
+
+    def _rows_generator(self, device: torch.device) -> Optional[torch.Generator]:
+        """The tracker's own random stream for row sampling (None when every row is folded)."""
+        if self.sample_rows == 0:
+            return None
+        if self._generator is None or self._generator.device != device:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self.seed)
+        return self._generator
 
     def state_dict(self) -> dict:
         m = self.moments

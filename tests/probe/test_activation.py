@@ -91,3 +91,35 @@ def test_exact_fp32_matmuls_inside_the_block_and_flags_restored_after():
         assert torch.backends.cuda.matmul.allow_tf32 is False
         assert torch.get_float32_matmul_precision() == "highest"
     assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == before
+
+
+def test_sampled_rows_estimate_the_moments_and_max_abs_covers_every_row():
+    gen = torch.Generator().manual_seed(3)
+    mean, cov = torch.randn(6, generator=gen, dtype=DT), random_spd(6, gen=gen)
+    sampled, full = ActivationTracker(6, sample_rows=512), ActivationTracker(6)
+    for _ in range(60):
+        x = gaussian_rows(4096, mean, cov, gen=gen).float()
+        x[17, 2] = 1e4  # one outlier row: a 512-row sample misses it most of the time, max|x| must not
+        sampled.update(x)
+        full.update(x)
+    assert int(sampled.moments.count) == 60 * 512 and sampled.rows_per_call == 4096  # the GEMM's M is all rows
+    assert float(sampled.moments.max_abs[2]) == 1e4
+    clean = full.moments.scatter[0].clone()
+    # 30k sampled rows: ~4 standard errors of the mean; the covariance (outlier included by chance) within a few %
+    stderr = (cov.diagonal() / (60 * 512)).sqrt()
+    keep = torch.arange(6) != 2
+    assert torch.all((sampled.moments.mean - full.moments.mean).abs()[keep] < 4 * stderr[keep])
+    sampled_cov = dense_covariance(sampled.moments)[keep][:, keep]
+    assert rel_err(sampled_cov, (clean / (full.moments.count - 1))[keep][:, keep]) < 0.05
+
+
+def test_row_sampling_leaves_the_training_random_stream_alone_and_repeats_per_seed():
+    x = torch.randn(1000, 4)
+    state = torch.get_rng_state()
+    a, b, c = (ActivationTracker(4, sample_rows=10, seed=s) for s in (1, 1, 2))
+    for tracker in (a, b, c):
+        tracker.update(x)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(a.moments.mean, b.moments.mean) and not torch.equal(a.moments.mean, c.moments.mean)
+    with pytest.raises(ValueError, match="sample_rows"):
+        ActivationTracker(4, sample_rows=-1)
