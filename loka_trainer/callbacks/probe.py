@@ -1,14 +1,16 @@
 """LoKA Probe callback: learns per-layer activation and weight statistics online (paper III-A).
 
-Each target Linear carries one forward pre-hook for the whole run. Every ``interval`` steps the callback folds
-the full weights into their trackers at the step's start and arms the hooks; an armed hook stashes the layer's
-input (the real activation) and the callback folds the stashed inputs in after the forward (``on_after_forward``,
-else at the step's end) and disarms. Under ``torch.compile`` the armed flag is a guard, so each unit is compiled
-twice (observed and not) and observed steps run compiled too: the hook's only work in the graph is returning
-the input, the statistics run outside it. Under FSDP2 the weight is gathered with ``full_tensor()`` (a collective
-every rank reaches). Every ``save_interval`` steps and at the end of training, per-rank activation statistics are
-merged with collectives and rank 0 writes ``<out_dir>/stats.pt`` on a background thread (atomic rename). Rank 0
-also logs per-layer activation mean / std / max|x| and weight (and bias) norms to TensorBoard.
+Each target Linear carries one forward pre-hook for the whole run. Every ``interval`` steps the callback arms the
+hooks; an armed hook stashes the layer's input (the real activation) and the callback folds the stashed inputs in
+after the forward (``on_after_forward``, else at the step's end) and disarms. The weights are observed once per
+``interval`` too, but spread over it: layer i of n at steps where step % interval == i * interval // n (and every
+layer at the first observed step), so that no step pays for all of them. Under ``torch.compile`` the armed flag
+is a guard, so each unit is compiled twice (observed and not) and observed steps run compiled too: the hook's
+only work in the graph is returning the input, the statistics run outside it. Under FSDP2 the weight is gathered
+with ``full_tensor()`` (a collective every rank reaches). Every ``save_interval`` steps and at the end of
+training, per-rank activation statistics are merged with collectives and rank 0 writes ``<out_dir>/stats.pt`` on
+a background thread (atomic rename). Rank 0 also logs per-layer activation mean / std / max|x| (of the rows
+folded in) and the weight (and bias) norms of the last weight observation to TensorBoard.
 
 Plain user loop (no trainer)::
 
@@ -107,6 +109,8 @@ class ProbeCallback(Callback):
         self._remove_hooks()
         self.layers = {fqn: LayerProbe(fqn, module, cfg) for fqn, module in targets.items()}
         self._handles = [layer.module.register_forward_pre_hook(layer.stash_input) for layer in self.layers.values()]
+        for index, layer in enumerate(self.layers.values()):
+            layer.weight_phase = index * cfg.interval // len(self.layers)
         self.rank, self.world_size = rank, world_size
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
@@ -133,12 +137,15 @@ class ProbeCallback(Callback):
 
     # ----- observing -------------------------------------------------------------------------------------
     def on_step_start(self, state: TrainState) -> None:
-        if state.step % self.config.interval != 0 or self._observing:
-            return
+        phase = state.step % self.config.interval
+        arming = phase == 0 and not self._observing
         for layer in self.layers.values():
-            layer.observe_weight(self._weights)
-            layer.armed = True
-        self._observing = True
+            if layer.weight_phase == phase or (arming and layer.weight.count == 0):
+                layer.observe_weight(self._weights)
+        if arming:
+            for layer in self.layers.values():
+                layer.armed = True
+            self._observing = True
 
     def on_after_forward(self, state: TrainState) -> None:
         self._fold_inputs()

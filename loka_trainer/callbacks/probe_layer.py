@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import nn
 
-from loka_trainer.probe.activation import ActivationTracker
+from loka_trainer.probe.activation import ActivationTracker, summary_scalars
 from loka_trainer.probe.weight import WeightTracker
 
 if TYPE_CHECKING:
@@ -87,8 +87,9 @@ class LayerProbe:
         self.armed = False
         self.inputs: list[torch.Tensor] = []  # each (..., I): stashed by the armed hook, emptied in place by fold
         self.log_scalars = False  # set on the rank that writes TensorBoard; others skip the extra reductions
-        self.weight_scalars: list[torch.Tensor] = []  # |W|, [|b|] of the observed step
+        self.weight_scalars: list[torch.Tensor] = []  # |W|, [|b|] of the last weight observation
         self.scalars: Optional[torch.Tensor] = None  # (4 or 5,) act mean, std, max|x|, |W|, [|b|]
+        self.weight_phase = 0  # the weight is observed at steps where step % interval == weight_phase
 
     def stash_input(self, module: nn.Module, args: tuple) -> None:
         """Forward pre-hook, registered once for the run. args[0]: (..., I)."""
@@ -107,13 +108,14 @@ class LayerProbe:
 
     @torch.no_grad()
     def fold_inputs(self) -> None:
-        """Disarm and fold the stashed inputs into the activation tracker."""
+        """Disarm and fold the stashed inputs into the activation tracker; the TensorBoard scalars of the last
+        input come from its moments (no extra pass over it)."""
         self.armed = False
+        batch = None
         for x in self.inputs:
-            self.activation.update(x)
-        if self.log_scalars and self.inputs:
-            xf = self.inputs[-1].float()
-            self.scalars = torch.stack([xf.mean(), xf.std(), xf.abs().amax(), *self.weight_scalars])
+            batch = self.activation.update(x)
+        if self.log_scalars and batch is not None:
+            self.scalars = torch.cat([summary_scalars(batch), *(w.reshape(1).float() for w in self.weight_scalars)])
         self.inputs.clear()
 
     def file_entry(self, merged_activation: dict) -> dict:

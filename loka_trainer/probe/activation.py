@@ -142,6 +142,17 @@ def empty_moments(num_features: int, block: int, *, dtype: torch.dtype,
 
 
 @torch.no_grad()
+def summary_scalars(m: Moments) -> torch.Tensor:
+    """(3,): mean, standard deviation and max |x| over every element of the rows m was formed from (fp32), read
+    off the moments (the variance from the scatter's diagonal), so that no pass over the input is needed."""
+    count = m.count.clamp_min(1.0)
+    feature_var = m.scatter.diagonal(dim1=-2, dim2=-1).reshape(-1)[: m.num_features] / count  # (K,), biased
+    overall_mean = m.mean.mean()
+    variance = (feature_var + m.mean.square()).mean() - overall_mean.square()
+    return torch.stack([overall_mean, variance.clamp_min(0.0).sqrt(), m.max_abs.amax()]).float()
+
+
+@torch.no_grad()
 def block_covariance(m: Moments) -> torch.Tensor:
     """Unbiased covariance blocks S / (n - 1): (G, Kb, Kb). Needs n > 1."""
     if float(m.count) <= 1:
@@ -179,15 +190,17 @@ class ActivationTracker:
         return representation_name(self.moments.num_features, self.block)
 
     @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """Fold in one batch x: (..., K)."""
+    def update(self, x: torch.Tensor) -> Moments:
+        """Fold in one batch x: (..., K); returns that batch's own Moments."""
         if x.shape[-1] != self.moments.num_features:
             raise ValueError(f"activation has {x.shape[-1]} features, tracker expects {self.moments.num_features}")
         if self.moments.mean.device != x.device:
             self.moments = Moments(*(t.to(x.device) for t in self.moments.tensors()))
-        self.moments = merge_moments(self.moments, batch_moments(x, block=self.block, sample_rows=self.sample_rows,
-                                                                 generator=self._rows_generator(x.device)))
+        batch = batch_moments(x, block=self.block, sample_rows=self.sample_rows,
+                              generator=self._rows_generator(x.device))
+        self.moments = merge_moments(self.moments, batch)
         self.rows_per_call = x.numel() // x.shape[-1]
+        return batch
 
     def _rows_generator(self, device: torch.device) -> Optional[torch.Generator]:
         """The tracker's own random stream for row sampling (None when every row is folded)."""

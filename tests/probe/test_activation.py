@@ -123,3 +123,14 @@ def test_row_sampling_leaves_the_training_random_stream_alone_and_repeats_per_se
     assert torch.equal(a.moments.mean, b.moments.mean) and not torch.equal(a.moments.mean, c.moments.mean)
     with pytest.raises(ValueError, match="sample_rows"):
         ActivationTracker(4, sample_rows=-1)
+
+
+@pytest.mark.parametrize("block", [7, 3])
+def test_summary_scalars_are_the_inputs_mean_std_and_max_abs(block):
+    from loka_trainer.probe.activation import summary_scalars
+    x = torch.randn(300, 7) * torch.arange(1.0, 8.0) + 2.0
+    x[5, 3] = -50.0
+    mean, std, max_abs = summary_scalars(batch_moments(x, block=block)).tolist()
+    assert mean == pytest.approx(float(x.mean()), rel=1e-5)
+    assert std == pytest.approx(float(x.std(unbiased=False)), rel=1e-4)
+    assert max_abs == 50.0

@@ -56,8 +56,32 @@ def test_plain_loop_observes_every_interval_and_writes_stats(tmp_path):
     assert stats["step"] == 22 and set(stats["layers"]) == {"inner.0", "inner.2", "head"}
     layer = stats["layers"]["inner.2"]
     assert float(layer["activation"]["count"]) == 5 * ROWS
-    assert layer["weight"]["count"] == 5 and tuple(layer["weight"]["mean"].shape) == (16, 32)
+    # weights: layer i of 3 at steps where step % 5 == i * 5 // 3 (0, 1, 3), and every layer at step 0
+    assert {fqn: entry["weight"]["count"] for fqn, entry in stats["layers"].items()} == {
+        "inner.0": 5, "inner.2": 6, "head": 5}  # 0 5 10 15 20 | 0 1 6 11 16 21 | 0 3 8 13 18
+    assert tuple(layer["weight"]["mean"].shape) == (16, 32)
     assert layer["has_bias"] is False and stats["layers"]["head"]["has_bias"] is True
+
+
+def test_weight_observations_are_spread_over_the_interval(monkeypatch):
+    """After the first observed step no step folds more than its share of the weights; a run shorter than the
+    interval still has every layer's weight."""
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(10)])
+    probe = ProbeCallback(interval=4, tensorboard=False, out_dir="unused")
+    observed = []
+    state = TrainState(model=model)
+    probe.on_train_start(state)
+    for layer in probe.layers.values():
+        monkeypatch.setattr(layer, "observe_weight", lambda updates, layer=layer: (
+            observed.append((state.step, layer.fqn)), setattr(layer.weight, "count", layer.weight.count + 1)))
+    for step in range(8):
+        state.step = step
+        probe.on_step_start(state)
+        model(torch.randn(2, 8))
+        probe.on_step_end(state)
+    per_step = [sum(1 for s, _ in observed if s == step) for step in range(8)]
+    assert per_step[0] == 10 and max(per_step[1:]) <= 3 and sum(per_step[4:]) == 10  # ceil(10 / 4) per step
+    assert {fqn for s, fqn in observed if s >= 4} == set(probe.layers)  # each layer once in steps 4..7
 
 
 def test_hooks_stash_inputs_only_on_observed_steps():
