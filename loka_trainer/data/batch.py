@@ -47,9 +47,24 @@ class Batch:
         return self.labels.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        """The batch on ``device``; the KJTs carry their per-key lengths, counted on the host (see below)."""
         return Batch(
             dense=self.dense.to(device, non_blocking=non_blocking),
-            sparse=self.sparse.to(device, non_blocking=non_blocking),
+            sparse=with_host_key_lengths(self.sparse).to(device, non_blocking=non_blocking),
             labels=self.labels.to(device, non_blocking=non_blocking),
-            sequences=None if self.sequences is None else self.sequences.to(device, non_blocking=non_blocking),
+            sequences=None if self.sequences is None
+            else with_host_key_lengths(self.sequences).to(device, non_blocking=non_blocking),
         )
+
+
+def with_host_key_lengths(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """``kjt`` with its per-key lengths and offsets cached as Python lists while it is still on the host.
+
+    TorchRec's sharded input distribution reads them (``length_per_key()``); a KJT moved to the GPU without them
+    computes them there and copies them to the host, a sync that makes the host wait for the GPU on every step
+    instead of queueing the next step's work. ``KeyedJaggedTensor.to`` and ``pin_memory`` keep the cache.
+    """
+    if kjt.device().type == "cpu":
+        kjt.length_per_key()
+        kjt.offset_per_key()
+    return kjt
