@@ -21,7 +21,8 @@ is what a training loop pays, launch overhead included), and one profiled step s
 GEMM, FP8 quantization, our Mods epilogue, attention and other kernels (the paper's figure-11 view, by kernel
 name: ``scripts.kernel_split``) and records the graph breaks dynamo saw; one more step after warm-up gives the training
 step's peak GPU memory (``train_peak_mem_gib``: ``max_memory_allocated`` after ``reset_peak_memory_stats``,
-parameters and optimizer states included; ``train_peak_reserved_gib``: what the caching allocator held), and one
+parameters and optimizer states included, and anything left over from the variants before it, which
+``leftover_mem_gib`` shows; ``train_peak_reserved_gib``: what the caching allocator held), and one
 forward what it keeps for the backward, FP8 weight caches among it (``forward_memory``). Writes
 OUT_DIR/bench_e2e.json (after every variant), OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch
 variants: every candidate's MERE and time) and OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import sys
 import time
@@ -203,6 +205,8 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     row = {"model": model_name, "precision": precision, "batch": args.batch}
     t0 = time.perf_counter()
     counters.clear()
+    gc.collect()  # the previous variant's modules hold reference cycles: free them before this one is measured
+    row["leftover_mem_gib"] = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
     model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
                                              compile_dense=not args.no_compile, vocab=args.vocab,
                                              compile_mode=args.compile_mode,
