@@ -7,7 +7,8 @@ DictConfig into typed objects and validates them, raising a one-line `ValueError
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional
+import functools
+from typing import Any, Callable, List, Optional
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -26,10 +27,13 @@ from loka_trainer.precision import PrecisionConfig
 from loka_trainer.sharding.config import ShardingConfig
 from loka_trainer.sharding.dist import launch_env, resolve_device
 
-# trainer.dense_optimizer -> the torch optimizer of the dense part (embeddings use TorchRec's fused optimizer)
-DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
-    "adam": torch.optim.Adam,
-    "adamw": torch.optim.AdamW,
+# trainer.dense_optimizer -> the torch optimizer of the dense part (embeddings use TorchRec's fused optimizer). Adam
+# and AdamW run torch's fused implementation (one kernel over every shard per step, DTensor shards included) rather
+# than the default foreach one (an H200 wukong_h200 step spent 9.5 ms in multi-tensor kernels, these and the
+# non-finite gradient check's)
+DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adam": functools.partial(torch.optim.Adam, fused=True),
+    "adamw": functools.partial(torch.optim.AdamW, fused=True),
     "sgd": torch.optim.SGD,
     "adagrad": torch.optim.Adagrad,
 }
