@@ -76,6 +76,7 @@ class ProbeCallback(Callback):
         self._pending_state: Optional[dict] = None
         self._last_saved_step: Optional[int] = None
         self._last_observed_step: Optional[int] = None
+        self._scalars = PendingScalars()
 
     @classmethod
     def from_config(cls, cfg: Any, *, run_dir: Optional[str | Path] = None, **kwargs: Any) -> "ProbeCallback":
@@ -151,6 +152,8 @@ class ProbeCallback(Callback):
         self._fold_inputs()
 
     def on_step_end(self, state: TrainState) -> None:
+        if self.writer is not None:
+            self._scalars.write(self.writer, wait=False)
         if self._observing:
             self._fold_inputs()
             self._observing = False
@@ -171,14 +174,18 @@ class ProbeCallback(Callback):
         self._handles = []
 
     def _log_scalars(self, step: int) -> None:
+        """Queue the observed step's per-layer scalars for TensorBoard (written once they reach the host)."""
         if self.writer is None or self.rank != 0:
             return
+        tags, values = [], []
         for fqn, layer in self.layers.items():
             if layer.scalars is None:
                 continue
-            for name, value in zip(SCALAR_NAMES, layer.scalars.tolist()):
-                self.writer.add_scalar(f"probe/{fqn}/{name}", value, step)
+            tags += [f"probe/{fqn}/{name}" for name in SCALAR_NAMES[: layer.scalars.numel()]]
+            values.append(layer.scalars)
             layer.scalars = None
+        if values:
+            self._scalars.submit(step, tags, torch.cat(values))
 
     # ----- saving ----------------------------------------------------------------------------------------
     def save(self, step: int) -> None:
@@ -219,6 +226,7 @@ class ProbeCallback(Callback):
             saver, self._saver = self._saver, None
             saver.close()
         if self.writer is not None:
+            self._scalars.write(self.writer, wait=True)
             self.writer.flush()
 
     def wait(self) -> None:
@@ -252,6 +260,36 @@ class ProbeCallback(Callback):
             self.layers[fqn].weight.load_state_dict(entry["weight"])
             if same_rank:
                 self.layers[fqn].activation.load_state_dict(entry["activation"])
+
+
+class PendingScalars:
+    """TensorBoard scalars on their way to the host: one asynchronous copy per observed step, written at a later
+    step's end once it has landed, so that logging never makes the host wait for the GPU (a ``tolist()`` per layer
+    would, on every observed step)."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[int, list[str], torch.Tensor, Optional[torch.cuda.Event]]] = []
+
+    def submit(self, step: int, tags: list[str], values: torch.Tensor) -> None:
+        """values: (len(tags),) on any device."""
+        event = None
+        if values.is_cuda:
+            values = values.to("cpu", non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self._queue.append((step, tags, values, event))
+
+    def write(self, writer: Any, *, wait: bool) -> None:
+        """Write the queued scalars whose copy has finished (all of them with ``wait``), oldest first."""
+        while self._queue:
+            step, tags, values, event = self._queue[0]
+            if event is not None and not event.query():
+                if not wait:
+                    return
+                event.synchronize()
+            for tag, value in zip(tags, values.tolist()):
+                writer.add_scalar(tag, value, step)
+            self._queue.pop(0)
 
 
 def _device_clone(value: Any) -> Any:

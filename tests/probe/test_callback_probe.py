@@ -290,3 +290,25 @@ def test_a_gathered_weight_is_private_only_when_it_does_not_share_the_shards_sto
     plain = nn.Linear(3, 4)
     weight, private = full_parameter(plain)
     assert weight is plain.weight and private is False
+
+
+def test_tensorboard_scalars_wait_for_their_copy_without_blocking_the_step():
+    from loka_trainer.callbacks.probe import PendingScalars
+
+    class InFlightCopy:  # stands in for the CUDA event of a device-to-host copy not finished yet
+        done = False
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.done = True
+
+    pending, written = PendingScalars(), []
+    writer = type("Writer", (), {"add_scalar": lambda self, tag, value, step: written.append((tag, value, step))})()
+    pending.submit(3, ["probe/a/act_mean"], torch.tensor([0.5]))  # on the CPU: no copy to wait for
+    pending._queue.append((7, ["probe/a/act_mean", "probe/a/act_std"], torch.tensor([1.0, 2.0]), InFlightCopy()))
+    pending.write(writer, wait=False)
+    assert written == [("probe/a/act_mean", 0.5, 3)]  # the landed one only, the step goes on
+    pending.write(writer, wait=True)
+    assert written[1:] == [("probe/a/act_mean", 1.0, 7), ("probe/a/act_std", 2.0, 7)]
