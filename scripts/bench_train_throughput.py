@@ -5,9 +5,11 @@
         trainer.steps=400
 
 A precision is a conf/precision preset or a ``train_runs.PRECISION_VARIANTS`` name (``fp8_tensorwise_auto``: torchao
-with its own size filter, the speed baseline; ``bf16_mods``). Each precision trains with the same overrides (sharded
-embeddings, the data pipeline, per-window metrics and logging included: the whole loop), ``--repeats`` times, each
-repeat in the reverse order of the last (A B C, C B A, ...: ``train_runs.repeat_orders``). Throughput is the mean
+with its own size filter, the speed baseline; ``bf16_mods``), or a variant of your own named on the command line:
+``--variant bf16_no_fsdp "precision=bf16 sharding.fsdp=false"`` makes ``bf16_no_fsdp`` a name ``--precisions`` takes.
+Each precision trains with the same overrides (sharded embeddings, the data pipeline, per-window metrics and logging
+included: the whole loop), ``--repeats`` times, each repeat in the reverse order of the last (A B C, C B A, ...:
+``train_runs.repeat_orders``). Throughput is the mean
 examples/s of the logged windows after ``--warmup-steps`` (compilation excluded; a LoKA plan is built before step 0,
 so it is excluded too); beside it the training's peak GPU memory (``peak_gpu_memory_gib`` of ``summary.json``) and
 the run's window spread (``train_runs.window_spread``: a machine slowdown during a run shows there, above
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 from pathlib import Path
 
@@ -61,6 +64,24 @@ def summarize(runs: dict[str, dict], precisions: list[str], repeats: int) -> dic
     return out
 
 
+def run_variants(names: list[str], custom: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """Each name of ``--precisions`` -> its train.py overrides: a ``--variant NAME OVERRIDES`` of the command line
+    (the overrides one space-separated string), else a preset or ``PRECISION_VARIANTS`` name. SystemExit (one line)
+    for an unknown name, a custom name that shadows a known one, or a custom variant with no overrides."""
+    known = known_variants()
+    mine = {name: shlex.split(text) for name, text in custom}
+    clash = sorted(set(mine) & set(known))
+    if clash:
+        raise SystemExit(f"error: --variant: {clash} already name a precision; pick another name")
+    empty = sorted(name for name, overrides in mine.items() if not overrides)
+    if empty:
+        raise SystemExit(f"error: --variant: {empty} has no overrides")
+    unknown = [name for name in names if name not in mine and name not in known]
+    if unknown:
+        raise SystemExit(f"error: --precisions: unknown {unknown}; valid: {known} and --variant names")
+    return {name: mine[name] if name in mine else precision_overrides(name) for name in names}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -70,23 +91,24 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs per precision, in alternating order")
     ap.add_argument("--profile-step", type=int, default=None,
                     help="profile this step of every run (train.py's callbacks.profiler; inside the warm-up)")
+    ap.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "OVERRIDES"),
+                    help="a variant of your own for --precisions: NAME and its train.py overrides as one string")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
     if args.repeats < 1:
         raise SystemExit("error: --repeats must be >= 1")
     check_profile_step(args.profile_step, args.warmup_steps)
-    unknown = [p for p in args.precisions if p not in known_variants()]
-    if unknown:
-        raise SystemExit(f"error: --precisions: unknown {unknown}; valid: {known_variants()}")
+    variants = run_variants(args.precisions, args.variant)
     out_json = args.out / "train_throughput.json"
-    result = {"overrides": args.overrides, "warmup_steps": args.warmup_steps, "repeats": args.repeats, "runs": {}}
+    result = {"overrides": args.overrides, "variants": variants, "warmup_steps": args.warmup_steps,
+              "repeats": args.repeats, "runs": {}}
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else {}
     for repeat, order in enumerate(repeat_orders(args.precisions, args.repeats)):
         for precision in order:
             key = run_key(precision, repeat)
             if key not in done:
                 run = measured_run(args.out / "runs" / key.replace("#", "_"),
-                                   [*args.overrides, *precision_overrides(precision)], args.nproc,
+                                   [*args.overrides, *variants[precision]], args.nproc,
                                    warmup_steps=args.warmup_steps, profile_step=args.profile_step)
                 done[key] = {"precision": precision, "repeat": repeat, **run}
             result["runs"][key] = done[key]

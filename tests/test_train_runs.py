@@ -3,6 +3,7 @@ windows (scripts.train_runs): steady throughput, window spread, run order, the p
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,17 @@ def test_an_interval_longer_than_the_run_measures_hooks_without_observations():
     assert observes(150, 350, 100)  # steps 200, 300
     assert not observes(150, 350, 100_000)  # only step 0, inside the warm-up
     assert not observes(150, 199, 100)
+
+
+def test_throughput_variants_of_the_command_line_join_the_known_ones_and_bad_names_fail_in_one_line():
+    from scripts.bench_train_throughput import run_variants
+
+    variants = run_variants(["bf16", "bf16_no_fsdp", "fp8_tensorwise_auto"],
+                            [("bf16_no_fsdp", "precision=bf16 sharding.fsdp=false")])
+    assert variants == {"bf16": ["precision=bf16"], "bf16_no_fsdp": ["precision=bf16", "sharding.fsdp=false"],
+                        "fp8_tensorwise_auto": ["precision=fp8_tensorwise", "precision.fp8_filter=auto"]}
+    for names, custom, needle in ((["bf16", "nope"], [], "unknown ['nope']"),
+                                  (["loka"], [("loka", "precision=bf16")], "already name a precision"),
+                                  (["mine"], [("mine", "  ")], "has no overrides")):
+        with pytest.raises(SystemExit, match=re.escape(needle)):
+            run_variants(names, custom)
