@@ -23,3 +23,17 @@ def test_moved_batches_carry_host_key_lengths(monkeypatch):
         kjt.permute(list(reversed(range(len(kjt.keys())))))  # what the sharded input distribution does first
     with pytest.raises(AssertionError):
         type(batch.sparse)(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 2])).length_per_key()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_batch_on_the_gpu_distributes_its_keys_without_a_host_sync():
+    batch = next(build_stream(DataConfig(batch_size=64, max_vocab_size=1_000, prefetch=0), split="train", rank=0,
+                              world_size=1))
+    moved = batch.to("cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lengths = moved.sparse.length_per_key()
+        moved.sparse.permute(list(reversed(range(len(moved.sparse.keys())))))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert sum(lengths) == moved.sparse.values().numel()

@@ -86,3 +86,35 @@ def test_weight_updates_on_cuda_match_cpu_and_never_sync_the_host():
             gpu_value, cpu_value = getattr(layer.weight, name).cpu(), getattr(cpu, name)
             assert float((gpu_value - cpu_value).norm() / cpu_value.norm()) < 1e-6, name
 
+
+
+def test_observed_steps_with_sampled_rows_and_tensorboard_never_sync_the_host(tmp_path):
+    """Row sampling (the tracker's own CUDA generator), the spread weight observations and the TensorBoard scalars
+    (copied to the host asynchronously) leave the host free to run ahead of the GPU."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = nn.Sequential(nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 32)).cuda()
+    probe = ProbeCallback(interval=2, sample_rows=128, run_dir=tmp_path)
+    state = TrainState(model=model, device=torch.device("cuda"), run_dir=tmp_path)
+    probe.on_train_start(state)
+    for step in range(7):
+        state.step = step
+        guard = "error" if step >= 2 else "default"  # the first observation allocates the trackers' state
+        torch.cuda.set_sync_debug_mode(guard)
+        try:
+            probe.on_step_start(state)
+            out = model(torch.randn(1024, 96, device="cuda"))
+            probe.on_after_forward(state)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        out.square().mean().backward()
+        torch.cuda.set_sync_debug_mode(guard)
+        try:
+            probe.on_step_end(state)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    probe.close()
+    assert all(int(layer.activation.moments.count) == 4 * 128 for layer in probe.layers.values())  # steps 0 2 4 6
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "probe"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("probe/0/act_std")] == [0, 2, 4, 6]
