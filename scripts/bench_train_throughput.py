@@ -9,16 +9,15 @@ with its own size filter, the speed baseline; ``bf16_mods``), or a variant of yo
 ``--variant bf16_no_fsdp "precision=bf16 sharding.fsdp=false"`` makes ``bf16_no_fsdp`` a name ``--precisions`` takes.
 Each precision trains with the same overrides (sharded embeddings, the data pipeline, per-window metrics and logging
 included: the whole loop), ``--repeats`` times, each repeat in the reverse order of the last (A B C, C B A, ...:
-``train_runs.repeat_orders``). Throughput is the mean
-examples/s of the logged windows after ``--warmup-steps`` (compilation excluded; a LoKA plan is built before step 0,
-so it is excluded too); beside it the training's peak GPU memory (``peak_gpu_memory_gib`` of ``summary.json``) and
-the run's window spread (``train_runs.window_spread``: a machine slowdown during a run shows there, above
-``UNSTEADY``). A precision's ratio to the first one is taken within each repeat (runs next to each other in time)
-and its median over repeats is reported, with the range. Evaluation runs once at the end, outside the measured
-windows. Writes ``DIR/train_throughput.json`` after every run (a run already there is reused) and
-``train_throughput.png`` (examples/s per log window), and prints the table last. ``--profile-step N`` profiles step N
-of every run (inside the warm-up) and adds its split by phase and kernel kind (``profile.json``) to the run's entry
-and a phase table to the output: where each precision's step goes, the whole loop included.
+``train_runs.repeat_orders``). Throughput is the mean examples/s of the logged windows after ``--warmup-steps``
+(compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the training's peak GPU
+memory (``peak_gpu_memory_gib`` of ``summary.json``) and the run's window spread (``train_runs.window_spread``: a
+machine slowdown during a run shows there, above ``UNSTEADY``). A precision's ratio to the first one is taken within
+each repeat (runs next to each other in time) and its median over repeats is reported, with the range. Evaluation runs
+once at the end, outside the measured windows. Writes ``DIR/train_throughput.json`` after every run (a run already there
+is reused) and ``train_throughput.png`` (examples/s per log window), and prints the table last. ``--profile-step N``
+profiles step N of every run (inside the warm-up) and adds its split by phase and kernel kind (``profile.json``) to the
+run's entry and a phase table to the output: where each precision's step goes, the whole loop included.
 """
 from __future__ import annotations
 
