@@ -30,10 +30,12 @@ def test_a_batch_on_the_gpu_distributes_its_keys_without_a_host_sync():
     batch = next(build_stream(DataConfig(batch_size=64, max_vocab_size=1_000, prefetch=0), split="train", rank=0,
                               world_size=1))
     moved = batch.to("cuda")
+    order = list(reversed(range(len(moved.sparse.keys()))))
+    order_tensor = torch.tensor(order, dtype=torch.int, device="cuda")  # a buffer of TorchRec's sharded module
     torch.cuda.set_sync_debug_mode("error")
     try:
         lengths = moved.sparse.length_per_key()
-        moved.sparse.permute(list(reversed(range(len(moved.sparse.keys())))))
+        moved.sparse.permute(order, order_tensor)  # what its input distribution does first
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert sum(lengths) == moved.sparse.values().numel()
