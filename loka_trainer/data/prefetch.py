@@ -88,7 +88,7 @@ def _work(stream: BatchStream, out: queue.Queue, stop: threading.Event, pin: boo
     """Worker loop: (batch, state of ``stream`` right after it) into ``out`` until ``stop``; errors go in too."""
     try:
         while not stop.is_set():
-            batch = next(stream)
+            batch = next(stream).with_host_key_lengths()  # ~80 µs at batch 8192: not on the training thread
             if pin:
                 batch = _pinned(batch)
             _put(out, stop, (batch, stream.state_dict()))
