@@ -70,6 +70,7 @@ class ProbeCallback(Callback):
         self.layers: dict[str, LayerProbe] = {}
         self.rank, self.world_size = 0, 1
         self._handles: list = []  # the layers' input hooks, one per layer for the whole run
+        self._weights_due: dict[int, list[LayerProbe]] = {}
         self._observing = False  # an observed step is in flight (hooks armed or inputs not folded yet)
         self._saver: Optional[AsyncSaver] = None
         self._weights = WeightUpdates()
@@ -110,8 +111,9 @@ class ProbeCallback(Callback):
         self._remove_hooks()
         self.layers = {fqn: LayerProbe(fqn, module, cfg) for fqn, module in targets.items()}
         self._handles = [layer.module.register_forward_pre_hook(layer.stash_input) for layer in self.layers.values()]
+        self._weights_due = {}  # step % interval -> the layers whose weights are observed then
         for index, layer in enumerate(self.layers.values()):
-            layer.weight_phase = index * cfg.interval // len(self.layers)
+            self._weights_due.setdefault(index * cfg.interval // len(self.layers), []).append(layer)
         self.rank, self.world_size = rank, world_size
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
@@ -140,11 +142,13 @@ class ProbeCallback(Callback):
     def on_step_start(self, state: TrainState) -> None:
         phase = state.step % self.config.interval
         arming = phase == 0 and not self._observing
-        for layer in self.layers.values():
-            if layer.weight_phase == phase or (arming and layer.weight.count == 0):
-                layer.observe_weight(self._weights)
+        due = self._weights_due.get(phase, [])
+        for layer in due:
+            layer.observe_weight(self._weights)
         if arming:
             for layer in self.layers.values():
+                if layer.weight.count == 0 and layer not in due:  # a layer's first weight comes with its first input
+                    layer.observe_weight(self._weights)
                 layer.armed = True
             self._observing = True
 

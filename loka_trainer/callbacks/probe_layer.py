@@ -89,7 +89,6 @@ class LayerProbe:
         self.log_scalars = False  # set on the rank that writes TensorBoard; others skip the extra reductions
         self.weight_scalars: list[torch.Tensor] = []  # |W|, [|b|] of the last weight observation
         self.scalars: Optional[torch.Tensor] = None  # (4 or 5,) act mean, std, max|x|, |W|, [|b|]
-        self.weight_phase = 0  # the weight is observed at steps where step % interval == weight_phase
 
     def stash_input(self, module: nn.Module, args: tuple) -> None:
         """Forward pre-hook, registered once for the run. args[0]: (..., I)."""
