@@ -205,8 +205,7 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     row = {"model": model_name, "precision": precision, "batch": args.batch}
     t0 = time.perf_counter()
     counters.clear()
-    torch._dynamo.reset()  # the previous variant's compiled graphs hold its modules (build_variant resets too)
-    gc.collect()  # and those modules' reference cycles: freed before this variant is built and measured
+    gc.collect()  # anything of the previous variant held only by reference cycles, before this one is measured
     row["leftover_mem_gib"] = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
     model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
                                              compile_dense=not args.no_compile, vocab=args.vocab,
