@@ -218,8 +218,17 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         from loka_trainer.data.criteo import check_shards  # noqa: PLC0415 -- lazy: imports torch
 
         check_shards(run.data, world_size=launch_env()[1])
+    check_single_rank_without_fsdp(run.sharding, world_size=launch_env()[1])
     check_plan_file(run)
     return run
+
+
+def check_single_rank_without_fsdp(sharding, *, world_size: int) -> None:
+    """``sharding.fsdp=false`` keeps the dense part whole on each rank with nothing averaging its gradients, so
+    it is for one rank only (e.g. to see what FSDP2 costs on one GPU)."""
+    if not sharding.fsdp and world_size > 1:
+        raise ValueError(f"sharding.fsdp=false needs one rank (world size {world_size}): nothing would average the "
+                         f"dense gradients across ranks")
 
 
 def config_summary(cfg: DictConfig) -> str:

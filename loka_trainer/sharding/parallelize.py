@@ -82,7 +82,10 @@ def parallelize(model: nn.Module, *, config: ShardingConfig, dist_info: DistInfo
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(module=model, device=dist_info.device, plan=plan, sharders=sharders,
                                    init_data_parallel=False)
-    num_units = _fully_shard_dense(dmp.module, config, dist_info) if config.fsdp else 0
+    if config.fsdp:
+        num_units = _fully_shard_dense(dmp.module, config, dist_info)
+    else:  # one rank (checked by the config): the dense part stays whole, on the device
+        num_units = _dense_to_device(dmp.module, dist_info.device)
     precision = tuple(effective_comm_precision(p, device_type=dist_info.device.type)
                       for p in (config.qcomm_forward, config.qcomm_backward))
     return ParallelModel(model=dmp, comm_precision=precision, sharding_plan=str(plan), num_fsdp_units=num_units)
@@ -107,6 +110,13 @@ def _table_configs(module: nn.Module) -> list:
     if isinstance(module, EmbeddingBagCollection):
         return module.embedding_bag_configs()
     return module.embedding_configs()
+
+
+def _dense_to_device(model: nn.Module, device: torch.device) -> int:
+    """Without FSDP2 nothing moves the dense units (DMP places only the embeddings): move them; 0 FSDP2 units."""
+    for unit in model.dense_units():
+        unit.to(device)
+    return 0
 
 
 def _fully_shard_dense(model: nn.Module, config: ShardingConfig, dist_info: DistInfo) -> int:
