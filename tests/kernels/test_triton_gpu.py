@@ -231,3 +231,21 @@ def test_programmatic_dependent_launch_gives_the_same_step_eager_and_in_a_graph(
     eager = [t.clone() for t in step()]
     for a, b in zip(replayed(step), eager):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_quant_op_compiled_launches_the_kernel_bitwise_as_eager_without_copying_its_input(transposed):
+    # compiled, inductor launches the triton_op's kernel itself; without PDL its mutation analysis reads the kernel
+    # (q and s written, t only read), so t is not copied before the launch
+    from torch._inductor.utils import run_and_get_code
+
+    from loka_trainer.kernels.triton_quant import quant_rowwise
+    a = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16) * 4
+    t = a.t() if transposed else a
+    q, s = quant_rowwise(t)
+    torch._dynamo.reset()
+    (qc, sc), code = run_and_get_code(torch.compile(lambda x: quant_rowwise(x), fullgraph=True), t)
+    assert torch.equal(q.view(torch.uint8), qc.view(torch.uint8)) and torch.equal(s, sc)
+    source = "\n".join(code)
+    assert "quant_rowwise_kernel" in source  # launched from inductor's code, not through our op
+    assert "clone" not in source and "copy_" not in source

@@ -24,3 +24,17 @@ def test_use_triton_traces_without_a_graph_break():
         return t + 1 if use_triton(t) else t - 1
 
     assert torch.equal(pick(torch.zeros(4)), -torch.ones(4))
+
+
+def test_quant_op_compiled_equals_eager_and_leaves_its_input_alone(monkeypatch):
+    # loka::quant_rowwise is a triton_op: compiled, inductor traces its body (here the reference path)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    from loka_trainer.kernels.triton_quant import quant_rowwise
+
+    x = torch.randn(64, 96, dtype=torch.bfloat16)
+    before = x.clone()
+    q, s = quant_rowwise(x)
+    qc, sc = torch.compile(lambda t: quant_rowwise(t), fullgraph=True)(x)
+    assert q.dtype == qc.dtype == torch.float8_e4m3fn and s.shape == sc.shape == (64, 1)
+    assert torch.equal(q.view(torch.uint8), qc.view(torch.uint8)) and torch.equal(s, sc)
+    assert torch.equal(x, before)
