@@ -135,8 +135,12 @@ class ProbeCallback(Callback):
         for layer in self.layers.values():
             layer.log_scalars = self.writer is not None and self.rank == 0
         if self.rank == 0:
-            log.info("LoKA probe: %d layers, interval %d, stats -> %s", len(self.layers), self.config.interval,
-                     self.stats_path)
+            log.info("LoKA probe: %d layers, interval %d, state %.2f GiB (%s), stats -> %s", len(self.layers),
+                     self.config.interval, self.state_bytes() / 2**30, self.config.stats_dtype, self.stats_path)
+
+    def state_bytes(self) -> int:
+        """Device memory the trackers of every target layer hold once each has been observed (weights included)."""
+        return sum(layer.state_bytes() for layer in self.layers.values())
 
     # ----- observing -------------------------------------------------------------------------------------
     def on_step_start(self, state: TrainState) -> None:

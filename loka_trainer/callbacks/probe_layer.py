@@ -117,6 +117,12 @@ class LayerProbe:
             self.scalars = torch.cat([summary_scalars(batch), *(w.reshape(1).float() for w in self.weight_scalars)])
         self.inputs.clear()
 
+    def state_bytes(self) -> int:
+        """Bytes of this layer's trackers on their device: the activation moments (allocated at construction) and the
+        weight tracker once started."""
+        moments = sum(t.numel() * t.element_size() for t in self.activation.moments.tensors())
+        return moments + self.weight.state_bytes
+
     def file_entry(self, merged_activation: dict) -> dict:
         return {"in_features": self.module.in_features, "out_features": self.module.out_features,
                 "has_bias": self.module.bias is not None, "activation": merged_activation,

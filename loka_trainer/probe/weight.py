@@ -190,6 +190,15 @@ class WeightTracker:
         self.v: Optional[torch.Tensor] = None
 
     @property
+    def state_bytes(self) -> int:
+        """Bytes the tracker holds once started: the running mean M (O, I) and the factors U (O, O) or its diagonal
+        (O,), V (I, I) or (I,), all in the stats dtype."""
+        out_f, in_f = self.shape
+        elements = out_f * in_f + (out_f if self.diagonal_u else out_f * out_f) + (in_f if self.diagonal_v else
+                                                                                 in_f * in_f)
+        return elements * self.dtype.itemsize
+
+    @property
     def representation(self) -> str:
         parts = ("diagonal" if d else "full" for d in (self.diagonal_u, self.diagonal_v))
         return "U:{},V:{}".format(*parts)

@@ -312,3 +312,17 @@ def test_tensorboard_scalars_wait_for_their_copy_without_blocking_the_step():
     assert written == [("probe/a/act_mean", 0.5, 3)]  # the landed one only, the step goes on
     pending.write(writer, wait=True)
     assert written[1:] == [("probe/a/act_mean", 1.0, 7), ("probe/a/act_std", 2.0, 7)]
+
+
+def test_state_bytes_announced_at_attach_are_what_the_trackers_hold_once_observed(tmp_path):
+    probe = ProbeCallback(interval=5, out_dir=str(tmp_path / "probe"), tensorboard=False, max_full_weight_factor=16)
+    probe.attach(Tower())
+    announced = probe.state_bytes()
+    run_plain_loop(probe, steps=6)
+    held = 0
+    for layer in probe.layers.values():
+        tensors = [*layer.activation.moments.tensors(), layer.weight.mean, layer.weight.u, layer.weight.v]
+        held += sum(t.numel() * t.element_size() for t in tensors)
+    assert announced == held
+    # inner.0 (32, 8): U diagonal (32 > 16), V full; float64: mean 32*8, U 32, V 8*8
+    assert probe.layers["inner.0"].weight.state_bytes == (32 * 8 + 32 + 8 * 8) * 8
