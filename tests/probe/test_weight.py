@@ -72,14 +72,15 @@ def _planted_stream(num_out: int, num_in: int, gen: torch.Generator):
     return mean, a, b
 
 
-def test_planted_matrix_normal_stream_is_recovered():
+@pytest.mark.parametrize("stats_dtype", ["float64", "float32"])
+def test_planted_matrix_normal_stream_is_recovered(stats_dtype):
     """W_t = M + A Z_t B^T, 300 draws, momentum 0.99: U (x) V must match (A A^T) (x) (B B^T) in shape and size.
     A batch maximum-likelihood fit of such draws gets 0.06; a tracker whose V starts at var(W_1) I (the
     weight's own variance, not its deviation's) gets 0.41 here, at 0.68x the size."""
     gen = torch.Generator().manual_seed(0)
     num_out, num_in = 48, 80
     mean, a, b = _planted_stream(num_out, num_in, gen)
-    tracker = WeightTracker(num_out, num_in, momentum=0.99)
+    tracker = WeightTracker(num_out, num_in, momentum=0.99, stats_dtype=stats_dtype)
     for _ in range(300):
         tracker.update(mean + a @ torch.randn(num_out, num_in, generator=gen, dtype=DT) @ b.T)
     distance, size = kron_distance(tracker.u, tracker.v, a @ a.T, b @ b.T)
@@ -93,7 +94,8 @@ def test_planted_matrix_normal_stream_is_recovered():
     assert rel_err(tracker.mean, mean) < 0.02
 
 
-def test_a_drifting_mean_does_not_inflate_the_deviation():
+@pytest.mark.parametrize("stats_dtype", ["float64", "float32"])
+def test_a_drifting_mean_does_not_inflate_the_deviation(stats_dtype):
     """W_t = M + t eps D + sigma Z_t: the deviation is measured around the running mean, so the variance stays
     near sigma^2 (plus the drift's variance inside the EMA window, 90 eps^2 at m = 0.9) from the first
     observations on, while around W_1 it would reach ~27 sigma^2 by t = 300."""
@@ -102,7 +104,7 @@ def test_a_drifting_mean_does_not_inflate_the_deviation():
     eps = 0.03 * sigma
     mean = torch.randn(num_out, num_in, generator=gen, dtype=DT)
     drift = torch.randn(num_out, num_in, generator=gen, dtype=DT)
-    tracker = WeightTracker(num_out, num_in, momentum=0.9)
+    tracker = WeightTracker(num_out, num_in, momentum=0.9, stats_dtype=stats_dtype)
     for t in range(1, 301):
         tracker.update(mean + t * eps * drift + sigma * torch.randn(num_out, num_in, generator=gen, dtype=DT))
         if t in (3, 5, 20, 100, 300):
