@@ -24,8 +24,11 @@ def _supported(device_index: int) -> bool:
 
 
 def active(t: torch.Tensor) -> bool:
-    """True if kernels on ``t``'s device launch with PDL (CUDA sm90+, not the interpreter)."""
-    return t.is_cuda and not interpreting() and _supported(t.device.index or 0)
+    """True if kernels on ``t``'s device launch with PDL (CUDA sm90+, not the interpreter), and the launch is made
+    by our Python, not traced into a compiled graph: there inductor launches the kernel, and its mutation analysis
+    cannot read PDL's inline asm (it would take every argument as written, and copy inputs before the launch)."""
+    # is_compiling first: compiled code never traces the environment lookup of interpreting()
+    return t.is_cuda and not torch.compiler.is_compiling() and not interpreting() and _supported(t.device.index or 0)
 
 
 def launch_args(t: torch.Tensor) -> dict:

@@ -92,12 +92,9 @@ def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4
     q = torch.empty((R, C), dtype=dtype, device=t.device)
     s = torch.empty((R, 1), dtype=torch.float32, device=t.device)
     rows, cols, single_pass, warps = _tile(R, C, row_major=t.stride(1) == 1)
-    # NOTE: inside a compiled graph without PDL: inductor's kernel-mutation analysis cannot read PDL's inline asm,
-    # and would then treat t as written by the kernel (a copy of t per call)
-    launch = {"PDL": False} if torch.compiler.is_compiling() else pdl.launch_args(t)
     wrap_triton(kernel)[(triton.cdiv(R, rows),)](t, q, s, R, C, t.stride(0), t.stride(1), q.stride(0),
                                                  FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, COLS=cols,
-                                                 SINGLE_PASS=single_pass, num_warps=warps, **launch)
+                                                 SINGLE_PASS=single_pass, num_warps=warps, **pdl.launch_args(t))
     return q, s
 
 
