@@ -1,7 +1,6 @@
 """Host time of the rowwise FP8 quantizer inside a compiled graph: ``loka::quant_rowwise`` (a ``triton_op``: inductor
 launches the kernel from its own generated code) against the same kernel behind a ``custom_op`` (our Python runs at
-every call), and a ``triton_op`` that keeps PDL when compiled (inductor's mutation analysis cannot read its
-inline asm).
+every call).
 
     python -m benchmarks.quant_op_host_time_gpu OUT.json [--calls 40] [--shape 8192x1024]
 
@@ -39,29 +38,6 @@ def custom_op_quantizer():
     return quant
 
 
-def triton_op_pdl_quantizer():
-    """A ``triton_op`` launching with PDL when compiled too (same kernel and tiling as ``quantize_rowwise_fused``)."""
-    import triton
-    from torch.library import triton_op, wrap_triton
-
-    from loka_trainer.kernels.quant import EPS
-    from loka_trainer.kernels.triton_quant import _tile
-    from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel
-
-    @triton_op("lokabench::quant_rowwise_pdl", mutates_args={})
-    def quant(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        R, C = t.shape
-        q = torch.empty((R, C), dtype=torch.float8_e4m3fn, device=t.device)
-        s = torch.empty((R, 1), dtype=torch.float32, device=t.device)
-        rows, cols, single_pass, warps = _tile(R, C, row_major=t.stride(1) == 1)
-        wrap_triton(quant_rowwise_kernel)[(triton.cdiv(R, rows),)](
-            t, q, s, R, C, t.stride(0), t.stride(1), q.stride(0), FP8_MAX=448.0, EPS_=EPS, ROWS=rows, COLS=cols,
-            SINGLE_PASS=single_pass, PDL=True, num_warps=warps, launch_pdl=True)
-        return q, s
-
-    return quant
-
-
 def host_us_per_call(fn, xs, calls: int) -> float:
     for _ in range(5):
         fn(xs)
@@ -88,8 +64,7 @@ def main(argv=None) -> None:
 
     R, C = (int(v) for v in args.shape.split("x"))
     xs = [torch.randn(R, C, device="cuda", dtype=torch.bfloat16) for _ in range(args.calls)]
-    variants = {"custom_op": custom_op_quantizer(), "loka_triton_op": quant_rowwise,
-                "triton_op_pdl": triton_op_pdl_quantizer()}
+    variants = {"custom_op": custom_op_quantizer(), "loka_triton_op": quant_rowwise}
     rows, reference = [], None
     for name, op in variants.items():
         def step(xs, op=op):
