@@ -223,7 +223,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return run
 
 
-def check_single_rank_without_fsdp(sharding, *, world_size: int) -> None:
+def check_single_rank_without_fsdp(sharding: ShardingConfig, *, world_size: int) -> None:
     """``sharding.fsdp=false`` keeps the dense part whole on each rank with nothing averaging its gradients, so
     it is for one rank only (e.g. to see what FSDP2 costs on one GPU)."""
     if not sharding.fsdp and world_size > 1:
