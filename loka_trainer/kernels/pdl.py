@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from loka_trainer.kernels.triton_env import interpreting
+from loka_trainer.kernels.triton_env import interpreting, traced
 
 @functools.lru_cache(maxsize=None)
 def _supported(device_index: int) -> bool:
@@ -27,12 +27,12 @@ def active(t: torch.Tensor) -> bool:
     """True if kernels on ``t``'s device launch with PDL (CUDA sm90+, not the interpreter), and the launch is made
     by our Python, not traced into a compiled graph: there inductor launches the kernel, and its mutation analysis
     cannot read PDL's inline asm (it would take every argument as written, and copy inputs before the launch)."""
-    # is_compiling first: compiled code never traces the environment lookup of interpreting()
-    return t.is_cuda and not torch.compiler.is_compiling() and not interpreting() and _supported(t.device.index or 0)
+    # traced first: compiled code never traces the environment lookup of interpreting()
+    return t.is_cuda and not traced(t) and not interpreting() and _supported(t.device.index or 0)
 
 
 def launch_args(t: torch.Tensor) -> dict:
-    """A launch's PDL keywords: the kernel's ``PDL`` constexpr (``pdl_kernels.pdl_start``) and Triton's
-    ``launch_pdl``."""
+    """A launch's PDL keywords: the kernel's ``PDL`` constexpr (``pdl_kernels.pdl_start``), and Triton's
+    ``launch_pdl`` only when on (a traced launch carries no keyword inductor does not know)."""
     on = active(t)
-    return {"PDL": on, "launch_pdl": on}
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}

@@ -19,11 +19,11 @@ import functools
 from typing import Any, Optional
 
 import torch
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS, quantize_rowwise
-from loka_trainer.kernels.triton_env import interpreting, use_triton
+from loka_trainer.kernels.triton_env import interpreting, launcher, use_triton
 
 
 def fixed_or_autotuned(kernel, config: Optional[dict], interpreter_config: dict) -> tuple[Any, dict]:
@@ -92,9 +92,9 @@ def quantize_rowwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4
     q = torch.empty((R, C), dtype=dtype, device=t.device)
     s = torch.empty((R, 1), dtype=torch.float32, device=t.device)
     rows, cols, single_pass, warps = _tile(R, C, row_major=t.stride(1) == 1)
-    wrap_triton(kernel)[(triton.cdiv(R, rows),)](t, q, s, R, C, t.stride(0), t.stride(1), q.stride(0),
-                                                 FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows, COLS=cols,
-                                                 SINGLE_PASS=single_pass, num_warps=warps, **pdl.launch_args(t))
+    launcher(kernel, t)[(triton.cdiv(R, rows),)](
+        t, q, s, R, C, t.stride(0), t.stride(1), q.stride(0), FP8_MAX=torch.finfo(dtype).max, EPS_=EPS, ROWS=rows,
+        COLS=cols, SINGLE_PASS=single_pass, num_warps=warps, **pdl.launch_args(t))
     return q, s
 
 

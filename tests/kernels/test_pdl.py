@@ -8,7 +8,7 @@ from tests.kernels.sm90 import compile_sm90
 
 
 def test_no_pdl_off_cuda():
-    assert pdl.launch_args(torch.zeros(4, 4)) == {"PDL": False, "launch_pdl": False}
+    assert pdl.launch_args(torch.zeros(4, 4)) == {"PDL": False}  # no launch_pdl keyword at all
 
 
 def test_on_for_sm90_devices_only(monkeypatch):
@@ -19,6 +19,15 @@ def test_on_for_sm90_devices_only(monkeypatch):
     assert pdl.launch_args(FakeCuda()) == {"PDL": True, "launch_pdl": True}
     monkeypatch.setattr(pdl, "_supported", lambda index: False)  # before Hopper: never
     assert not pdl.active(FakeCuda())
+
+
+def test_off_for_a_traced_launch(monkeypatch):
+    # a triton_op's body traced by torch.compile sees fake tensors: inductor launches that kernel, without PDL
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    monkeypatch.setattr(pdl, "_supported", lambda index: True)
+    with FakeTensorMode():
+        t = torch.empty(4, 4, device="cuda")
+    assert t.is_cuda and pdl.launch_args(t) == {"PDL": False}
 
 
 @pytest.mark.parametrize("on", [False, True])

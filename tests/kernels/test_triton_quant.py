@@ -1,6 +1,7 @@
 """The fused rowwise quantizer off Triton (the interpreter cases are in interp_cases.py)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from loka_trainer.kernels.quant import quantize_rowwise
@@ -38,3 +39,17 @@ def test_quant_op_compiled_equals_eager_and_leaves_its_input_alone(monkeypatch):
     assert q.dtype == qc.dtype == torch.float8_e4m3fn and s.shape == sc.shape == (64, 1)
     assert torch.equal(q.view(torch.uint8), qc.view(torch.uint8)) and torch.equal(s, sc)
     assert torch.equal(x, before)
+
+
+def test_launcher_wraps_only_traced_launches():
+    # eager: the kernel itself (no higher-order-op dispatch per launch); traced (fake tensors): wrap_triton's wrapper
+    pytest.importorskip("triton")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from loka_trainer.kernels.triton_env import launcher
+    from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel as kernel
+    assert launcher(kernel, torch.zeros(2, 2)) is kernel
+    with FakeTensorMode():
+        fake = torch.empty(2, 2)
+    wrapped = launcher(kernel, fake)
+    assert wrapped is not kernel and type(wrapped).__name__ == "TraceableTritonKernelWrapper"
