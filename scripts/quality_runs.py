@@ -15,7 +15,9 @@ queue is `scripts.run_queue`.
 the relative log loss (RLL) vs the BF16 run of the same seed, the BF16 seed-to-seed noise floor and LoKA vs
 BF16+Mods) and the plots (`scripts.plot_results`) are rewritten, so a call cut short still leaves a usable partial
 table. Runs already finished under `<out>/runs/` are reused; a run's output is `<out>/runs/<name>.log`, its exit
-status, port and wall time `<out>/runs/<name>.launch.json`.
+status, port and wall time `<out>/runs/<name>.launch.json`. A finished run's record (`summary.json`,
+`metrics.jsonl`, the `.launch.json`) is all this script reads back, and git tracks it (the rest of a run directory
+is ignored): committed, a study spread over several machines or checkouts goes on where it stopped.
 
 `--share-plan`: the runs of a Dispatch precision (loka) share one plan, `<out>/plans/<model>_<precision>.json`,
 measured by the first seed's run while no other run uses the device (concurrent runs would skew its timings);

@@ -282,3 +282,15 @@ def test_concurrent_runs_resume_and_a_budget_leaves_a_partial_table(tmp_path):
     assert len(result["runs"]) == 2 and [n["run"] for n in result["not_run"]] == ["wukong_bf16_seed1",
                                                                                    "wukong_bf16_mods_seed1"]
     assert "| wukong | bf16_mods | 1 |" in proc.stdout
+
+
+def test_git_keeps_a_finished_runs_record_and_ignores_the_rest_of_its_directory():
+    # a study spread over machines or sessions goes on from committed records: read_run's files are not ignored
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    run = "docs/results/any_study/runs/wukong_h200_loka_seed0"
+    paths = [f"{run}/summary.json", f"{run}/metrics.jsonl", f"{run}.launch.json",
+             f"{run}.log", f"{run}/train.log", f"{run}/tensorboard/events.out", f"{run}/checkpoint.pt"]
+    out = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=root, capture_output=True, text=True)
+    assert out.stdout.split() == paths[3:]
