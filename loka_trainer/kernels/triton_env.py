@@ -38,7 +38,8 @@ def use_triton(t: torch.Tensor) -> bool:
 def traced(t: torch.Tensor) -> bool:
     """True if ``t`` belongs to a graph being traced (torch.compile, export): dynamo at work, or a fake tensor (a
     ``triton_op``'s body traced by AOTAutograd)."""
-    return torch.compiler.is_compiling() or is_fake(t)
+    # a plain tensor is never fake: skips is_fake's checks (~2 µs) on every eager launch
+    return torch.compiler.is_compiling() or (type(t) is not torch.Tensor and is_fake(t))
 
 
 def launcher(kernel, t: torch.Tensor):
