@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 
 from loka_trainer.kernels.backend_base import GEMMS, QuantOperand
 from loka_trainer.kernels.backends import BASELINE, get_backend
+from loka_trainer.kernels.triton_env import traced
 
 
 class WeightCache:
@@ -36,7 +37,7 @@ class WeightCache:
 
     def get(self, w: torch.Tensor, backend_name: str, gemm: str) -> QuantOperand:
         """w (N, K) -> the cached operand for ``gemm`` ('forward' | 'input_grad') of ``backend_name``."""
-        if torch.compiler.is_compiling():  # a Python-side cache would break the graph; compile fuses the cast
+        if traced(w):  # a Python-side cache would break the graph (a fake w has no address); compile fuses the cast
             return self._quantize(w, backend_name, gemm)
         key = (w.data_ptr(), w._version)
         if key != self._key:

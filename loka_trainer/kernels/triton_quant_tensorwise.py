@@ -14,10 +14,11 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.library import triton_op
 
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS, quantize_tensorwise
-from loka_trainer.kernels.triton_env import use_triton
+from loka_trainer.kernels.triton_env import launcher, use_triton
 
 TILE_WIDE, TILE_NARROW = 256, 16  # elements along t's contiguous dim, and along the other
 
@@ -46,9 +47,8 @@ def quantize_tensorwise_fused(t: torch.Tensor, dtype: torch.dtype = torch.float8
     R, C = t.shape
     amax = torch.zeros((), dtype=torch.float32, device=t.device)
     block_r, block_c = _tiles(t)
-    amax_kernel[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](t, amax, R, C, t.stride(0), t.stride(1),
-                                                                     BLOCK_R=block_r, BLOCK_C=block_c,
-                                                                     **pdl.launch_args(t))
+    launcher(amax_kernel, t)[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](
+        t, amax, R, C, t.stride(0), t.stride(1), BLOCK_R=block_r, BLOCK_C=block_c, **pdl.launch_args(t))
     return cast_with_amax(t, amax, dtype)
 
 
@@ -61,18 +61,13 @@ def cast_with_amax(t: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype) -> t
     q = torch.empty((R, C), dtype=dtype, device=t.device)
     s = torch.empty((), dtype=torch.float32, device=t.device)
     block_r, block_c = _tiles(t)
-    cast_kernel[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](
+    launcher(cast_kernel, t)[(triton.cdiv(R, block_r) * triton.cdiv(C, block_c),)](
         t, amax, q, s, R, C, t.stride(0), t.stride(1), amax.numel(), FP8_MAX=torch.finfo(dtype).max, EPS_=EPS,
         BLOCK_R=block_r, BLOCK_C=block_c, **pdl.launch_args(t))
     return q, s
 
 
-@torch.library.custom_op("loka::quant_tensorwise", mutates_args=())
+@triton_op("loka::quant_tensorwise", mutates_args=())
 def quant_tensorwise(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_tensorwise_fused`` as a custom op (opaque to torch.compile, so its two kernels stay two)."""
+    """``quantize_tensorwise_fused`` as a ``triton_op`` (compiled, inductor launches its two kernels itself)."""
     return quantize_tensorwise_fused(t, dtype)
-
-
-@quant_tensorwise.register_fake
-def _(t, dtype):
-    return t.new_empty(t.shape, dtype=dtype), t.new_empty((), dtype=torch.float32)

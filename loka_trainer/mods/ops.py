@@ -1,9 +1,10 @@
-"""The fused Mods layer as torch custom ops + one autograd function (forward and backward fused).
+"""The fused Mods layer as torch ``triton_op``s + one autograd function (forward and backward fused).
 
 Notation: M rows, K in-features, N out-features, B the BlockNorm block, NB = N / B.
 
-Custom ops (opaque to ``torch.compile``, so Triton kernels run as written inside a compiled region; each
-has a plain-torch path used off-Triton, e.g. on CPU, with identical outputs up to rounding):
+Ops (``torch.library.triton_op``: eager, one op call each; compiled, inductor traces the body and launches its
+Triton kernels from its own generated code, no Python of ours per call; each has a plain-torch path used
+off-Triton, e.g. on CPU, with identical outputs up to rounding):
 
 - ``loka::quant_rowwise`` (``triton_quant``): rowwise e4m3 quantization in one fused Triton kernel.
 - ``loka::mods_fwd(x, w, sx?, sw?, block, eps, split, write_fp8) -> (h, u, r, q)``: GEMM -> BlockNorm ->
@@ -37,6 +38,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.library import triton_op
 
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
@@ -65,7 +67,7 @@ FP8_FORWARD_FAST_ACCUM = True
 FP8_MULTIPLE = 16  # torch._scaled_mm needs every dim of both operands divisible by 16
 
 
-@torch.library.custom_op("loka::mods_fwd", mutates_args=())
+@triton_op("loka::mods_fwd", mutates_args=())
 def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], block: int, eps: float,
              split: bool, write_fp8: bool = False, save: bool = True, save_z: bool = False
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -73,8 +75,8 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
 
     q (M, N) e4m3 = h at the static scale ``mods.reference.static_fp8_scale(block)`` (the next layer's FP8 input,
     written by the same epilogue) when ``write_fp8``; u, r only when ``save`` (the backward's inputs;
-    inference skips writing them). What is not written comes back as an empty (0, ...) tensor (custom ops
-    cannot return None). ``split`` and ``save_z``: the second output is z = x·Wᵀ (M, N) bf16 instead of u (the
+    inference skips writing them). What is not written comes back as an empty (0, ...) tensor (ops cannot
+    return None). ``split`` and ``save_z``: the second output is z = x·Wᵀ (M, N) bf16 instead of u (the
     GEMM's output, kept: no u to write), before the scales sx, sw.
     """
     N = w.shape[0]
@@ -85,7 +87,7 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
             if k_slices > 1:  # (k_slices, M, N) fp32 partials; the epilogue kernel adds them
                 z = triton_mods.cublas_split_k(x, w, k_slices)
             elif sx is not None:  # the rowwise scales applied by the epilogue kernel
-                one = unit_scale(x.device)
+                one = unit_scale(x)
                 z = scaled_mm_nt(x, one, w, one, FP8_FORWARD_FAST_ACCUM)  # (M, N) bf16 of the e4m3 products
             else:  # (M, N) bf16
                 z = x @ w.t()
@@ -109,16 +111,7 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
             q if q is not None else empty(0, N, dtype=torch.float8_e4m3fn))
 
 
-@mods_fwd.register_fake
-def _(x, w, sx, sw, block, eps, split, write_fp8=False, save=True, save_z=False):
-    M, N = x.shape[0], w.shape[0]
-    rows = M if save else 0
-    return (x.new_empty((M, N), dtype=torch.bfloat16), x.new_empty((rows, N), dtype=torch.bfloat16),
-            x.new_empty((rows, N // block), dtype=torch.float32),
-            x.new_empty((M if write_fp8 else 0, N), dtype=torch.float8_e4m3fn))
-
-
-@torch.library.custom_op("loka::mods_bwd_dz", mutates_args=())
+@triton_op("loka::mods_bwd_dz", mutates_args=())
 def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int, from_z: bool = False,
                 z_row_scale: Optional[Tensor] = None, z_col_scale: Optional[Tensor] = None) -> Tensor:
     """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> dz (M, N) bf16. ``from_z``: u holds z (``mods_fwd(save_z=)``),
@@ -129,23 +122,13 @@ def mods_bwd_dz(dh: Tensor, u: Tensor, r: Tensor, block: int, from_z: bool = Fal
     return mods_backward_ref(dh, u_from_z(u, r, block, z_row_scale, z_col_scale) if from_z else u, r, block)
 
 
-@mods_bwd_dz.register_fake
-def _(dh, u, r, block, from_z=False, z_row_scale=None, z_col_scale=None):
-    return dh.new_empty(dh.shape, dtype=torch.bfloat16)
-
-
-@torch.library.custom_op("loka::grads_bf16", mutates_args=())
+@triton_op("loka::grads_bf16", mutates_args=())
 def grads_bf16(dz: Tensor, x: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
     """dz (M, N), x (M, K), w (N, K) bf16 -> (dx = dz·W (M, K), dW = dzᵀ·x (N, K)) bf16, one Triton launch
     (``triton_grads``) or two GEMMs."""
     if use_triton(dz):
         return triton_grads.grads(dz, x, w)
     return dz @ w, dz.t() @ x
-
-
-@grads_bf16.register_fake
-def _(dz, x, w):
-    return x.new_empty(x.shape, dtype=torch.bfloat16), w.new_empty(w.shape, dtype=torch.bfloat16)
 
 
 def _weight_grad(name: str, dz: Tensor, x: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""The fused Mods layer's FP8 backward pieces: dz quantized by the dz kernels for an FP8 dgrad (a custom op), the
+"""The fused Mods layer's FP8 backward pieces: dz quantized by the dz kernels for an FP8 dgrad (a ``triton_op``), the
 fused dgrad (``FUSED_DGRAD``) and the folded weight grad (``FOLDED_WGRAD``) that ``mods.ops.LinearModsFn`` routes to.
 
 Notation: M rows, K in-features, N out-features, B the BlockNorm block, NB = N / B.
@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 import torch
 from torch import Tensor
+from torch.library import triton_op
 
 from loka_trainer.kernels.backends import BACKENDS
 from loka_trainer.kernels.backends_scaled_mm import ScaledMMBackend, scaled_mm_nt
@@ -48,13 +49,13 @@ def mods_backward_fp8_ref(dh: Tensor, u: Tensor, r: Tensor, block: int, granular
     return dz_q, scale_inv, dz, folded
 
 
-@torch.library.custom_op("loka::mods_bwd_dz_fp8", mutates_args=())
+@triton_op("loka::mods_bwd_dz_fp8", mutates_args=())
 def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bool, granularity: str = "rowwise",
                     fold_sx: Optional[Tensor] = None, from_z: bool = False, z_row_scale: Optional[Tensor] = None,
                     z_col_scale: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dh (M, N), u (M, N) bf16, r (M, NB) fp32 -> (dz_q (M, N) fp8, scale_inv fp32, dz (M, N) bf16, dzt (N, M)
     e5m2, dzt's scale_inv ()) as ``mods_backward_fp8_ref``; dz is an empty (0, N) tensor unless ``write_bf16``,
-    dzt an empty (0, M) one and its scale an empty (0,) one unless ``fold_sx`` (custom ops cannot return None).
+    dzt an empty (0, M) one and its scale an empty (0,) one unless ``fold_sx`` (ops cannot return None).
     ``from_z``, ``z_row_scale``, ``z_col_scale``: u holds z, as for ``mods.ops.mods_bwd_dz``."""
     if granularity not in triton_mods.DZ_FP8:
         raise ValueError(f"mods_bwd_dz_fp8: unknown granularity {granularity!r}; valid: {sorted(triton_mods.DZ_FP8)}")
@@ -71,17 +72,6 @@ def mods_bwd_dz_fp8(dh: Tensor, u: Tensor, r: Tensor, block: int, write_bf16: bo
         folded = (dh.new_empty((0, dh.shape[0]), dtype=DZ_DTYPE), dh.new_empty((0,), dtype=torch.float32))
     return (dz_q, scale_inv, dz if write_bf16 else dh.new_empty((0, dh.shape[1]), dtype=torch.bfloat16),
             *folded)
-
-
-@mods_bwd_dz_fp8.register_fake
-def _(dh, u, r, block, write_bf16, granularity="rowwise", fold_sx=None, from_z=False, z_row_scale=None,
-      z_col_scale=None):
-    M, N = dh.shape
-    dz = dh.new_empty((M if write_bf16 else 0, N), dtype=torch.bfloat16)
-    scale_inv = dh.new_empty((M, 1) if granularity == "rowwise" else (), dtype=torch.float32)
-    dzt = dh.new_empty((N if fold_sx is not None else 0, M), dtype=DZ_DTYPE)
-    return (dh.new_empty((M, N), dtype=triton_mods.DZ_FP8[granularity][0]), scale_inv, dz, dzt,
-            dh.new_empty(() if fold_sx is not None else (0,), dtype=torch.float32))
 
 
 def _dgrad_fp8(backend: ScaledMMBackend, dh: Tensor, u: Tensor, r: Tensor, block: int, w: Tensor,

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from loka_trainer.kernels import pdl
+from loka_trainer.kernels.triton_env import launcher
 from loka_trainer.kernels.triton_quant import fixed_or_autotuned, rows_contiguous
 
 MAX_WEIGHT_ELEMENTS = 512 * 512  # where N·K is larger, cuBLAS on two streams was faster (module docstring)
@@ -54,6 +55,6 @@ def grads(dz: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, config: Optiona
                 + triton.cdiv(N, meta["BN_W"]) * triton.cdiv(K, meta["BK_W"]),)
 
     kernel, meta = fixed_or_autotuned(_kernel(), config, INTERPRETER_CONFIG)
-    kernel[grid](dz, x, w, dx, dw, M, N, K, dz.stride(0), x.stride(0), w.stride(0), dx.stride(0), dw.stride(0),
-                 **pdl.launch_args(dz), **meta)
+    launcher(kernel, dz)[grid](dz, x, w, dx, dw, M, N, K, dz.stride(0), x.stride(0), w.stride(0), dx.stride(0),
+                              dw.stride(0), **pdl.launch_args(dz), **meta)
     return dx, dw

@@ -38,6 +38,7 @@ import torch
 
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS
+from loka_trainer.kernels.triton_env import launcher
 from loka_trainer.kernels.triton_quant import fixed_or_autotuned, rows_contiguous, scale_vector
 from loka_trainer.mods.reference import DEFAULT_BLOCK, DEFAULT_EPS, static_fp8_scale
 from loka_trainer.mods.wgrad_fold import DZ_DTYPE, fold_dz_with_amax
@@ -180,10 +181,10 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     ws = torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else y
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), N // block, split_k)
     kernel, meta = fixed_or_autotuned(_forward_kernel(K), config, {"BLOCK_M": 16, "BLOCK_K": 32})
-    kernel[grid](x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-                 y.stride(0), r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
-                 HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k,
-                 BLOCK_N=block, **pdl.launch_args(x), **meta)
+    launcher(kernel, x)[grid](
+        x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0),
+        r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX, HAS_SCALES=has_scales,
+        WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k, BLOCK_N=block, **pdl.launch_args(x), **meta)
     if split_k > 1:
         _launch_norm(ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
     return _returned(y, u, r, q, write_fp8, save)
@@ -261,11 +262,10 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
     M, N = z.shape
     rows, warps = _launch_shape(z, block)
     sx, sw = (scale_vector(s) for s in scales) if scales is not None else (z, z)
-    kernel[(triton.cdiv(M, rows), N // block)](z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0),
-                                               r.stride(0), eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX,
-                                               WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SAVE_Z=save_z,
-                                               SPLITS=splits, HAS_SCALES=scales is not None, BLOCK_N=block,
-                                               BLOCK_M=rows, num_warps=warps, **pdl.launch_args(z))
+    launcher(kernel, z)[(triton.cdiv(M, rows), N // block)](
+        z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0), eps, static_fp8_scale(block),
+        FP8_MAX_=FP8_MAX, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SAVE_Z=save_z, SPLITS=splits,
+        HAS_SCALES=scales is not None, BLOCK_N=block, BLOCK_M=rows, num_warps=warps, **pdl.launch_args(z))
 
 
 # the dz kernel stores its tile maxima (for a tensorwise amax) when there are at most this many: each program of
@@ -292,11 +292,12 @@ def _launch_dz(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, z_src: tupl
     sx, fold_amax = fold if fold is not None else (dz, dz)
     tensorwise = amax if amax_mode == 2 else fold_amax if fold is not None else None  # both alike if both
     zs_row, zs_col = (scale_vector(z_row_scale), scale_vector(z_col_scale)) if z_scales else (r, r)
-    dz_kernel[grid](dy, u, r, zs_row, zs_col, dz, amax if amax is not None else dz, sx, fold_amax, dy.shape[0],
-                    dy.stride(0), u.stride(0), r.stride(0), dz.stride(0), amax.stride(0) if amax_mode == 1 else 0,
-                    FROM_Z=from_z, Z_SCALES=z_scales, AMAX=amax_mode,
-                    FOLD=fold is not None, TILE_MAXIMA=tensorwise is not None and tensorwise.dim() == 1,
-                    BLOCK_N=block, BLOCK_M=rows, num_warps=DZ_WARPS, **pdl.launch_args(dy))
+    launcher(dz_kernel, dy)[grid](
+        dy, u, r, zs_row, zs_col, dz, amax if amax is not None else dz, sx, fold_amax, dy.shape[0], dy.stride(0),
+        u.stride(0), r.stride(0), dz.stride(0), amax.stride(0) if amax_mode == 1 else 0, FROM_Z=from_z,
+        Z_SCALES=z_scales, AMAX=amax_mode, FOLD=fold is not None,
+        TILE_MAXIMA=tensorwise is not None and tensorwise.dim() == 1, BLOCK_N=block, BLOCK_M=rows, num_warps=DZ_WARPS,
+        **pdl.launch_args(dy))
 
 
 def _fold_inputs(fold_sx: Optional[torch.Tensor], grid: tuple[int, int], device
@@ -342,7 +343,7 @@ def _dz_and_rowwise_e4m3(dz_kernel, grid, dy, u, r, dz, block: int, rows: int, z
         (sx, fold_amax), q_rows = fold, FOLD_ROWS
         qt = torch.empty((N, M), dtype=DZ_DTYPE, device=dy.device)
         st = torch.empty((), dtype=torch.float32, device=dy.device)
-    _quant_kernel()[(triton.cdiv(M, q_rows), nb)](
+    launcher(_quant_kernel(), dy)[(triton.cdiv(M, q_rows), nb)](
         dz, amax, q, s, sx, fold_amax, qt, st, M, nb, dz.stride(0), amax.stride(0), q.stride(0),
         fold_amax.numel() if fold is not None else 0, FP8_MAX_=FP8_MAX, EPS_=EPS, NB_P2=triton.next_power_of_2(nb),
         FOLD=fold is not None, FOLD_FP8_MAX=float(torch.finfo(DZ_DTYPE).max), BLOCK_N=block, BLOCK_M=q_rows,

@@ -29,11 +29,12 @@ import functools
 from typing import Optional
 
 import torch
+from torch.library import triton_op
 
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.quant import EPS, quantize_tensorwise
-from loka_trainer.kernels.triton_env import use_triton
+from loka_trainer.kernels.triton_env import launcher, traced, use_triton
 from loka_trainer.kernels.triton_quant import rows_contiguous, scale_vector
 
 DZ_DTYPE = torch.float8_e5m2  # a gradient operand, as the tensorwise backend's
@@ -41,10 +42,17 @@ BLOCK_R, BLOCK_C = 64, 64  # a transposed store writes 64 contiguous bytes of ea
 
 
 @functools.lru_cache(maxsize=None)
-def unit_scale(device: torch.device) -> torch.Tensor:
-    """A () fp32 one on ``device``, made once: the scale of an FP8 operand whose scales are applied elsewhere (xq
-    here, its row scales in dz's operand; the split FP8 forward's operands, their scales in the epilogue)."""
+def _unit_scale_on(device: torch.device) -> torch.Tensor:
     return torch.ones((), dtype=torch.float32, device=device)
+
+
+def unit_scale(like: torch.Tensor) -> torch.Tensor:
+    """A () fp32 one on ``like``'s device: the scale of an FP8 operand whose scales are applied elsewhere (xq here,
+    its row scales in dz's operand; the split FP8 forward's operands, their scales in the epilogue). Made once per
+    device, except in a traced graph, which cannot hold a tensor made outside it."""
+    if traced(like):
+        return torch.ones((), dtype=torch.float32, device=like.device)
+    return _unit_scale_on(like.device)
 
 
 @torch.no_grad()
@@ -75,7 +83,7 @@ def _launch_fold_transpose(dz: Optional[torch.Tensor], sx: Optional[torch.Tensor
     xqt = torch.empty((K, M), dtype=xq.dtype, device=dev) if xq is not None else None
     tiles = triton.cdiv(M, BLOCK_R) * (triton.cdiv(N, BLOCK_C) + triton.cdiv(K, BLOCK_C))
     given = lambda t: t if t is not None else s  # noqa: E731
-    k.fold_transpose_kernel[(tiles,)](
+    launcher(k.fold_transpose_kernel, ref)[(tiles,)](
         given(dz), given(sx), given(amax), given(dzt), s, given(xq), given(xqt), M, N, K,
         dz.stride(0) if dz is not None else 0, xq.stride(0) if xq is not None else 0,
         amax.numel() if amax is not None else 0, FP8_MAX=torch.finfo(DZ_DTYPE).max, EPS_=EPS, BLOCK_R=BLOCK_R,
@@ -109,32 +117,22 @@ def fold_operands(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor
     M, N = dz.shape
     dz, sx = rows_contiguous(dz), scale_vector(sx)
     amax = torch.zeros((), dtype=torch.float32, device=dz.device)
-    k.fold_amax_kernel[(triton.cdiv(M, BLOCK_R) * triton.cdiv(N, BLOCK_C),)](
+    launcher(k.fold_amax_kernel, dz)[(triton.cdiv(M, BLOCK_R) * triton.cdiv(N, BLOCK_C),)](
         dz, sx, amax, M, N, dz.stride(0), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, **pdl.launch_args(dz))
     (dzt, s), xqt = _launch_fold_transpose(dz, sx, amax, rows_contiguous(xq))
     return dzt, s, xqt
 
 
-@torch.library.custom_op("loka::wgrad_fold", mutates_args=())
+@triton_op("loka::wgrad_fold", mutates_args=())
 def wgrad_fold(dz: torch.Tensor, xq: torch.Tensor, sx: torch.Tensor, fast_accum: bool = False) -> torch.Tensor:
     """dz (M, N) bf16, xq (M, K) e4m3, sx (M, 1) fp32 -> dW = dzᵀ·(xq·sx) (N, K) bf16 on tensorwise FP8 (module
     docstring), on the fast-accumulation GEMM when ``fast_accum``; M, K, N % 16 == 0 (``torch._scaled_mm``)."""
     dzt, s, xqt = fold_operands(dz, xq, sx)
-    return scaled_mm_nt(dzt, s, xqt, unit_scale(dz.device), fast_accum)
+    return scaled_mm_nt(dzt, s, xqt, unit_scale(dz), fast_accum)
 
 
-@wgrad_fold.register_fake
-def _(dz, xq, sx, fast_accum=False):
-    return dz.new_empty((dz.shape[1], xq.shape[1]), dtype=torch.bfloat16)
-
-
-@torch.library.custom_op("loka::wgrad_folded_dz", mutates_args=())
+@triton_op("loka::wgrad_folded_dz", mutates_args=())
 def wgrad_folded_dz(dzt: torch.Tensor, s: torch.Tensor, xq: torch.Tensor, fast_accum: bool = False) -> torch.Tensor:
     """dzt (N, M) e5m2 = (dz·sx)ᵀ at scale_inv s () (written by the dz kernels, ``triton_mods.backward_dz_fp8``),
     xq (M, K) e4m3 -> dW (N, K) bf16: ``wgrad_fold`` with its dz operand already made."""
-    return scaled_mm_nt(dzt, s, transpose_fp8(xq), unit_scale(dzt.device), fast_accum)
-
-
-@wgrad_folded_dz.register_fake
-def _(dzt, s, xq, fast_accum=False):
-    return dzt.new_empty((dzt.shape[0], xq.shape[1]), dtype=torch.bfloat16)
+    return scaled_mm_nt(dzt, s, transpose_fp8(xq), unit_scale(dzt), fast_accum)
