@@ -23,8 +23,9 @@ u = BlockNorm(z) (each B-block of a row scaled to RMS 1), r = 1 / RMS (M, NB) fp
   over dz. (A single kernel whose programs own whole
   rows was measured first on the H200: latency-bound at M = 1024, 1.5x slower than unfused at N = 7680.)
 
-On Hopper and later every kernel here launches with programmatic dependent launch (``pdl``): it may be
-scheduled while the kernel before it drains and waits for it (``gdc_wait``) before touching memory.
+On Hopper and later every kernel here launched eagerly uses programmatic dependent launch (``pdl``): it may be
+scheduled while the kernel before it drains and waits for it (``gdc_wait``) before touching memory. Compiled, the
+ops are ``triton_op``s whose kernels inductor launches, without PDL (``pdl.active`` says why).
 
 Requirements (else ``supports`` is False and callers use the reference): N % B == 0, B a power of two in
 [16, 256], K % 16 == 0.
