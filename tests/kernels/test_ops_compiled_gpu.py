@@ -2,8 +2,8 @@
 its own generated code (no opaque custom-op call), without copying any input first, and the layer trains as it does
 eagerly.
 
-Skipped without CUDA sm89+ and triton (FP8); on CPU, ``torch.library.opcheck`` in test_mods_ops.py and
-test_wgrad_fold.py traces the ops as torch.compile does.
+Skipped without CUDA sm89+ and triton (FP8); on CPU, test_ops_traced.py traces the same ops as torch.compile does
+and checks what inductor's mutation analysis takes each kernel to write.
 """
 from __future__ import annotations
 
