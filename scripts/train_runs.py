@@ -17,8 +17,9 @@ PRESETS = ROOT / "conf" / "precision"
 # Precision variants that are not a conf/precision preset: name -> train.py overrides.
 PRECISION_VARIANTS: dict[str, list[str]] = {
     # The LoKA Mods (no bias, BlockNorm, Hard Swish: precision.mods builds them) in BF16 without FP8: with Dispatch
-    # off, apply_precision leaves the model alone. Compiled, LoKA's all-BF16 fused Mods layers run this same math
-    # (mods.module.plain_math_route), so LoKA vs this variant is the effect of LoKA's FP8 GEMMs alone.
+    # off, apply_precision leaves the model alone. LoKA's BF16 fused Mods layers compute the same function (in the
+    # plain math or our kernels, whichever Dispatch timed faster), so LoKA vs this variant is the effect of its FP8
+    # GEMMs alone.
     "bf16_mods": ["precision=loka", "precision.dispatch=false"],
     # torchao's recipes on the Linears its own size thresholds keep (precision.FP8_FILTERS "auto"): the speed
     # baseline, as torchtitan applies them; the presets convert every target Linear (uniform FP8).

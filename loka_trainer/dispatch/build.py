@@ -20,7 +20,7 @@ from loka_trainer.dispatch.probe_report import read_probe_mere
 from loka_trainer.dispatch.select import Times, accuracy_rejection, as_rounds, select_mods_mode
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.triton_env import triton_importable
-from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.mods.modes import FORWARD_MODES, ForwardMode
 from loka_trainer.mods.ops_fp8 import FUSED_DGRAD
 from loka_trainer.mods.transform import find_fusable
 from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
@@ -86,6 +86,17 @@ def _medians(times: dict[str, Times]) -> dict[str, Optional[float]]:
     return {name: None if (r := as_rounds(ts)) is None else statistics.median(r) for name, ts in times.items()}
 
 
+def forward_mode_offered(mode: ForwardMode, lp: LayerPlan, *, compiled: bool) -> bool:
+    """Whether Dispatch times forward ``mode`` for the fused layer planned as ``lp``: an FP8 mode where the forward
+    GEMM passed the accuracy test (its backend is FP8); ``plain`` only when the model will be compiled (eager, the
+    fused kernels replace its three launches) and all three GEMMs are BF16 (it has no FP8 backward)."""
+    if mode.fp8:
+        return lp.forward.backend != BASELINE
+    if not mode.triton:
+        return compiled and all(b == BASELINE for b in lp.backends().values())
+    return True
+
+
 def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer, device, min_speedup: float,
                        mere_threshold: float, compiled: bool = False, rounds: int = 3,
                        outlier_factor: float = 3.0, max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION) -> None:
@@ -93,16 +104,18 @@ def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer,
     may run (FP8 modes only where the plan's forward GEMM is FP8, i.e. passed the accuracy test) at the layer's
     shape and record the choice (``LayerPlan.mods_forward``); then, in that mode, time the layer's whole step
     with each input-grad candidate (``fused_input_grad_candidates``) and record that choice
-    (``LayerPlan.mods_input_grad``; only when there is an FP8 candidate). Shapes are timed once. ``compiled``:
-    each timed call runs under ``torch.compile``, as the layer will in a compiled model. Times come in ``rounds``
-    interleaved rounds and an FP8 option must win in every one (``select.select_mods_mode``)."""
+    (``LayerPlan.mods_input_grad``; only when there is an FP8 candidate and the chosen mode is a Triton one).
+    Shapes are timed once. ``compiled``: each timed call runs under ``torch.compile``, as the layer will in a
+    compiled model, and mode ``plain`` (the plain Mods, which inductor fuses) competes where all three GEMMs are
+    BF16 (``forward_mode_offered``). Times come in ``rounds`` interleaved rounds and an FP8 option must win in
+    every one (``select.select_mods_mode``)."""
     timed: dict[tuple, dict] = {}
     for fqn, (seq, i) in find_fusable(model).items():
         lp = layers.get(fqn)
         if lp is None:
             continue
         block, eps = seq[i + 1].block_size, seq[i + 1].eps
-        is_fp8 = {m: f.fp8 for m, f in FORWARD_MODES.items() if not f.fp8 or lp.forward.backend != BASELINE}
+        is_fp8 = {m: f.fp8 for m, f in FORWARD_MODES.items() if forward_mode_offered(f, lp, compiled=compiled)}
         key = (lp.M, lp.K, lp.N, tuple(is_fp8))
         if key not in timed:
             timed[key] = time_forward_modes(lp.M, lp.K, lp.N, list(is_fp8), block=block, eps=eps, timer=timer,
@@ -111,7 +124,7 @@ def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer,
         mode, speedup = select_mods_mode(timed[key], is_fp8, min_speedup=min_speedup)
         lp.mods_forward = ModsChoice(mode=mode, times_us=_medians(timed[key]), speedup=speedup)
         dgrads = fused_input_grad_candidates(lp, mere_threshold, max_flushed_fraction)
-        if len(dgrads) == 1:
+        if len(dgrads) == 1 or not FORWARD_MODES[mode].triton:  # plain: BF16 backward GEMMs only
             continue
         key = (lp.M, lp.K, lp.N, mode, lp.weight_grad.backend, tuple(dgrads))
         if key not in timed:

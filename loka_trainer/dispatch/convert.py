@@ -25,7 +25,7 @@ from loka_trainer.dispatch.plan import DispatchPlan, ModsChoice, format_plan_tab
 from loka_trainer.dispatch.targets import ModuleFilter, target_linears
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear
-from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
+from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
 from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
 
 PLAN_FILE = "dispatch_plan.json"
@@ -53,33 +53,39 @@ def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> nn.Module:
 
 
 def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoice] = None,
-                               mods_input_grad: Optional[ModsChoice] = None) -> dict[str, str]:
+                               mods_input_grad: Optional[ModsChoice] = None, *, compiled: bool = False
+                               ) -> dict[str, str]:
     """A layer plan's per-GEMM choice {forward, input_grad, weight_grad} -> the FusedLinearMods kernels {mode,
     dgrad, wgrad}.
 
     The forward mode is the plan's measured one (``mods``: timed per layer when the plan was built on a GPU,
     ``dispatch.build``); without it, a forward that Dispatch found worth FP8 runs the fused kernel on
-    rowwise-FP8 inputs, a BF16 forward ``mods.modes.DEFAULT_FORWARD_MODE`` (cuBLAS GEMM + one Triton
-    BlockNorm/HardSwish epilogue kernel; see there why). The two backward GEMMs keep the plan's backends; a
-    ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise`` dgrad then runs fused (dz amax from the dz kernel, one cast
-    pass, ``mods.ops_fp8.FUSED_DGRAD``) with the backend's numerics. ``mods_input_grad`` (timed over the whole
-    layer when the plan was built on a GPU) replaces the plan's input-grad backend.
+    rowwise-FP8 inputs, a BF16 forward ``mods.modes.default_forward_mode(compiled=compiled)`` (``plain`` for a
+    model that will be compiled, when both backward GEMMs are BF16 too). The two backward GEMMs keep the plan's
+    backends; a ``scaled_mm_rowwise`` or ``scaled_mm_tensorwise`` dgrad then runs fused (dz amax from the dz
+    kernel, one cast pass, ``mods.ops_fp8.FUSED_DGRAD``) with the backend's numerics. ``mods_input_grad`` (timed
+    over the whole layer when the plan was built on a GPU) replaces the plan's input-grad backend.
     """
+    dgrad = mods_input_grad.mode if mods_input_grad is not None else backends.get("input_grad", BASELINE)
+    wgrad = backends.get("weight_grad", BASELINE)
     if mods is not None:
         mode = mods.mode
+    elif backends.get("forward", BASELINE) != BASELINE:
+        mode = "fused_fp8"
     else:
-        mode = DEFAULT_FORWARD_MODE if backends.get("forward", BASELINE) == BASELINE else "fused_fp8"
-    dgrad = mods_input_grad.mode if mods_input_grad is not None else backends.get("input_grad", BASELINE)
-    return {"mode": mode, "dgrad": dgrad, "wgrad": backends.get("weight_grad", BASELINE)}
+        mode = default_forward_mode(compiled=compiled and dgrad == wgrad == BASELINE)
+    return {"mode": mode, "dgrad": dgrad, "wgrad": wgrad}
 
 
 def fuse_with_plan(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Optional[ModuleFilter],
-                   log: Callable[[str], None]) -> list[str]:
-    """Each Linear -> BlockNorm -> HardSwish becomes one FusedLinearMods with the plan's choices (all BF16 for a
-    layer the plan does not name); returns the fused Linear FQNs."""
-    kernels = {fqn: kernels_from_plan_backends(lp.backends(), lp.mods_forward, lp.mods_input_grad)
+                   log: Callable[[str], None], compiled: bool = False) -> list[str]:
+    """Each Linear -> BlockNorm -> HardSwish becomes one FusedLinearMods with the plan's choices (all BF16, in
+    ``default_forward_mode(compiled=compiled)``, for a layer the plan does not name); returns the fused Linear
+    FQNs."""
+    kernels = {fqn: kernels_from_plan_backends(lp.backends(), lp.mods_forward, lp.mods_input_grad, compiled=compiled)
                for fqn, lp in plan.layers.items()}
-    fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn)
+    fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn,
+                             default_mode=default_forward_mode(compiled=compiled))
     chained = chain_fp8_handoffs(model)
     log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods, "
         f"{len(chained)} of them read their input in FP8 from the previous one's epilogue")
@@ -118,7 +124,7 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
         swap_in_lokalinears(model, plan)
         log(format_plan_table(plan))
     if config.mods:
-        fuse_with_plan(model, plan, module_filter_fn=module_filter_fn, log=log)
+        fuse_with_plan(model, plan, module_filter_fn=module_filter_fn, log=log, compiled=config.compile)
     if config.dispatch and run_dir is not None and is_rank0():
         log(record_plan(plan, Path(run_dir) / PLAN_FILE, source=config.plan))
     return plan

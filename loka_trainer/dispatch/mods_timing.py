@@ -1,12 +1,12 @@
 """Dispatch's timing of a fused Mods layer: its forward modes, and its whole step with each input-grad backend.
 
 What is timed is the ``FusedLinearMods`` module the model will run with those kernels, compiled when the model
-will be: under ``torch.compile`` an all-BF16 layer runs the plain PyTorch math that inductor fuses
-(``mods.module.plain_math_route``), so the BF16 candidate there is the plain Mods compiled, and an FP8 choice has
-to beat exactly that. Each timed call is one training step of a new weight version: the layer's FP8 weight cache
-is cleared first, so the weight casts every step pays are counted (a captured call that hit the cache would leave
-them out of an eager candidate's time while the compiled one, which casts inside its graph, paid them). Notation:
-M rows, K in-features, N out-features. Times are µs from the ``timer`` given (``loka_trainer.timing``).
+will be; mode ``plain`` is the plain PyTorch math (``mods.module.plain_math_route``), so compiled it is the plain
+Mods as inductor fuses them, and any other choice has to beat exactly that. Each timed call is one training step of
+a new weight version: the layer's FP8 weight cache is cleared first, so the weight casts every step pays are counted
+(a captured call that hit the cache would leave them out of an eager candidate's time while the compiled one, which
+casts inside its graph, paid them). Notation: M rows, K in-features, N out-features. Times are µs from the
+``timer`` given (``loka_trainer.timing``).
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ above ``max_flushed_fraction`` was rejected for it (``rejected_for_flush``; abov
 
 A layer that LoKA fuses with its BlockNorm and HardSwish (``mods.module.FusedLinearMods``) may also carry
 ``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel measured
-fastest (``mods.modes.FORWARD_MODES``); without it the mode follows the forward backend (FP8 or not). And
+fastest (``mods.modes.FORWARD_MODES``; ``plain``, the PyTorch math, only in a plan for a compiled model); without
+it the mode follows the forward backend (FP8 or not) and, for BF16, whether the model is compiled. And
 ``"mods_input_grad": {"mode": "scaled_mm_rowwise", "times_us": {"bf16": 82.6, "scaled_mm_rowwise": 77.6}}``:
 the input-grad backend the fused layer runs, chosen by timing the whole layer (forward + backward, µs) with
 each accurate candidate, because inside the layer an FP8 dgrad's quantization of dz is fused into the dz kernel
@@ -36,7 +37,7 @@ from typing import Any, Optional
 from loka_trainer.dispatch.select import accuracy_rejection
 from loka_trainer.kernels.backend_base import GEMMS
 from loka_trainer.kernels.backends import BACKENDS, BASELINE
-from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.mods.modes import FORWARD_MODES, PLAIN_MODE
 from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
 
 PLAN_VERSION = 1
@@ -254,12 +255,12 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
     each fused-layer forward mode to whether it is FP8.
 
     Rejects (one-line ValueError): a layer the model does not have, a K/N that differs from the model's, a
-    backend name not in ``valid_backends``, a Mods forward mode not in ``mods_modes`` or an FP8 one on a layer
-    whose forward GEMM is BF16 (no FP8 candidate passed the accuracy test there), a Mods input-grad backend not
-    in ``valid_backends`` or one whose measured input-grad MERE is not below the plan's threshold or whose flushed
-    fraction exceeds the plan's ``max_flushed_fraction``. Layers of the
-    model missing from the plan are allowed (they stay BF16) so a plan can be trimmed by hand. ``source`` names
-    the plan in the messages.
+    backend name not in ``valid_backends``, a Mods forward mode not in ``mods_modes``, an FP8 one on a layer
+    whose forward GEMM is BF16 (no FP8 candidate passed the accuracy test there) or ``plain`` on a layer with an
+    FP8 backward GEMM, a Mods input-grad backend not in ``valid_backends`` or one whose measured input-grad MERE
+    is not below the plan's threshold or whose flushed fraction exceeds the plan's ``max_flushed_fraction``.
+    Layers of the model missing from the plan are allowed (they stay BF16) so a plan can be trimmed by hand.
+    ``source`` names the plan in the messages.
     """
     for fqn, lp in plan.layers.items():
         if fqn not in layer_shapes:
@@ -281,6 +282,10 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
             if mods_modes[mode] and lp.forward.backend == "bf16":
                 raise ValueError(f"{source}: layer {fqn!r} mods_forward: FP8 mode {mode!r} but the forward GEMM is bf16 "
                                  f"(no FP8 kernel was accurate enough there)")
+            dgrad = lp.mods_input_grad.mode if lp.mods_input_grad is not None else lp.input_grad.backend
+            if mode == PLAIN_MODE and (dgrad, lp.weight_grad.backend) != ("bf16", "bf16"):
+                raise ValueError(f"{source}: layer {fqn!r} mods_forward: mode {mode!r} runs bf16 backward GEMMs, "
+                                 f"but the plan has input_grad {dgrad!r}, weight_grad {lp.weight_grad.backend!r}")
         if lp.mods_input_grad is not None:
             name = lp.mods_input_grad.mode
             if name not in valid_backends:

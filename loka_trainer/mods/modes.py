@@ -11,13 +11,19 @@ import dataclasses
 class ForwardMode:
     """``fp8``: x and W rowwise e4m3 (x by ``quant_rowwise``, W from the WeightCache), else bf16.
     ``split``: a cuBLAS GEMM (bf16 or ``torch._scaled_mm``) + the Triton epilogue kernel, else one fused
-    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs)."""
+    Triton GEMM+epilogue kernel (better when N / B programs are too few to fill the GPU, see docs).
+    ``triton``: False for ``plain``, the unfused PyTorch math (``F.linear``, ``block_rms_norm``, ``F.hardswish``;
+    BF16 GEMMs only), which inductor fuses when compiled; ``split`` means nothing there."""
 
     fp8: bool
     split: bool
+    triton: bool = True
 
+
+PLAIN_MODE = "plain"
 
 FORWARD_MODES: dict[str, ForwardMode] = {
+    PLAIN_MODE: ForwardMode(fp8=False, split=False, triton=False),
     "fused_bf16": ForwardMode(fp8=False, split=False),
     "split_bf16": ForwardMode(fp8=False, split=True),
     "fused_fp8": ForwardMode(fp8=True, split=False),
@@ -28,3 +34,11 @@ FORWARD_MODES: dict[str, ForwardMode] = {
 # the single fused kernel at 8 of 9 figure-13 shapes and within 1.5% at the ninth (CHANGELOG.md, 2026-11-30; in
 # the current layer table, docs/kernels/README.md, a split mode is the fastest at eight shapes).
 DEFAULT_FORWARD_MODE = "split_bf16"
+
+
+def default_forward_mode(*, compiled: bool) -> str:
+    """The forward mode of a fused BF16 layer with no measured choice: ``plain`` when the model will be compiled
+    (inductor fuses BlockNorm + HardSwish into the plain math and launches it from its own code; the Mods-only
+    Wukong dense arch compiled ran within 1.4% of the fused kernels, docs/kernels/README.md), else
+    ``DEFAULT_FORWARD_MODE``. Dispatch, compiled, times ``plain`` against the Triton modes per layer."""
+    return PLAIN_MODE if compiled else DEFAULT_FORWARD_MODE

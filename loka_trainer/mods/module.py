@@ -4,12 +4,12 @@ Linear -> BlockNorm -> HardSwish triple.
 Notation: M = prod(leading dims of x), K in_features, N out_features, B the BlockNorm block.
 
 On a device without Triton (CPU) the module runs the exact unfused math in x's dtype, so CPU training is
-unchanged; on CUDA it runs ``mods.ops.LinearModsFn`` (fused forward, fused dz backward) — except under
-``torch.compile`` when all three GEMMs are BF16 (``plain_math_route``): inductor fuses BlockNorm + HardSwish
-itself about as well as our kernels (H200, Wukong dense arch: Mods-only compiled 2202.9 µs vs fused 2173.3 µs,
-docs/kernels/README.md) and launches them from its own wrapper, while each custom-op call of ours costs host time
-that host-bound steps pay in full (InterFormer, CHANGELOG.md 2026-11-30). The FP8 handoff between two fused
-layers (``emit_fp8``, ``_fp8_source``) is linked by ``mods.transform.chain_fp8_handoffs``.
+unchanged; on CUDA it runs ``mods.ops.LinearModsFn`` (fused forward, fused dz backward), eager or compiled (our ops
+are ``triton_op``s: inductor launches their kernels from its own code) — except in mode ``plain``
+(``plain_math_route``), the unfused PyTorch math, which inductor fuses when compiled: the default of a compiled
+BF16 layer without a measured choice (``mods.modes.default_forward_mode``), and Dispatch's plain-Mods candidate.
+The FP8 handoff between two fused layers (``emit_fp8``, ``_fp8_source``) is linked by
+``mods.transform.chain_fp8_handoffs``.
 """
 from __future__ import annotations
 
@@ -24,17 +24,14 @@ from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.triton_env import interpreting
 from loka_trainer.mods.config import DEFAULT_KERNEL_CONFIG, ModsKernelConfig
 from loka_trainer.mods.layers import BlockNorm, block_rms_norm
-from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
+from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES, PLAIN_MODE
 from loka_trainer.mods.ops import linear_mods_fp8_out, static_scale_inv
 
 
-def plain_math_route(*, on_cuda: bool, compiling: bool, interpreting: bool, mode: str, dgrad: str,
-                     wgrad: str) -> bool:
-    """True when a FusedLinearMods call should run the unfused PyTorch math instead of the Triton path: no
-    Triton device (CPU outside the interpreter), or compiled with a BF16 forward and BF16 dgrad and wgrad."""
-    if not (on_cuda or (not compiling and interpreting)):
-        return True
-    return compiling and not FORWARD_MODES[mode].fp8 and dgrad == BASELINE and wgrad == BASELINE
+def plain_math_route(*, on_cuda: bool, compiling: bool, interpreting: bool, mode: str) -> bool:
+    """True when a FusedLinearMods call should run the unfused PyTorch math instead of the Triton path: mode
+    ``plain``, or no Triton device (CPU outside the interpreter)."""
+    return not FORWARD_MODES[mode].triton or not (on_cuda or (not compiling and interpreting))
 
 
 class FusedLinearMods(nn.Module):
@@ -42,8 +39,8 @@ class FusedLinearMods(nn.Module):
 
     ``mode`` is the forward kernel (``mods.modes.FORWARD_MODES``); ``dgrad`` / ``wgrad`` the backends of
     dx = dz·W and dW = dzᵀ·x (``bf16`` = cuBLAS; a ``torch._scaled_mm`` dgrad runs fused,
-    ``mods.ops_fp8.FUSED_DGRAD``); ``config`` the ``ModsKernelConfig`` it passes to its op (a frozen value: assign a
-    new one to change it).
+    ``mods.ops_fp8.FUSED_DGRAD``; mode ``plain`` takes only ``bf16``); ``config`` the ``ModsKernelConfig`` it
+    passes to its op (a frozen value: assign a new one to change it).
     """
 
     def __init__(self, in_features: int, out_features: int, *, block_size: int = 256, eps: float = 1e-6,
@@ -60,10 +57,14 @@ class FusedLinearMods(nn.Module):
         self._init_handoff()
 
     def set_kernels(self, *, mode: str, dgrad: str, wgrad: str) -> None:
-        """Choose the forward mode and the two backward backends; unknown names -> ValueError."""
+        """Choose the forward mode and the two backward backends; unknown names, or an FP8 backend with mode
+        ``plain`` (autograd's BF16 GEMMs) -> ValueError."""
         if mode not in FORWARD_MODES:
             raise ValueError(f"FusedLinearMods mode: unknown {mode!r}; valid: {sorted(FORWARD_MODES)}")
         get_backend(dgrad), get_backend(wgrad)
+        if mode == PLAIN_MODE and (dgrad, wgrad) != (BASELINE, BASELINE):
+            raise ValueError(f"FusedLinearMods mode {PLAIN_MODE!r} runs its backward GEMMs in {BASELINE}: got "
+                             f"dgrad={dgrad!r}, wgrad={wgrad!r}")
         self.mode, self.dgrad, self.wgrad = mode, dgrad, wgrad
 
     @classmethod
@@ -110,7 +111,7 @@ class FusedLinearMods(nn.Module):
         compiling = torch.compiler.is_compiling()
         # NOTE: interpreting() only outside compiled code: torch.compile never traces its environment lookup.
         if plain_math_route(on_cuda=x2.is_cuda, compiling=compiling, interpreting=not compiling and interpreting(),
-                            mode=self.mode, dgrad=self.dgrad, wgrad=self.wgrad):
+                            mode=self.mode):
             # exact unfused math in x's dtype (CPU training stays as it was; inductor fuses it when compiled)
             y = F.hardswish(block_rms_norm(F.linear(x2, self.weight.to(x2.dtype)), self.block_size, self.eps))
         else:

@@ -214,8 +214,9 @@ def _grads_on_backends(ctx, saved: tuple, dh: Tensor, need_dx: bool, need_dw: bo
 class LinearModsFn(torch.autograd.Function):
     """(h, q) = HardSwish(BlockNorm(x·Wᵀ)): x (M, K), w (N, K) -> h (M, N) bf16, q (M, N) e4m3 or (0, N).
 
-    ``mode`` one of FORWARD_MODES; ``dgrad``/``wgrad`` backend names (``FUSED_DGRAD`` ones run fused);
-    ``cache`` a ``linear.WeightCache`` (FP8 weight operands cast once per weight version, i.e. per step).
+    ``mode`` a Triton mode of FORWARD_MODES (not ``plain``); ``dgrad``/``wgrad`` backend names (``FUSED_DGRAD``
+    ones run fused); ``cache`` a ``linear.WeightCache`` (FP8 weight operands cast once per weight version, i.e.
+    per step).
     ``x_q`` (M, K) e4m3 with the scalar ``x_q_scale_inv``: x already in FP8 from the previous Mods layer's
     epilogue (static scale), used instead of quantizing x when the forward is FP8. ``emit_fp8``: also write this
     layer's output in FP8 at the static scale (q, not differentiable; empty otherwise). ``backward_streams``:
@@ -273,8 +274,9 @@ def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 
     quantization of x when ``mode`` is an FP8 forward (ignored otherwise). ``config``: the layer's
     ``ModsKernelConfig``. Shapes the kernels do not support run the differentiable reference (q is None then).
     """
-    if mode not in FORWARD_MODES:
-        raise ValueError(f"linear_mods mode: unknown {mode!r}; valid: {sorted(FORWARD_MODES)}")
+    if mode not in FORWARD_MODES or not FORWARD_MODES[mode].triton:
+        raise ValueError(f"linear_mods mode: {mode!r} is not a kernel mode (``plain`` is FusedLinearMods' PyTorch "
+                         f"math); valid: {sorted(m for m, f in FORWARD_MODES.items() if f.triton)}")
     if not triton_mods.supports(x.shape[-1], w.shape[0], block):
         return hard_swish(block_norm(x.float() @ w.float().t(), block, eps)).to(torch.bfloat16), None
     if cache is None:

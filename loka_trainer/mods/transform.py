@@ -25,7 +25,7 @@ from torch import nn
 
 from loka_trainer.mods import triton_mods
 from loka_trainer.mods.layers import BlockNorm, HardSwish
-from loka_trainer.mods.modes import FORWARD_MODES
+from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.mods.module import FusedLinearMods
 
 ModuleFilter = Callable[[nn.Module, str], bool]
@@ -101,12 +101,13 @@ def find_fusable(model: nn.Module, *, module_filter_fn: Optional[ModuleFilter] =
 
 
 def fuse_linear_mods(model: nn.Module, *, kernels: Optional[dict[str, dict[str, str]]] = None,
-                     module_filter_fn: Optional[ModuleFilter] = None) -> list[str]:
-    """Replace each fusable triple in place; ``kernels`` maps Linear FQN -> {mode, dgrad, wgrad} (default
-    all BF16, fused forward). Returns the fused Linear FQNs. State_dict keys are unchanged."""
+                     module_filter_fn: Optional[ModuleFilter] = None, default_mode: str = DEFAULT_FORWARD_MODE
+                     ) -> list[str]:
+    """Replace each fusable triple in place; ``kernels`` maps Linear FQN -> {mode, dgrad, wgrad} (a layer it does
+    not name: all BF16 in ``default_mode``). Returns the fused Linear FQNs. State_dict keys are unchanged."""
     fused = []
     for fqn, (seq, i) in find_fusable(model, module_filter_fn=module_filter_fn).items():
-        seq[i] = FusedLinearMods.from_linear(seq[i], seq[i + 1], **(kernels or {}).get(fqn, {}))
+        seq[i] = FusedLinearMods.from_linear(seq[i], seq[i + 1], **(kernels or {}).get(fqn, {"mode": default_mode}))
         seq[i + 1], seq[i + 2] = nn.Identity(), nn.Identity()
         fused.append(fqn)
     return fused

@@ -98,20 +98,54 @@ def test_loading_a_state_dict_clears_the_cached_fp8_weight():
     assert layer._weight_cache.num_casts == 2
 
 
-@pytest.mark.parametrize("on_cuda,compiling,interpreting,mode,dgrad,plain", [
-    (False, False, False, "split_bf16", "bf16", True),   # CPU: the exact unfused math
-    (False, False, True, "split_bf16", "bf16", False),   # Triton interpreter, eager: the kernels
-    (False, True, True, "fused_fp8", "bf16", True),      # compiled CPU code never runs the interpreter
-    (True, False, False, "split_bf16", "bf16", False),   # CUDA eager: the fused kernels
-    (True, True, False, "split_bf16", "bf16", True),     # CUDA compiled, all BF16: inductor fuses the norm
-    (True, True, False, "fused_bf16", "bf16", True),
-    (True, True, False, "fused_fp8", "bf16", False),     # an FP8 forward keeps the kernels
-    (True, True, False, "split_bf16", "scaled_mm_rowwise", False),  # so does an FP8 dgrad
+@pytest.mark.parametrize("on_cuda,compiling,interpreting,mode,plain", [
+    (False, False, False, "split_bf16", True),   # CPU: the exact unfused math
+    (False, False, True, "split_bf16", False),   # Triton interpreter, eager: the kernels
+    (False, True, True, "fused_fp8", True),      # compiled CPU code never runs the interpreter
+    (True, False, False, "split_bf16", False),   # CUDA eager: the fused kernels
+    (True, True, False, "split_bf16", False),    # CUDA compiled: the kernels too (triton_ops), whatever the dtype
+    (True, True, False, "fused_fp8", False),
+    (True, True, False, "plain", True),          # mode plain: the PyTorch math, eager or compiled
+    (True, False, False, "plain", True),
 ])
-def test_plain_math_route(on_cuda, compiling, interpreting, mode, dgrad, plain):
+def test_plain_math_route(on_cuda, compiling, interpreting, mode, plain):
     from loka_trainer.mods.module import plain_math_route
-    assert plain_math_route(on_cuda=on_cuda, compiling=compiling, interpreting=interpreting, mode=mode,
-                            dgrad=dgrad, wgrad="bf16") is plain
+    assert plain_math_route(on_cuda=on_cuda, compiling=compiling, interpreting=interpreting, mode=mode) is plain
+
+
+@pytest.mark.parametrize("dgrad,wgrad", [("scaled_mm_rowwise", "bf16"), ("bf16", "scaled_mm_tensorwise")])
+def test_plain_mode_refuses_an_fp8_backward_gemm(dgrad, wgrad):
+    layer = FusedLinearMods(64, 256, mode="plain")
+    with pytest.raises(ValueError, match="runs its backward GEMMs in bf16"):
+        layer.set_kernels(mode="plain", dgrad=dgrad, wgrad=wgrad)
+    assert (layer.mode, layer.dgrad, layer.wgrad) == ("plain", "bf16", "bf16")  # unchanged by the refusal
+
+
+def test_linear_mods_op_refuses_the_plain_mode():
+    from loka_trainer.mods.ops import linear_mods
+    with pytest.raises(ValueError, match="not a kernel mode"):
+        linear_mods(torch.randn(32, 64), torch.randn(256, 64), mode="plain")
+
+
+@pytest.mark.parametrize("compiled,backends,mode", [
+    (False, ("bf16", "bf16", "bf16"), "split_bf16"),
+    (True, ("bf16", "bf16", "bf16"), "plain"),                   # compiled, all BF16: inductor's fused math
+    (True, ("bf16", "scaled_mm_rowwise", "bf16"), "split_bf16"),  # an FP8 dgrad needs our op
+    (True, ("scaled_mm_rowwise", "bf16", "bf16"), "fused_fp8"),
+])
+def test_a_layer_without_a_measured_mode_runs_plain_only_when_compiled_all_bf16(compiled, backends, mode):
+    gemms = dict(zip(("forward", "input_grad", "weight_grad"), backends))
+    assert kernels_from_plan_backends(gemms, compiled=compiled)["mode"] == mode
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_mods_without_dispatch_fuse_in_the_mode_of_how_the_model_runs(compile):
+    from loka_trainer.dispatch.config import LoKAConfig
+    from loka_trainer.dispatch.convert import convert_to_loka
+    model = _mlp()
+    convert_to_loka(model, LoKAConfig(mods=True, dispatch=False, compile=compile), device="cpu", log=lambda s: None)
+    modes = {m.mode for m in model.modules() if isinstance(m, FusedLinearMods)}
+    assert modes == {"plain" if compile else "split_bf16"}
 
 
 def test_plan_mods_mode_overrides_the_rule():
@@ -252,3 +286,55 @@ def test_fused_layers_input_grad_chosen_by_timing_the_layer(monkeypatch, step_us
         assert (lp.mods_input_grad is None) if chosen is None else (lp.mods_input_grad.mode == chosen)
     assert timed == ([] if chosen is None else [(64, 512, ("bf16", "scaled_mm_rowwise"), "split_bf16"),
                                                 (512, 256, ("bf16", "scaled_mm_rowwise"), "split_bf16")])
+
+
+@pytest.mark.parametrize("compiled,plain_us,chosen", [
+    (False, 0.5, "split_bf16"),  # eager: plain is not a candidate, whatever it would take
+    (True, 0.5, "plain"),        # compiled: the plain Mods compete and win here
+    (True, 1.5, "split_bf16"),
+])
+def test_compiled_dispatch_times_the_plain_mods_on_all_bf16_layers_only(monkeypatch, compiled, plain_us, chosen):
+    from loka_trainer.dispatch import build
+    from loka_trainer.dispatch.plan import GemmChoice, LayerPlan
+    fp8 = "scaled_mm_rowwise"
+    layers = {"0.0.0": LayerPlan(M=32, K=64, N=512, input_grad=GemmChoice(
+                  "bf16", candidates={fp8: {"mere": 0.01, "time_us": 9.0}})),  # all BF16, an accurate FP8 dgrad
+              "0.0.3": LayerPlan(M=32, K=512, N=256, input_grad=GemmChoice(fp8))}  # an FP8 dgrad planned
+    offered, dgrad_timed = {}, []
+    times = {"plain": plain_us, "split_bf16": 1.0}
+
+    def fake_modes(M, K, N, modes, **kw):
+        assert kw["compiled"] is compiled
+        offered[(K, N)] = tuple(modes)
+        return {m: times.get(m, 2.0) for m in modes}
+
+    def fake_steps(M, K, N, dgrads, **kw):
+        dgrad_timed.append((K, kw["mode"]))
+        return {d: 1.0 for d in dgrads}
+    monkeypatch.setattr(build, "time_forward_modes", fake_modes)
+    monkeypatch.setattr(build, "time_input_grads", fake_steps)
+    build._choose_mods_modes(_mlp(), layers, timer=None, device="cpu", min_speedup=1.05, mere_threshold=0.2,
+                             compiled=compiled)
+    assert ("plain" in offered[(64, 512)]) is compiled and "plain" not in offered[(512, 256)]
+    assert layers["0.0.0"].mods_forward.mode == chosen and layers["0.0.3"].mods_forward.mode == "split_bf16"
+    # the plain Mods have no FP8 backward: no input-grad timing for a layer that chose them
+    assert [k for k, _ in dgrad_timed] == ([512] if chosen == "plain" else [64, 512])
+
+
+@pytest.mark.parametrize("dgrad,wgrad,ok", [("bf16", "bf16", True), ("scaled_mm_rowwise", "bf16", False),
+                                            ("bf16", "scaled_mm_rowwise", False)])
+def test_a_plan_with_plain_mods_and_an_fp8_backward_is_rejected(dgrad, wgrad, ok):
+    from loka_trainer.dispatch.plan import DispatchPlan, GemmChoice, LayerPlan, ModsChoice, validate_plan
+    from loka_trainer.mods.modes import FORWARD_MODES
+    lp = LayerPlan(M=32, K=64, N=512, input_grad=GemmChoice(dgrad), weight_grad=GemmChoice(wgrad),
+                   mods_forward=ModsChoice("plain"))
+    plan = DispatchPlan(device="cpu", layers={"0.0.0": lp})
+
+    def check():
+        validate_plan(plan, {"0.0.0": (64, 512)}, ["bf16", "scaled_mm_rowwise"],
+                      mods_modes={m: f.fp8 for m, f in FORWARD_MODES.items()})
+    if ok:
+        check()
+    else:
+        with pytest.raises(ValueError, match="mode 'plain' runs bf16 backward GEMMs"):
+            check()

@@ -42,7 +42,7 @@ def _rel(a, b) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-@pytest.mark.parametrize("mode", sorted(FORWARD_MODES))
+@pytest.mark.parametrize("mode", sorted(m for m, f in FORWARD_MODES.items() if f.triton))
 @pytest.mark.parametrize("backward", ["bf16", "scaled_mm_rowwise", "scaled_mm_tensorwise"])
 def test_every_mode_matches_fp32_reference(mode, backward):
     """The plain-torch paths (CPU) of each forward mode and the fused FP8 dgrad, values and both grads."""

@@ -19,9 +19,10 @@ pytestmark = pytest.mark.skipif(
 
 COPY = re.compile(r"^\s*[^#\s].*(\bclone\(|\.copy_\()")  # a clone or copy in generated code (not a comment)
 
-# (mode, dgrad, wgrad) -> the kernels inductor must launch itself in one training step (an all-BF16 layer runs
-# plain PyTorch math compiled: ``mods.module.plain_math_route``)
+# (mode, dgrad, wgrad) -> the kernels inductor must launch itself in one training step
 CASES = {
+    ("split_bf16", "bf16", "bf16"): ("norm_fwd_kernel", "bwd_dz_kernel"),
+    ("fused_bf16", "bf16", "bf16"): ("fused_fwd_kernel", "bwd_dz_kernel"),
     ("fused_bf16", "bf16", "scaled_mm_tensorwise"): ("fused_fwd_kernel", "bwd_dz_kernel", "amax_kernel",
                                                      "cast_kernel"),
     ("split_bf16", "scaled_mm_rowwise", "bf16"): ("norm_fwd_kernel", "bwd_dz_kernel", "quant_rows_kernel"),

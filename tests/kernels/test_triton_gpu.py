@@ -200,8 +200,7 @@ def test_fused_module_under_compile_matches_eager():
     y_eager = seq(x)
     y_comp = torch.compile(seq)(x)
     y_ref = ref(x.float())
-    # all-BF16 layers compile to the plain math (fused_linear.plain_math_route) while eager runs the Triton
-    # kernel: two BF16 roundings of the same values (on an H200: 4.7e-3 apart; eager 2.4e-3 from fp32)
+    # compiled, inductor launches the same Triton kernels inside its graph (the ops are triton_ops)
     assert _rel(y_eager, y_ref) < 2e-2 and _rel(y_comp, y_ref) < 2e-2 and _rel(y_comp, y_eager) < 1e-2
     torch.compile(seq)(x).float().sum().backward()
     assert torch.isfinite(seq[0].weight.grad).all()
