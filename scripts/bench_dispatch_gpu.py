@@ -32,10 +32,8 @@ autotuner picked per key) and OUT_DIR/bench_dispatch.png; prints a ratio table l
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -49,6 +47,7 @@ from scripts.bench_timing import both_ends, time_row
 from scripts.mods_layer_variants import (
     BATCH, FUSED_VARIANTS, MODS_LAYER_SHAPES, build_mods_layer_variants, mods_layer_variant_names,
 )
+from scripts.provenance import provenance
 
 GEMM_SHAPES = [(2048, 256, 768), (2048, 512, 512), (4096, 1024, 1024), (8192, 2048, 2048),
                (16384, 1024, 4096), (8192, 4096, 4096), (8192, 8192, 8192)]
@@ -230,11 +229,6 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _triton_version() -> str:
-    import triton
-    return triton.__version__
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", type=Path)
@@ -284,9 +278,7 @@ def main() -> None:
     add_fused_best(rows)
     add_ratios(rows, {"gemm": "bf16", "mods_layer": "base_eager", "mods_layer_fwd": "base_eager",
                       "wukong": "bf16_compiled"})
-    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": _triton_version(), "command": " ".join(sys.argv), "rows": rows,
+    result = {**provenance(), "rows": rows,
               "geomean_speedup": geomeans(rows), "targets": target_lines(rows)}
     if layer_shapes:  # which of the fused forward kernel's configs won where (to prune the list with data)
         result["fused_forward_autotune"] = autotune_picks()

@@ -31,10 +31,8 @@ started before --budget-s are skipped and listed as such.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -55,6 +53,7 @@ from loka_trainer.precision import PrecisionConfig, apply_precision
 from loka_trainer.sharding.parallelize import embedding_modules
 from loka_trainer.profiling.kernels import CATEGORIES
 from scripts.kernel_split import kernel_split_ms
+from scripts.provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: its conf/ holds the precision and model presets
 
@@ -315,8 +314,7 @@ def main() -> None:
         raise SystemExit("bench_e2e_gpu.py needs a CUDA device")
     device = torch.device("cuda", 0)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(device),
-            "torch": torch.__version__, "command": " ".join(sys.argv), "compiled_dense": not args.no_compile,
+    meta = {**provenance(), "compiled_dense": not args.no_compile,
             "compile_mode": args.compile_mode or "default",
             "rows_per_table": args.vocab}
     rows, start = [], time.perf_counter()

@@ -22,7 +22,6 @@ barrier-synchronised warm-up, over ``--steps`` steps. Writes OUT_DIR/bench_fsdp2
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -36,6 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from scripts.bench_e2e_gpu import build_variant, timed_ms
+from scripts.provenance import provenance
 
 
 def shard_dense_units(model: torch.nn.Module) -> None:
@@ -143,9 +143,7 @@ def main() -> None:
         dist.barrier()
     if dist.get_rank() == 0:
         text = table(rows)
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        meta = {"date": datetime.date.today().isoformat(), "device": name,
-                "gpus": dist.get_world_size(), "torch": torch.__version__, "command": " ".join(sys.argv),
+        meta = {**provenance(), "gpus": dist.get_world_size(),
                 "model": args.model, "per_gpu_batch": args.batch, "rows_per_table": args.vocab,
                 "embeddings": "unsharded, replicated, gradients all-reduced (fp32 mean)",
                 "dense": "FSDP2 fully_shard per dense unit, BF16 reduce" + ("" if args.no_compile else ", compiled")}

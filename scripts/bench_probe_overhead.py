@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
+from scripts.provenance import provenance
 from scripts.train_runs import (check_profile_step, measured_run, observed_step_overhead, observes,
                                 print_phase_table)
 
@@ -58,6 +59,7 @@ def main() -> None:
     out_json = args.out / "probe_overhead.json"
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else []
     runs = []
+    meta = provenance()
     for pair in range(args.pairs):
         for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
             prior = [r for r in done if r["pair"] == pair and r["probe"] == mode]
@@ -73,11 +75,11 @@ def main() -> None:
                                                        warmup_steps=args.warmup_steps)
             runs.append(run)
             args.out.mkdir(parents=True, exist_ok=True)
-            out_json.write_text(json.dumps({"overrides": args.overrides, "runs": runs}, indent=2) + "\n")
+            out_json.write_text(json.dumps({**meta, "overrides": args.overrides, "runs": runs}, indent=2) + "\n")
     ratios = [next(r for r in runs if r["pair"] == k and r["probe"] == "off")["examples_per_s"]
               / next(r for r in runs if r["pair"] == k and r["probe"] == "on")["examples_per_s"]
               for k in range(args.pairs)]
-    result = {"overrides": args.overrides, "interval": args.interval, "warmup_steps": args.warmup_steps,
+    result = {**meta, "overrides": args.overrides, "interval": args.interval, "warmup_steps": args.warmup_steps,
               "runs": runs, "overhead_per_pair": [x - 1 for x in ratios], "overhead": statistics.median(ratios) - 1}
     out_json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "probe_overhead.png")

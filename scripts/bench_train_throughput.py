@@ -28,6 +28,7 @@ import statistics
 from pathlib import Path
 
 from scripts.plot_results import pyplot, throughput_curves
+from scripts.provenance import provenance
 from scripts.train_runs import (check_profile_step, known_variants, measured_run, precision_overrides,
                                 print_phase_table, repeat_orders)
 
@@ -99,7 +100,7 @@ def main() -> None:
     check_profile_step(args.profile_step, args.warmup_steps)
     variants = run_variants(args.precisions, args.variant)
     out_json = args.out / "train_throughput.json"
-    result = {"overrides": args.overrides, "variants": variants, "warmup_steps": args.warmup_steps,
+    result = {**provenance(), "overrides": args.overrides, "variants": variants, "warmup_steps": args.warmup_steps,
               "repeats": args.repeats, "runs": {}}
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else {}
     for repeat, order in enumerate(repeat_orders(args.precisions, args.repeats)):

@@ -35,6 +35,7 @@ from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.mods.layers import BlockNorm
 from loka_trainer.timing import cuda_graph_timer, wall_clock_timer
 from scripts.plot_results import grouped_bars, pyplot
+from scripts.provenance import provenance
 from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
 VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
@@ -135,8 +136,7 @@ def main() -> None:
         rows.append({"K": K, "N": N, "us": us, "kernels": kernels})
         (args.out / "user_path.json").write_text(json.dumps({"device": str(device), "rows": rows}, indent=2))
     summary = summarize(rows)
-    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "batch": args.batch, "rows": rows, "geomean_vs_published": summary}
+    result = {**provenance(), "batch": args.batch, "rows": rows, "geomean_vs_published": summary}
     (args.out / "user_path.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(rows, summary, args.out / "user_path.png")
     print("shape        " + "  ".join(f"{v:>18}" for v in VARIANTS))

@@ -21,7 +21,8 @@ def test_every_script_and_benchmark_imports_as_a_module_without_running(module):
     mod = importlib.import_module(module)
     assert callable(getattr(mod, "main", None)) or module in {"scripts.bench_targets", "scripts.bench_timing",
                                                               "scripts.mods_layer_variants", "scripts.train_runs",
-                                                              "scripts.run_queue", "scripts.kernel_split"}
+                                                              "scripts.run_queue", "scripts.kernel_split",
+                                                              "scripts.provenance"}
 
 
 @pytest.mark.slow
@@ -291,3 +292,5 @@ def test_user_path_bench_times_every_variant_through_the_public_api(tmp_path):
     assert result["geomean_vs_published"]["published"] == 1.0
     assert (tmp_path / "user_path.png").stat().st_size > 0
     assert "LoKA compiled / plain Mods compiled" in proc.stdout.splitlines()[-1]
+    assert result["command"] == f"python -m scripts.bench_user_path {tmp_path} --shapes 32,64 --batch 32 --device cpu"
+    assert result["date"] and result["commit"] and "torch" in result

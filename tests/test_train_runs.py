@@ -24,6 +24,7 @@ def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "train_throughput.json").read_text())
     assert list(result["runs"]) == ["bf16", "fp8_rowwise", "fp8_rowwise#1", "bf16#1"]
+    assert result["command"].startswith("python -m scripts.bench_train_throughput --out") and result["commit"]
     for run in result["runs"].values():
         assert [s for s, _ in run["trajectory"]] == [5, 10, 15, 20] and run["examples_per_s"] > 0
         assert run["window_spread"] >= 0
@@ -96,7 +97,9 @@ def test_probe_overhead_bench_reads_the_cost_inside_the_probe_on_run(tmp_path):
            "trainer.log_interval=5"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    runs = {r["probe"]: r for r in json.loads((tmp_path / "probe_overhead.json").read_text())["runs"]}
+    result = json.loads((tmp_path / "probe_overhead.json").read_text())
+    assert result["command"].startswith("python -m scripts.bench_probe_overhead --out") and result["date"]
+    runs = {r["probe"]: r for r in result["runs"]}
     assert all(r["window_spread"] >= 0 for r in runs.values())
     assert all(r["profile"]["step"] == 0 and "forward" in r["profile"]["phases"] for r in runs.values())
     assert "pair 0 on" in proc.stdout.split("step 0 by phase")[1]
