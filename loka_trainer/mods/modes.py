@@ -38,7 +38,7 @@ DEFAULT_FORWARD_MODE = "split_bf16"
 
 def default_forward_mode(*, compiled: bool) -> str:
     """The forward mode of a fused BF16 layer with no measured choice: ``plain`` when the model will be compiled
-    (inductor fuses BlockNorm + HardSwish into the plain math and launches it from its own code; the Mods-only
-    Wukong dense arch compiled ran within 1.4% of the fused kernels, docs/kernels/README.md), else
-    ``DEFAULT_FORWARD_MODE``. Dispatch, compiled, times ``plain`` against the Triton modes per layer."""
+    (inductor fuses BlockNorm + HardSwish into the plain math; timed compiled on the H200, Dispatch kept it at 6 of
+    the 9 figure-13 shapes, docs/results.md §3), else ``DEFAULT_FORWARD_MODE``. Dispatch, compiled, times
+    ``plain`` against the Triton modes per layer."""
     return PLAIN_MODE if compiled else DEFAULT_FORWARD_MODE
