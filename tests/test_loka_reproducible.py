@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from loka_trainer.dispatch.plan import load_plan, num_fp8_gemms
+from loka_trainer.dispatch.plan import load_plan
+from loka_trainer.dispatch.plan_table import num_fp8_gemms
 from tests.launch import SMALL, run_train
 
 COMMON = ["model=dlrm", "precision=loka", "trainer.steps=8", "trainer.log_interval=1", "trainer.eval_interval=0",

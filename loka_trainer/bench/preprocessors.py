@@ -97,7 +97,7 @@ def _with_dispatch(job: Job, device: torch.device) -> Job:
 
     The model being profiled is never modified: each submodule gets its own converted copy.
     """
-    from loka_trainer.dispatch.plan import num_fp8_gemms
+    from loka_trainer.dispatch.plan_table import num_fp8_gemms
     from loka_trainer.precision import PrecisionConfig, apply_precision
 
     wrapper = _ReplayCaptured(copy.deepcopy(job.module), job.inputs)

@@ -21,7 +21,8 @@ from torch import nn
 from loka_trainer.dispatch.broadcast import broadcast_plan, is_rank0, rank0_print
 from loka_trainer.dispatch.build import build_plan
 from loka_trainer.dispatch.config import LoKAConfig
-from loka_trainer.dispatch.plan import DispatchPlan, ModsChoice, format_plan_table, load_plan, save_plan, validate_plan
+from loka_trainer.dispatch.plan import DispatchPlan, ModsChoice, load_plan, save_plan, validate_plan
+from loka_trainer.dispatch.plan_table import format_plan_table
 from loka_trainer.dispatch.targets import ModuleFilter, target_linears
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear

@@ -9,7 +9,8 @@ from torch import nn
 from loka_trainer.dispatch.build import build_plan
 from loka_trainer.dispatch.config import LoKAConfig
 from loka_trainer.dispatch.measure import build_layer_plan
-from loka_trainer.dispatch.plan import bf16_reason, format_plan_table, load_plan, save_plan
+from loka_trainer.dispatch.plan import load_plan, save_plan
+from loka_trainer.dispatch.plan_table import bf16_reason, format_plan_table
 from loka_trainer.kernels.backends import available_backends, get_backend
 
 TENSORWISE = "scaled_mm_tensorwise"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from loka_trainer.dispatch.measure import build_layer_plan, time_rounds
-from loka_trainer.dispatch.plan import DispatchPlan, GemmChoice, LayerPlan, format_plan_table, num_fp8_gemms
+from loka_trainer.dispatch.plan import DispatchPlan, GemmChoice, LayerPlan
+from loka_trainer.dispatch.plan_table import format_plan_table, num_fp8_gemms
 from loka_trainer.dispatch.select import outlier_rounds, select_backend, wins_every_round
 from loka_trainer.kernels.backends import available_backends, get_backend
 

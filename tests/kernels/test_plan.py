@@ -5,8 +5,9 @@ import json
 import pytest
 
 from loka_trainer.dispatch.plan import (
-    DispatchPlan, GemmChoice, LayerPlan, format_plan_table, load_plan, save_plan, validate_plan,
+    DispatchPlan, GemmChoice, LayerPlan, load_plan, save_plan, validate_plan,
 )
+from loka_trainer.dispatch.plan_table import format_plan_table
 
 VALID = ["bf16", "scaled_mm_rowwise", "scaled_mm_tensorwise"]
 
@@ -105,7 +106,7 @@ def test_table_names_the_candidates_rejected_for_flushing():
 
 
 def test_bf16_rows_say_why():
-    from loka_trainer.dispatch.plan import bf16_reason, bf16_reason_counts
+    from loka_trainer.dispatch.plan_table import bf16_reason, bf16_reason_counts
     inaccurate = GemmChoice("bf16", mere=0.002, time_us=10.0, bf16_time_us=10.0,
                             candidates={"scaled_mm_rowwise": {"mere": 0.4, "time_us": 5.0},
                                         "bf16": {"mere": 0.002, "time_us": 10.0}})
@@ -139,7 +140,8 @@ def test_mods_forward_round_trips(tmp_path):
 
 @pytest.mark.parametrize("mode,forward_fp8", [("split_bf16", False), ("fused_bf16", False), ("split_fp8", True)])
 def test_fp8_count_follows_the_mods_forward_mode(mode, forward_fp8):
-    from loka_trainer.dispatch.plan import ModsChoice, num_fp8_gemms
+    from loka_trainer.dispatch.plan import ModsChoice
+    from loka_trainer.dispatch.plan_table import num_fp8_gemms
     plan = _plan()
     lp = plan.layers["dense.mlp.0"]
     assert lp.forward.backend != "bf16" and num_fp8_gemms(plan) == 1
