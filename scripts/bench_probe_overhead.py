@@ -59,7 +59,6 @@ def main() -> None:
     out_json = args.out / "probe_overhead.json"
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else []
     runs = []
-    meta = provenance()
     for pair in range(args.pairs):
         for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
             prior = [r for r in done if r["pair"] == pair and r["probe"] == mode]
@@ -75,11 +74,12 @@ def main() -> None:
                                                        warmup_steps=args.warmup_steps)
             runs.append(run)
             args.out.mkdir(parents=True, exist_ok=True)
-            out_json.write_text(json.dumps({**meta, "overrides": args.overrides, "runs": runs}, indent=2) + "\n")
+            out_json.write_text(json.dumps({"overrides": args.overrides, "runs": runs}, indent=2) + "\n")
     ratios = [next(r for r in runs if r["pair"] == k and r["probe"] == "off")["examples_per_s"]
               / next(r for r in runs if r["pair"] == k and r["probe"] == "on")["examples_per_s"]
               for k in range(args.pairs)]
-    result = {**meta, "overrides": args.overrides, "interval": args.interval, "warmup_steps": args.warmup_steps,
+    # after the runs: naming the device starts a CUDA context in this process, kept off the GPU while they train
+    result = {**provenance(), "overrides": args.overrides, "interval": args.interval, "warmup_steps": args.warmup_steps,
               "runs": runs, "overhead_per_pair": [x - 1 for x in ratios], "overhead": statistics.median(ratios) - 1}
     out_json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "probe_overhead.png")

@@ -100,7 +100,7 @@ def main() -> None:
     check_profile_step(args.profile_step, args.warmup_steps)
     variants = run_variants(args.precisions, args.variant)
     out_json = args.out / "train_throughput.json"
-    result = {**provenance(), "overrides": args.overrides, "variants": variants, "warmup_steps": args.warmup_steps,
+    result = {"overrides": args.overrides, "variants": variants, "warmup_steps": args.warmup_steps,
               "repeats": args.repeats, "runs": {}}
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else {}
     for repeat, order in enumerate(repeat_orders(args.precisions, args.repeats)):
@@ -114,7 +114,8 @@ def main() -> None:
             result["runs"][key] = done[key]
             args.out.mkdir(parents=True, exist_ok=True)
             out_json.write_text(json.dumps(result, indent=2) + "\n")
-    result["precisions"] = summarize(result["runs"], args.precisions, args.repeats)
+    # after the runs: naming the device starts a CUDA context in this process, kept off the GPU while they train
+    result = {**provenance(), **result, "precisions": summarize(result["runs"], args.precisions, args.repeats)}
     out_json.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "train_throughput.png")
     first = args.precisions[0]

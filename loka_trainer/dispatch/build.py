@@ -93,7 +93,8 @@ def forward_mode_offered(mode: ForwardMode, lp: LayerPlan, *, compiled: bool) ->
     if mode.fp8:
         return lp.forward.backend != BASELINE
     if not mode.triton:
-        return compiled and all(b == BASELINE for b in lp.backends().values())
+        return compiled and lp.forward.backend == BASELINE and mode.takes_backward(lp.input_grad.backend,
+                                                                                   lp.weight_grad.backend)
     return True
 
 

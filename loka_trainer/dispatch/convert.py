@@ -74,7 +74,7 @@ def kernels_from_plan_backends(backends: dict[str, str], mods: Optional[ModsChoi
     elif backends.get("forward", BASELINE) != BASELINE:
         mode = "fused_fp8"
     else:
-        mode = default_forward_mode(compiled=compiled and dgrad == wgrad == BASELINE)
+        mode = default_forward_mode(compiled=compiled, dgrad=dgrad, wgrad=wgrad)
     return {"mode": mode, "dgrad": dgrad, "wgrad": wgrad}
 
 

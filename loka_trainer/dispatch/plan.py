@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from loka_trainer.kernels.backend_base import GEMMS
 from loka_trainer.kernels.backends import BACKENDS, BASELINE
-from loka_trainer.mods.modes import FORWARD_MODES, PLAIN_MODE
+from loka_trainer.mods.modes import FORWARD_MODES
 from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
 
 PLAN_VERSION = 1
@@ -282,7 +282,7 @@ def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], 
                 raise ValueError(f"{source}: layer {fqn!r} mods_forward: FP8 mode {mode!r} but the forward GEMM is bf16 "
                                  f"(no FP8 kernel was accurate enough there)")
             dgrad = lp.mods_input_grad.mode if lp.mods_input_grad is not None else lp.input_grad.backend
-            if mode == PLAIN_MODE and (dgrad, lp.weight_grad.backend) != ("bf16", "bf16"):
+            if not FORWARD_MODES[mode].takes_backward(dgrad, lp.weight_grad.backend):
                 raise ValueError(f"{source}: layer {fqn!r} mods_forward: mode {mode!r} runs bf16 backward GEMMs, "
                                  f"but the plan has input_grad {dgrad!r}, weight_grad {lp.weight_grad.backend!r}")
         if lp.mods_input_grad is not None:

@@ -19,6 +19,11 @@ class ForwardMode:
     split: bool
     triton: bool = True
 
+    def takes_backward(self, dgrad: str, wgrad: str) -> bool:
+        """Whether this mode runs with these input- and weight-grad backends: ``plain`` only with ``bf16`` ones
+        (autograd's GEMMs); a kernel mode with any."""
+        return self.triton or dgrad == wgrad == "bf16"
+
 
 PLAIN_MODE = "plain"
 
@@ -36,9 +41,11 @@ FORWARD_MODES: dict[str, ForwardMode] = {
 DEFAULT_FORWARD_MODE = "split_bf16"
 
 
-def default_forward_mode(*, compiled: bool) -> str:
-    """The forward mode of a fused BF16 layer with no measured choice: ``plain`` when the model will be compiled
-    (inductor fuses BlockNorm + HardSwish into the plain math; timed compiled on the H200, Dispatch kept it at 6 of
-    the 9 figure-13 shapes, docs/results.md §3), else ``DEFAULT_FORWARD_MODE``. Dispatch, compiled, times
-    ``plain`` against the Triton modes per layer."""
-    return PLAIN_MODE if compiled else DEFAULT_FORWARD_MODE
+def default_forward_mode(*, compiled: bool, dgrad: str = "bf16", wgrad: str = "bf16") -> str:
+    """The forward mode of a fused BF16-forward layer with no measured choice: ``plain`` when the model will be
+    compiled and ``plain`` takes the layer's backward backends (inductor fuses BlockNorm + HardSwish into the plain
+    math; timed compiled on the H200, Dispatch kept it at 6 of the 9 figure-13 shapes, docs/results.md §3), else
+    ``DEFAULT_FORWARD_MODE``. Dispatch, compiled, times ``plain`` against the Triton modes per layer."""
+    if compiled and FORWARD_MODES[PLAIN_MODE].takes_backward(dgrad, wgrad):
+        return PLAIN_MODE
+    return DEFAULT_FORWARD_MODE

@@ -24,7 +24,7 @@ from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.triton_env import interpreting
 from loka_trainer.mods.config import DEFAULT_KERNEL_CONFIG, ModsKernelConfig
 from loka_trainer.mods.layers import BlockNorm, block_rms_norm
-from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES, PLAIN_MODE
+from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.mods.ops import linear_mods_fp8_out, static_scale_inv
 
 
@@ -62,8 +62,8 @@ class FusedLinearMods(nn.Module):
         if mode not in FORWARD_MODES:
             raise ValueError(f"FusedLinearMods mode: unknown {mode!r}; valid: {sorted(FORWARD_MODES)}")
         get_backend(dgrad), get_backend(wgrad)
-        if mode == PLAIN_MODE and (dgrad, wgrad) != (BASELINE, BASELINE):
-            raise ValueError(f"FusedLinearMods mode {PLAIN_MODE!r} runs its backward GEMMs in {BASELINE}: got "
+        if not FORWARD_MODES[mode].takes_backward(dgrad, wgrad):
+            raise ValueError(f"FusedLinearMods mode {mode!r} runs its backward GEMMs in {BASELINE}: got "
                              f"dgrad={dgrad!r}, wgrad={wgrad!r}")
         self.mode, self.dgrad, self.wgrad = mode, dgrad, wgrad
 
