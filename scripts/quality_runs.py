@@ -78,8 +78,12 @@ def build_jobs(out: Path, models: list[str], variants: list[str], seeds: list[in
     return jobs
 
 
+PROVENANCE_FIELDS = ("device", "torch", "finished")  # summary.json's, where the run wrote them
+
+
 def read_run(job: Job) -> dict:
-    """A finished run's record in quality.json (train-loss trajectory, eval curve, final eval, throughput)."""
+    """A finished run's record in quality.json (train-loss trajectory, eval curve, final eval, throughput, and where
+    it ran: device, torch, finish time, commit; runs written before those fields existed lack them)."""
     records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((job.run_dir / "summary.json").read_text())
     record = {"model": job.model, "precision": job.variant, "seed": job.seed,
@@ -87,9 +91,11 @@ def read_run(job: Job) -> dict:
               "eval_curve": [[r["step"], r["eval_logloss"]] for r in records if "eval_logloss" in r],
               "eval": {k: summary[k] for k in ("eval_logloss", "eval_ne", "eval_auc")},
               "examples_per_s": summary["examples_per_s"]}
+    record.update({k: summary[k] for k in PROVENANCE_FIELDS if k in summary})
     launch = job.run_dir.with_suffix(".launch.json")
     if launch.is_file():
-        record["wall_s"] = json.loads(launch.read_text())["wall_s"]
+        launched = json.loads(launch.read_text())
+        record.update({k: launched[k] for k in ("wall_s", "commit", "dirty") if k in launched})
     return record
 
 

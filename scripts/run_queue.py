@@ -17,6 +17,7 @@ from typing import IO, Callable, Optional, Protocol
 
 from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts.train_runs import LAUNCHERS, ROOT, free_port, run_env
+from scripts.provenance import git_state
 
 
 @dataclasses.dataclass
@@ -142,8 +143,9 @@ class Launched:
 
 
 class Launcher:
-    """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status and wall
-    time in ``<run dir>.launch.json`` when it ends."""
+    """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status, wall time
+    and the checkout it ran (``commit``, ``dirty``: ``scripts.provenance.git_state``) in ``<run dir>.launch.json``
+    when it ends."""
 
     def __init__(self, launcher: str, nproc: int, threads: int):
         self.command, self.nproc, self.threads = LAUNCHERS[launcher], nproc, threads
@@ -164,7 +166,9 @@ class Launcher:
         run = self.live.pop(job.name)
         run.log.close()
         wall = time.perf_counter() - run.t0
+        commit, dirty = git_state()
         job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
-            {"command": run.command, "port": run.port, "returncode": code, "wall_s": wall}, indent=1) + "\n")
+            {"command": run.command, "port": run.port, "returncode": code, "wall_s": wall, "commit": commit,
+             "dirty": dirty}, indent=1) + "\n")
         state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
         print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)

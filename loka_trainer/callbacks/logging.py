@@ -9,11 +9,13 @@ Run-directory contract (other tools and tests rely on it):
   examples_per_s over logged steps, skipped_steps, the run totals in ``TrainState.counts`` such as
   ``malformed_rows``, and on CUDA ``peak_gpu_memory_gib``: rank 0's allocator high-water mark from the first step
   on, i.e. training and evaluation with FP8 weight caches and kept activations, not the model build or the Dispatch
-  plan's timing).
+  plan's timing); where it ran: ``device`` (the CUDA device's name, else ``cpu``), ``torch`` (version) and
+  ``finished`` (UTC time, ISO 8601).
 - ``tensorboard/``: event files (scalars under ``train/`` and ``eval/``).
 """
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from pathlib import Path
@@ -58,6 +60,9 @@ class MetricsLogger(Callback):
                    **state.counts}
         if state.device.type == "cuda":
             summary["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(state.device) / 2**30
+        summary.update(device=torch.cuda.get_device_name(state.device) if state.device.type == "cuda" else "cpu",
+                       torch=torch.__version__,
+                       finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         self.summary_path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
 
     def _append(self, record: dict[str, Any]) -> None:
