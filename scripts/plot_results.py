@@ -38,7 +38,10 @@ def _by_key(result: dict) -> dict[tuple[str, str, int], dict]:
 
 
 def _mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
-    return (statistics.mean(values), statistics.pstdev(values)) if values else (None, None)
+    """(mean, std over the values); the std is None below two values (one seed has no spread)."""
+    if not values:
+        return None, None
+    return statistics.mean(values), statistics.pstdev(values) if len(values) > 1 else None
 
 
 def paired_rll(runs: dict, model: str, precision: str, baseline: str, seeds: list[int]) -> list[float]:
@@ -83,7 +86,9 @@ def summarize(result: dict) -> list[dict]:
 
 
 def _rll_cell(mean: Optional[float], std: Optional[float], n: int) -> str:
-    return "n/a" if mean is None else f"{mean:+.3f} ± {std:.3f} (n={n})"
+    if mean is None:
+        return "n/a"
+    return f"{mean:+.3f} (n={n})" if std is None else f"{mean:+.3f} ± {std:.3f} (n={n})"
 
 
 def quality_table(result: dict) -> str:
