@@ -27,8 +27,8 @@ How long: BF16 wukong_h200's eval log loss flattens after ~2000 steps at batch 8
 docs/results/quality_h200_bf16_curve/), where a run trains at ~110k examples/s, so each run is ~3 minutes of
 training plus ~40 s of start-up and compilation (LoKA builds its plan first: ~130 s with one timing round). Runs
 on one GPU share its time, so 5 precisions x 3 seeds take ~55 minutes however many run at once (an estimate from
-those speeds, not a timed study). `--time-budget` cuts it into parts; the same command again goes on where it
-stopped:
+those speeds; two runs at once took 400-510 s together, docs/results/quality_h200/). `--time-budget` cuts it into
+parts; the same command again goes on where it stopped:
 
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python -m scripts.quality_runs --out OUT --models wukong_h200 \
         --precisions bf16 bf16_mods fp8_tensorwise fp8_rowwise loka --seeds 0 1 2 --steps 2400 --eval-interval 200 \
