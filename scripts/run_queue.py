@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import IO, Callable, Optional, Protocol
 
 from loka_trainer.dispatch.convert import PLAN_FILE
-from scripts.train_runs import LAUNCHERS, ROOT, free_port, run_env
 from scripts.provenance import git_state
+from scripts.train_runs import LAUNCHERS, ROOT, free_port, run_env
 
 
 @dataclasses.dataclass
