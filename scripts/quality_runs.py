@@ -9,7 +9,9 @@ train losses are comparable window by window. `--launcher python` starts `python
 1`), `--launcher torchrun` starts `torchrun --nproc_per_node=N` on its own rendezvous port; either way every run
 gets its own MASTER_PORT, so `--concurrent K` runs up to K of them at once (they share the device).
 `--time-budget S` starts no run later than S seconds after the first one started (running ones finish): the
-queue is `scripts.run_queue`.
+queue is `scripts.run_queue`. `--gpus G` spreads the runs over G GPUs: each run sees only its own `--nproc` of
+them (`CUDA_VISIBLE_DEVICES`), the group with the fewest runs when it starts; `--concurrent` still caps the total
+(on 8 GPUs, `--gpus 8 --concurrent 8` trains eight one-GPU runs at once).
 `--eval-interval N` evaluates every N steps (the eval log loss curve). After every finished run
 `<out>/quality.json` (per run: the train-loss trajectory, the eval curve and the final eval metrics; the table adds
 the relative log loss (RLL) vs the BF16 run of the same seed, the BF16 seed-to-seed noise floor and LoKA vs
@@ -147,6 +149,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--launcher", choices=sorted(LAUNCHERS), default=None,
                     help="default: python for --nproc 1, else torchrun")
     ap.add_argument("--concurrent", type=int, default=1, help="runs at once")
+    ap.add_argument("--gpus", type=int, default=0,
+                    help="spread the runs over this many GPUs, each run on its own --nproc of them (0: every run "
+                         "sees every device)")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds after which no run starts")
     ap.add_argument("--share-plan", action="store_true", help="one Dispatch plan per (model, precision)")
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run (after --)")
@@ -158,8 +163,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         problems.append("--precisions must include bf16: RLL is relative to the BF16 run")
     if args.launcher == "python" and args.nproc != 1:
         problems.append(f"--launcher python runs one process; --nproc {args.nproc} needs --launcher torchrun")
-    if args.concurrent < 1 or args.nproc < 1 or args.eval_interval < 0 or args.steps < 1:
-        problems.append("--concurrent, --nproc and --steps must be >= 1, --eval-interval >= 0")
+    if args.concurrent < 1 or args.nproc < 1 or args.eval_interval < 0 or args.steps < 1 or args.gpus < 0:
+        problems.append("--concurrent, --nproc and --steps must be >= 1, --eval-interval and --gpus >= 0")
+    elif args.gpus % args.nproc:
+        problems.append(f"--gpus {args.gpus} is not a multiple of --nproc {args.nproc} (each run takes --nproc GPUs)")
     if problems:
         print(f"error: {problems[0]}", file=sys.stderr)
         raise SystemExit(2)
@@ -184,10 +191,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         print("note: a Dispatch plan measured while other runs use the device is skewed; see --share-plan")
     meta = {"command": " ".join(["quality_runs.py", *(sys.argv[1:] if argv is None else argv)]),
             "steps": args.steps, "nproc": args.nproc, "launcher": args.launcher, "concurrent": args.concurrent,
+            "gpus": args.gpus,
             "eval_interval": args.eval_interval, "share_plan": args.share_plan, "extra_overrides": args.extra,
             "precision_overrides": {v: precision_overrides(v) for v in args.precisions}}
     threads = max(1, (os.cpu_count() or 1) // (args.concurrent * args.nproc))
-    launcher = Launcher(args.launcher, args.nproc, threads)
+    launcher = Launcher(args.launcher, args.nproc, threads, gpus=args.gpus)
     failed: list[tuple[Job, str]] = []
 
     def on_finish(job: Job, code: int) -> None:

@@ -133,6 +133,17 @@ def run_jobs(jobs: list[Job], *, concurrent: int, budget_s: Optional[float], sta
     return not_run
 
 
+def device_groups(gpus: int, nproc: int) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` value of each slot a run can take: ``gpus // nproc`` groups of ``nproc``
+    consecutive devices (``device_groups(8, 2)`` -> ``["0,1", "2,3", "4,5", "6,7"]``); none for ``gpus=0``."""
+    return [",".join(str(d) for d in range(g * nproc, (g + 1) * nproc)) for g in range(gpus // nproc)]
+
+
+def least_loaded(groups: list[str], busy: list[str]) -> str:
+    """The group with the fewest running runs (``busy``: the group of each), the first of those on a tie."""
+    return min(groups, key=busy.count)
+
+
 @dataclasses.dataclass
 class Launched:
     proc: subprocess.Popen
@@ -140,26 +151,30 @@ class Launched:
     port: int
     command: list[str]
     t0: float
+    devices: Optional[str] = None
 
 
 class Launcher:
-    """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status, wall time
-    and the checkout it ran (``commit``, ``dirty``: ``scripts.provenance.git_state``) in ``<run dir>.launch.json``
-    when it ends."""
+    """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status, wall time,
+    devices and the checkout it ran (``commit``, ``dirty``: ``scripts.provenance.git_state``) in
+    ``<run dir>.launch.json`` when it ends. With ``gpus`` > 0 each run sees only its own ``nproc`` of them
+    (``CUDA_VISIBLE_DEVICES``), the group with the fewest runs at its start; with 0 every run sees every device."""
 
-    def __init__(self, launcher: str, nproc: int, threads: int):
+    def __init__(self, launcher: str, nproc: int, threads: int, gpus: int = 0):
         self.command, self.nproc, self.threads = LAUNCHERS[launcher], nproc, threads
+        self.groups = device_groups(gpus, nproc)
         self.live: dict[str, Launched] = {}
 
     def start(self, job: Job) -> subprocess.Popen:
         port = free_port({r.port for r in self.live.values()})
+        devices = least_loaded(self.groups, [r.devices for r in self.live.values()]) if self.groups else None
         cmd = [*self.command(self.nproc, port), *job.command_overrides()]
         job.run_dir.parent.mkdir(parents=True, exist_ok=True)
         log = job.run_dir.with_suffix(".log").open("w")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env=run_env(port, threads=self.threads))
-        self.live[job.name] = Launched(proc, log, port, cmd, time.perf_counter())
-        print(f"started {job.name} (port {port})", flush=True)
+                                env=run_env(port, threads=self.threads, devices=devices))
+        self.live[job.name] = Launched(proc, log, port, cmd, time.perf_counter(), devices)
+        print(f"started {job.name} (port {port}{f', devices {devices}' if devices else ''})", flush=True)
         return proc
 
     def finish(self, job: Job, code: int) -> None:
@@ -168,7 +183,7 @@ class Launcher:
         wall = time.perf_counter() - run.t0
         commit, dirty = git_state()
         job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
-            {"command": run.command, "port": run.port, "returncode": code, "wall_s": wall, "commit": commit,
-             "dirty": dirty}, indent=1) + "\n")
+            {"command": run.command, "port": run.port, "devices": run.devices, "returncode": code, "wall_s": wall,
+             "commit": commit, "dirty": dirty}, indent=1) + "\n")
         state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
         print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)

@@ -61,10 +61,13 @@ def free_port(taken: set[int]) -> int:
             return port
 
 
-def run_env(port: int, *, threads: int) -> dict[str, str]:
-    """The child's environment: its rendezvous port, and (unless set) OMP threads = its share of the CPU cores."""
+def run_env(port: int, *, threads: int, devices: Optional[str] = None) -> dict[str, str]:
+    """The child's environment: its rendezvous port, (unless set) OMP threads = its share of the CPU cores, and
+    with ``devices`` the GPUs it may see (``CUDA_VISIBLE_DEVICES``, e.g. ``"2,3"``)."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     env.setdefault("OMP_NUM_THREADS", str(threads))
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     return env
 
 

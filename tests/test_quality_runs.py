@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts import quality_runs as qr
+from scripts import run_queue
 from scripts import train_runs
 from scripts.plot_results import mean_curve, plot_quality_curves, quality_table, summarize
 
@@ -79,6 +81,8 @@ def test_bf16_mods_builds_the_mods_model_and_converts_nothing_to_fp8():
     (["--precisions", "loka"], "must include bf16"),
     (["--precisions", "bf16", "--nproc", "2", "--launcher", "python"], "--launcher python runs one process"),
     (["--precisions", "bf16", "--concurrent", "0"], "--concurrent"),
+    (["--precisions", "bf16", "--gpus", "-1"], "--gpus >= 0"),
+    (["--precisions", "bf16", "--gpus", "3", "--nproc", "2"], "--gpus 3 is not a multiple of --nproc 2"),
 ])
 def test_bad_arguments_fail_in_one_line_with_status_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -100,6 +104,26 @@ def test_torchrun_runs_get_the_port_they_are_given_and_ports_in_use_are_skipped(
     assert train_runs.run_env(41234, threads=3)["MASTER_PORT"] == "41234"
     first = train_runs.free_port(set())
     assert train_runs.free_port({first}) != first
+
+
+def test_runs_spread_over_gpus_take_the_least_busy_group_of_nproc_devices(tmp_path, monkeypatch):
+    assert run_queue.device_groups(8, 2) == ["0,1", "2,3", "4,5", "6,7"] and run_queue.device_groups(0, 1) == []
+    assert run_queue.device_groups(3, 2) == ["0,1"]
+    started = []
+    fake = types.SimpleNamespace(Popen=lambda cmd, **kw: started.append(kw["env"]) or "proc", STDOUT=None)
+    monkeypatch.setattr(run_queue, "subprocess", fake)  # run_queue's launches only (git_state keeps its own)
+    launcher = run_queue.Launcher("python", 1, 1, gpus=2)
+    jobs = [qr.Job("wukong", "bf16", s, tmp_path / "runs" / f"run{s}", []) for s in range(4)]
+    for job in jobs[:3]:
+        launcher.start(job)
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in started] == ["0", "1", "0"]
+    launcher.finish(jobs[1], 0)  # device 1 is free again, device 0 still runs two
+    launcher.start(jobs[3])
+    assert started[-1]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert json.loads((tmp_path / "runs" / "run1.launch.json").read_text())["devices"] == "1"
+    started.clear()
+    run_queue.Launcher("python", 1, 1).start(qr.Job("wukong", "bf16", 9, tmp_path / "runs" / "run9", []))
+    assert started[0].get("CUDA_VISIBLE_DEVICES") == train_runs.os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 # ---- scheduler ----------------------------------------------------------------------------------------------------
