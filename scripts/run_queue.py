@@ -156,13 +156,15 @@ class Launched:
 
 class Launcher:
     """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status, wall time,
-    devices and the checkout it ran (``commit``, ``dirty``: ``scripts.provenance.git_state``) in
-    ``<run dir>.launch.json`` when it ends. With ``gpus`` > 0 each run sees only its own ``nproc`` of them
+    devices and the checkout it ran (``commit``, ``dirty``: ``scripts.provenance.git_state``, read once when the
+    launcher is made: the study's own tracked outputs, rewritten after each run, must not mark later runs dirty)
+    in ``<run dir>.launch.json`` when it ends. With ``gpus`` > 0 each run sees only its own ``nproc`` of them
     (``CUDA_VISIBLE_DEVICES``), the group with the fewest runs at its start; with 0 every run sees every device."""
 
     def __init__(self, launcher: str, nproc: int, threads: int, gpus: int = 0):
         self.command, self.nproc, self.threads = LAUNCHERS[launcher], nproc, threads
         self.groups = device_groups(gpus, nproc)
+        self.checkout = dict(zip(("commit", "dirty"), git_state()))
         self.live: dict[str, Launched] = {}
 
     def start(self, job: Job) -> subprocess.Popen:
@@ -181,9 +183,8 @@ class Launcher:
         run = self.live.pop(job.name)
         run.log.close()
         wall = time.perf_counter() - run.t0
-        commit, dirty = git_state()
         job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
             {"command": run.command, "port": run.port, "devices": run.devices, "returncode": code, "wall_s": wall,
-             "commit": commit, "dirty": dirty}, indent=1) + "\n")
+             **self.checkout}, indent=1) + "\n")
         state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
         print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)
