@@ -1,4 +1,4 @@
-"""FP8 backends on ``torch._scaled_mm`` (cuBLASLt on GPU; a reference implementation on CPU).
+"""FP8 backends on ``torch._scaled_mm`` (cuBLASLt on GPU; the same math in fp32 on CPU).
 
 Recipes (a · bᵀ with a (R, C), b (P, C), contraction over C; see backend_base for the three GEMMs):
 
@@ -38,9 +38,13 @@ FAST_ACCUM_SUFFIX = "_fast_accum"
 def scaled_mm_nt(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor,
                  fast_accum: bool = False) -> torch.Tensor:
     """qa (R, C), qb (P, C) row-major fp8, sa (R, 1), sb (P, 1) fp32 (rowwise) or both () (tensorwise)
-    -> (qa·sa)·(qb·sb)ᵀ (R, P) bf16: cuBLASLt's FP8 GEMM on CUDA (torch's reference on CPU); R, C, P % 16 == 0.
+    -> (qa·sa)·(qb·sb)ᵀ (R, P) bf16: cuBLASLt's FP8 GEMM on CUDA (fp32 matmul on CPU); R, C, P % 16 == 0.
     ``fast_accum``: cuBLASLt's fast-accumulation kernels (module docstring)."""
     sb = sb if sb.dim() == 0 else sb.reshape(1, -1)  # b's row scales (P, 1) are the column scales of bᵀ
+    if qa.device.type == "cpu":
+        # oneDNN has a fast FP8 matmul only on some CPUs (elsewhere `ref:any`, ~5 s for 1024x256x512); this is the
+        # same math: fp8 values are exact in fp32, products accumulate in fp32, then the scales, then bf16.
+        return ((qa.float() @ qb.float().t()) * sa * sb).to(torch.bfloat16)
     return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                             use_fast_accum=fast_accum)
 
