@@ -44,7 +44,8 @@ def scaled_mm_nt(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch
     if qa.device.type == "cpu":
         # oneDNN has a fast FP8 matmul only on some CPUs (elsewhere `ref:any`, ~5 s for 1024x256x512); this is the
         # same math: fp8 values are exact in fp32, products accumulate in fp32, then the scales, then bf16.
-        return ((qa.float() @ qb.float().t()) * sa * sb).to(torch.bfloat16)
+        with torch.autocast("cpu", enabled=False):
+            return ((qa.float() @ qb.float().t()) * sa * sb).to(torch.bfloat16)
     return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
                             use_fast_accum=fast_accum)
 
