@@ -47,7 +47,7 @@ def test_fsdp2_bench_runs_two_ranks_and_reports_every_variant(tmp_path):
 def test_mods_stack_bench_builds_and_steps_every_variant():
     cmd = [sys.executable, "-m", "benchmarks.bench_mods_stack_gpu", "unused", "--device", "cpu",
            "--widths", "256", "512", "256", "--batch", "32"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=560)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line.split(":")[0] for line in proc.stdout.splitlines()] == [
         "base", "fused_bf16", "split_bf16", "fused_fp8", "split_fp8", "split_fp8_handoff"]
@@ -130,7 +130,7 @@ def test_e2e_precision_variants_apply_their_suffixes_and_reject_unknown_ones():
 def test_e2e_bench_rejects_bad_names_before_touching_a_device():
     cmd = [sys.executable, "-m", "scripts.bench_e2e_gpu", "unused", "--models", "wukong",
            "--precisions", "bf16", "loka+turbo"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=560)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "unknown suffix ['turbo']" in proc.stderr
     assert "needs a CUDA device" not in proc.stderr
 
@@ -224,7 +224,7 @@ def test_dispatch_bench_variant_names_default_all_and_unknown():
         mods_layer_variant_names("base_eager,splitbf16")
     # the script refuses it before looking for a GPU
     proc = subprocess.run([sys.executable, "-m", "scripts.bench_dispatch_gpu", "unused",
-                           "--mods-layer-variants", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=560)
+                           "--mods-layer-variants", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "unknown Mods layer variant(s) ['nope']" in proc.stderr
     assert "needs a CUDA device" not in proc.stderr
 
