@@ -17,6 +17,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
+import torch
 from torch import nn
 
 from loka_trainer.dispatch.broadcast import rank0_print
@@ -77,11 +78,13 @@ class PrecisionConfig(LoKAConfig):
         return LoKAConfig(**{**shared, **overrides})
 
 
-def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear]) -> None:
+def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear], device) -> None:
+    """torchao's recipe on ``linears``; on CPU with torchao's ``emulate`` (``TorchaoBackend._mm_config`` says why)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     targets = set(linears)
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda mod, fqn: fqn in targets)
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe),
+                                 emulate=torch.device(device).type == "cpu")
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in targets)
 
 
 def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,
@@ -96,7 +99,7 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
         keep = FP8_FILTERS[config.fp8_filter][0](config.fp8_recipe)
         if keep is not None:
             linears = {fqn: m for fqn, m in linears.items() if keep(m, fqn)}
-        _apply_torchao(model, config.fp8_recipe, linears)
+        _apply_torchao(model, config.fp8_recipe, linears, device)
         log(f"precision={config.name}: torchao float8 '{config.fp8_recipe}' on {len(linears)} Linear(s) "
             f"(fp8_filter={config.fp8_filter})")
         return None

@@ -64,17 +64,27 @@ class TorchaoBackend(GemmBackend):
             self._cfg = Float8LinearConfig.from_recipe_name(self.recipe)
         return self._cfg
 
+    def _mm_config(self, device: torch.device):
+        """torchao's per-GEMM settings as ``Float8Linear`` builds them from the recipe, with torchao's ``emulate``
+        (an fp32 matmul of the fp8 values) on CPU: there ``torch._scaled_mm`` is oneDNN's, which on CPUs without
+        FP8 units runs a reference loop (~5 s for one 1024x256x512 GEMM)."""
+        from torchao.float8.float8_training_tensor import LinearMMConfig, ScaledMMConfig
+
+        c, emulate = self._config(), device.type == "cpu"
+        gemms = (c.gemm_config_output, c.gemm_config_grad_input, c.gemm_config_grad_weight)
+        return LinearMMConfig(*(ScaledMMConfig(emulate, g.use_fast_accum, False, c.pad_inner_dim) for g in gemms))
+
     def _cast(self, t: torch.Tensor, cast_config, role: str, axis: int) -> torch.Tensor:
         """t (R, C) high precision -> Float8TrainingTensor (or bf16 when the recipe keeps it in hp)."""
         from torchao.float8.config import ScalingType
         from torchao.float8.float8_scaling_utils import get_maybe_axiswise_dim, hp_tensor_to_float8_dynamic
-        from torchao.float8.float8_training_tensor import GemmInputRole, LinearMMConfig
+        from torchao.float8.float8_training_tensor import GemmInputRole
 
         if cast_config.scaling_type is ScalingType.DISABLED:
             return t.to(torch.bfloat16)
         cfg = self._config()
         return hp_tensor_to_float8_dynamic(
-            t, cast_config.target_dtype, LinearMMConfig(), gemm_input_role=GemmInputRole[role],
+            t, cast_config.target_dtype, self._mm_config(t.device), gemm_input_role=GemmInputRole[role],
             scaling_granularity=cast_config.scaling_granularity,
             axiswise_dim=get_maybe_axiswise_dim(axis, cast_config.scaling_granularity),
             round_scales_to_power_of_2=cfg.round_scales_to_power_of_2,

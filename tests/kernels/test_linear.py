@@ -88,7 +88,8 @@ def test_autocast_output_dtype_and_compile():
     xc = x.clone().requires_grad_()
     y = compiled(xc)
     y.sum().backward()
-    assert _rel(y, layer(x)) < 1e-3 and xc.grad.shape == x.shape
+    # 4e-3: bf16 resolution (compiled, the CPU GEMM's scales and bias fuse without the eager bf16 rounding)
+    assert _rel(y, layer(x)) < 4e-3 and xc.grad.shape == x.shape
 
 
 @pytest.mark.parametrize("hooked", [True, False])

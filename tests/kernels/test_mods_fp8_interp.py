@@ -120,11 +120,19 @@ def test_linear_mods_fp8_modes_match_fp32(interpret, monkeypatch, mode, dgrad, w
                                          ("scaled_mm_tensorwise", "scaled_mm_tensorwise_fast_accum"),
                                          ("scaled_mm_tensorwise_fast_accum", "bf16")])
 def test_fast_accumulation_reaches_each_fp8_gemm(interpret, monkeypatch, dgrad, wgrad):
+    from loka_trainer.kernels import backends_scaled_mm
     from loka_trainer.kernels.backends import get_backend
     from loka_trainer.mods import ops as mods_ops
+    from loka_trainer.mods import ops_fp8, wgrad_fold
     fast_forward = True  # the split FP8 forward always accumulates fast (``mods.ops.FP8_FORWARD_FAST_ACCUM``)
-    flags, scaled_mm = [], torch._scaled_mm
-    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: flags.append(k["use_fast_accum"]) or scaled_mm(*a, **k))
+    # every FP8 GEMM goes through ``scaled_mm_nt`` (its flag reaching ``torch._scaled_mm`` on CUDA: test_backends)
+    flags, scaled_mm_nt = [], backends_scaled_mm.scaled_mm_nt
+
+    def spy(qa, sa, qb, sb, fast_accum=False):
+        flags.append(fast_accum)
+        return scaled_mm_nt(qa, sa, qb, sb, fast_accum)
+    for module in (backends_scaled_mm, mods_ops, ops_fp8, wgrad_fold):
+        monkeypatch.setattr(module, "scaled_mm_nt", spy)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(M, K, generator=g).to(torch.bfloat16).requires_grad_()
     w = (torch.randn(N, K, generator=g) / K ** 0.5).to(torch.bfloat16).requires_grad_()
