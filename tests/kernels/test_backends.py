@@ -39,6 +39,20 @@ def test_cpu_candidates_include_bf16_scaled_mm_and_torchao_but_not_gpu_only():
         assert b.name == name and isinstance(b, GemmBackend)
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_torchao_backends_emulate_on_cpu_with_the_recipes_accumulation(recipe):
+    """On CPU torchao's FP8 GEMMs run its fp32 emulation (``TorchaoBackend._mm_config``), per GEMM keeping the
+    recipe's fast-accumulation setting, so the config reaching torchao on CUDA differs only in ``emulate``."""
+    from torchao.float8.config import Float8LinearConfig
+    b = get_backend(f"torchao_{recipe}")
+    mm_config = b._cast(torch.randn(32, 64), b._config().cast_config_input, "INPUT", -1)._linear_mm_config
+    recipe_config = Float8LinearConfig.from_recipe_name(recipe)
+    gemm_configs = (recipe_config.gemm_config_output, recipe_config.gemm_config_grad_input,
+                    recipe_config.gemm_config_grad_weight)
+    assert all(c.emulate for c in mm_config)
+    assert [c.use_fast_accum for c in mm_config] == [g.use_fast_accum for g in gemm_configs]
+
+
 @pytest.mark.parametrize("name", CPU_BACKENDS)
 @pytest.mark.parametrize("gemm", ["forward", "input_grad", "weight_grad"])
 def test_three_gemms_shape_dtype_and_error(name, gemm):

@@ -57,6 +57,7 @@ def test_uniform_torchao_converts_targets_only(recipe):
                     log=lambda s: None)
     assert isinstance(m.mlp[0], Float8Linear) and isinstance(m.mlp[2], Float8Linear)
     assert type(m.head) is nn.Linear and type(m.mlp[4]) is nn.Linear
+    assert m.mlp[0].config.emulate  # CPU: torchao's fp32 matmul, not oneDNN's FP8 reference loop
     m(_batch()).sum().backward()
     assert torch.isfinite(m.mlp[0].weight.grad).all()
 
