@@ -1,12 +1,17 @@
 """Where a result came from, written into every benchmark's JSON by the benchmark itself: the date, the commit (and
-whether tracked files differed from it), the device, torch and triton versions, and the command that reproduces it.
+whether tracked files differed from it), a digest of the code that ran, the device, torch and triton versions, and
+the command that reproduces it.
 
-    {"date": "2026-12-02", "commit": "dead217", "dirty": false, "device": "NVIDIA H200", "torch": "2.11.0+cu130",
-     "triton": "3.6.0", "command": "python -m scripts.bench_user_path OUT"}
+    {"date": "2026-12-02", "commit": "dead217", "dirty": false, "source": "3f09a1c2b7de", "device": "NVIDIA H200",
+     "torch": "2.11.0+cu130", "triton": "3.6.0", "command": "python -m scripts.bench_user_path OUT"}
+
+``source`` names the code itself (``train.py`` and the package), so a result from a copy whose git metadata is
+missing or stale still says what ran: ``python -m scripts.provenance`` prints it for a checkout, to compare.
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
 import platform
 import subprocess
@@ -27,6 +32,20 @@ def git_state(root: Path = ROOT) -> tuple[Optional[str], Optional[bool]]:
         return git("rev-parse", "--short=7", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
     except (OSError, subprocess.CalledProcessError):
         return None, None
+
+
+# the code a result depends on: train.py and the package's sources and configs
+SOURCE_FILES = ("train.py", "loka_trainer/**/*.py", "loka_trainer/**/*.yaml")
+
+
+def source_digest(root: Path = ROOT) -> str:
+    """12 hex digits of sha256 over ``SOURCE_FILES`` under ``root`` (relative path and bytes of each, sorted):
+    equal for two copies of the same code, whatever their git state."""
+    digest = hashlib.sha256()
+    paths = sorted({p for pattern in SOURCE_FILES for p in root.glob(pattern) if p.is_file()})
+    for path in paths:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 def command_line(argv: list[str], root: Path = ROOT) -> str:
@@ -56,6 +75,11 @@ def _version(package: str) -> Optional[str]:
 def provenance(argv: Optional[list[str]] = None) -> dict:
     """The fields above for this process (``argv`` default ``sys.argv``)."""
     commit, dirty = git_state()
-    return {"date": datetime.date.today().isoformat(), "commit": commit, "dirty": dirty, "device": device_name(),
+    return {"date": datetime.date.today().isoformat(), "commit": commit, "dirty": dirty, "source": source_digest(),
+            "device": device_name(),
             "torch": torch.__version__, "triton": _version("triton"),
             "command": command_line(sys.argv if argv is None else argv)}
+
+
+if __name__ == "__main__":
+    print(source_digest())

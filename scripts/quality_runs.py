@@ -85,7 +85,7 @@ PROVENANCE_FIELDS = ("device", "torch", "finished")  # summary.json's, where the
 
 def read_run(job: Job) -> dict:
     """A finished run's record in quality.json (train-loss trajectory, eval curve, final eval, throughput, and where
-    it ran: device, torch, finish time, commit; runs written before those fields existed lack them)."""
+    it ran: device, torch, finish time, commit, code digest; runs written before those fields existed lack them)."""
     records = [json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((job.run_dir / "summary.json").read_text())
     record = {"model": job.model, "precision": job.variant, "seed": job.seed,
@@ -97,7 +97,7 @@ def read_run(job: Job) -> dict:
     launch = job.run_dir.with_suffix(".launch.json")
     if launch.is_file():
         launched = json.loads(launch.read_text())
-        record.update({k: launched[k] for k in ("wall_s", "commit", "dirty") if k in launched})
+        record.update({k: launched[k] for k in ("wall_s", "commit", "dirty", "source") if k in launched})
     return record
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Callable, Optional, Protocol
 
 from loka_trainer.dispatch.convert import PLAN_FILE
-from scripts.provenance import git_state
+from scripts.provenance import git_state, source_digest
 from scripts.train_runs import LAUNCHERS, ROOT, free_port, run_env
 
 
@@ -156,15 +156,16 @@ class Launched:
 
 class Launcher:
     """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status, wall time,
-    devices and the checkout it ran (``commit``, ``dirty``: ``scripts.provenance.git_state``, read once when the
-    launcher is made: the study's own tracked outputs, rewritten after each run, must not mark later runs dirty)
-    in ``<run dir>.launch.json`` when it ends. With ``gpus`` > 0 each run sees only its own ``nproc`` of them
-    (``CUDA_VISIBLE_DEVICES``), the group with the fewest runs at its start; with 0 every run sees every device."""
+    devices and the checkout it ran (``commit``, ``dirty``: ``scripts.provenance.git_state``; ``source``: the code's
+    digest, ``scripts.provenance.source_digest``; read once when the launcher is made: the study's own tracked
+    outputs, rewritten after each run, must not mark later runs dirty) in ``<run dir>.launch.json`` when it ends.
+    With ``gpus`` > 0 each run sees only its own ``nproc`` of them (``CUDA_VISIBLE_DEVICES``), the group with the
+    fewest runs at its start; with 0 every run sees every device."""
 
     def __init__(self, launcher: str, nproc: int, threads: int, gpus: int = 0):
         self.command, self.nproc, self.threads = LAUNCHERS[launcher], nproc, threads
         self.groups = device_groups(gpus, nproc)
-        self.checkout = dict(zip(("commit", "dirty"), git_state()))
+        self.checkout = {**dict(zip(("commit", "dirty"), git_state())), "source": source_digest()}
         self.live: dict[str, Launched] = {}
 
     def start(self, job: Job) -> subprocess.Popen:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from scripts.provenance import ROOT, command_line, git_state, provenance
+import shutil
+
+from scripts.provenance import ROOT, command_line, git_state, provenance, source_digest
 
 
 def test_a_repository_script_is_written_as_the_module_a_user_runs():
@@ -37,5 +39,23 @@ def test_a_tracked_change_marks_the_state_dirty(tmp_path):
 
 def test_provenance_has_every_field_for_this_process():
     meta = provenance([sys.argv[0]])
-    assert set(meta) == {"date", "commit", "dirty", "device", "torch", "triton", "command"}
+    assert set(meta) == {"date", "commit", "dirty", "source", "device", "torch", "triton", "command"}
     assert meta["torch"] and meta["device"] and len(meta["date"]) == 10
+
+
+def test_the_source_digest_names_the_code_not_the_checkout(tmp_path):
+    """Two copies of the same code agree without any git metadata; a changed package file or train.py changes it;
+    files outside the code (docs, results) do not."""
+    for name in ("train.py", "loka_trainer"):
+        src = ROOT / name
+        (shutil.copytree(src, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__")) if src.is_dir()
+         else shutil.copy(src, tmp_path / name))
+    assert source_digest(tmp_path) == source_digest(ROOT) and len(source_digest(ROOT)) == 12
+    (tmp_path / "README.md").write_text("results")
+    assert source_digest(tmp_path) == source_digest(ROOT)
+    with (tmp_path / "loka_trainer" / "precision.py").open("a") as f:
+        f.write("\n")
+    changed = source_digest(tmp_path)
+    assert changed != source_digest(ROOT)
+    (tmp_path / "train.py").write_text("")
+    assert source_digest(tmp_path) not in (changed, source_digest(ROOT))

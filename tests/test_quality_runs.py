@@ -13,6 +13,7 @@ import torch
 
 from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts import quality_runs as qr
+from scripts.provenance import source_digest
 from scripts import run_queue
 from scripts import train_runs
 from scripts.plot_results import mean_curve, plot_quality_curves, quality_table, summarize
@@ -293,7 +294,7 @@ def test_concurrent_runs_resume_and_a_budget_leaves_a_partial_table(tmp_path):
     launches = [json.loads((tmp_path / "runs" / f"wukong_{p}_seed0.launch.json").read_text())
                 for p in ("bf16", "bf16_mods")]
     assert all(rec["returncode"] == 0 for rec in launches) and launches[0]["port"] != launches[1]["port"]
-    assert all(set(rec) >= {"commit", "dirty"} for rec in launches)  # the checkout each run came from
+    assert all(set(rec) >= {"commit", "dirty", "source"} for rec in launches)  # the checkout each run came from
     starts = [line for line in proc.stdout.splitlines() if line.startswith("started")]
     ends = [i for i, line in enumerate(proc.stdout.splitlines()) if line.startswith("finished")]
     assert len(starts) == 2 and proc.stdout.splitlines().index(starts[1]) < ends[0]  # both ran at once
@@ -301,6 +302,7 @@ def test_concurrent_runs_resume_and_a_budget_leaves_a_partial_table(tmp_path):
     assert [r["eval_curve"][0][0] for r in result["runs"]] == [5, 5] and len(result["runs"][0]["eval_curve"]) == 2
     assert [(r["device"], r["torch"]) for r in result["runs"]] == [("cpu", torch.__version__)] * 2
     assert all(r["finished"].endswith("+00:00") and r["commit"] == launches[0]["commit"] for r in result["runs"])
+    assert {r["source"] for r in result["runs"]} == {source_digest()}
     # a second call: seed 0 is reused, seed 1 gets no start within a zero budget, the table stays usable
     proc = subprocess.run([*base, "--seeds", "0", "1", "--time-budget", "0", "--", *TINY], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
