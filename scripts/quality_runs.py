@@ -19,7 +19,9 @@ BF16+Mods) and the plots (`scripts.plot_results`) are rewritten, so a call cut s
 table. Runs already finished under `<out>/runs/` are reused; a run's output is `<out>/runs/<name>.log`, its exit
 status, port and wall time `<out>/runs/<name>.launch.json`. A finished run's record (`summary.json`,
 `metrics.jsonl`, the `.launch.json`) is all this script reads back, and git tracks it (the rest of a run directory
-is ignored): committed, a study spread over several machines or checkouts goes on where it stopped.
+is ignored): committed, a study spread over several machines or checkouts goes on where it stopped. `--no-run`
+starts nothing and rewrites `quality.json` and the plots from the finished records of the selection (say, after
+records came from another machine, or a call that ran a subset of the precisions wrote a table of that subset).
 
 `--share-plan`: the runs of a Dispatch precision (loka) share one plan, `<out>/plans/<model>_<precision>.json`,
 measured by the first seed's run while no other run uses the device (concurrent runs would skew its timings);
@@ -154,6 +156,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          "sees every device)")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds after which no run starts")
     ap.add_argument("--share-plan", action="store_true", help="one Dispatch plan per (model, precision)")
+    ap.add_argument("--no-run", action="store_true",
+                    help="start nothing: rewrite quality.json and the plots from the finished runs")
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = ap.parse_args(argv)
     args.launcher = args.launcher or ("python" if args.nproc == 1 else "torchrun")
@@ -178,8 +182,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     out = args.out.resolve()
     overrides = lambda m, v, s: run_overrides(out, m, v, s, steps=args.steps, eval_interval=args.eval_interval,
                                               extra=args.extra)
-    measured = dispatch_pairs(build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides,
-                                         dispatch=lambda m, v: False, share_plan=False))
+    measured = set() if args.no_run else dispatch_pairs(  # --no-run: the records, not a device, need no config
+        build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides, dispatch=lambda m, v: False,
+                   share_plan=False))
     jobs = build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides,
                       share_plan=args.share_plan, dispatch=lambda m, v: (m, v) in measured)
     for line in filter(None, map(adopt_plan, jobs)):  # measured by a run of an earlier call
@@ -189,7 +194,8 @@ def main(argv: Optional[list[str]] = None) -> None:
           f"up to {args.concurrent} at once ({args.launcher}, {args.nproc} rank(s) each)", flush=True)
     if measured and args.concurrent > 1 and not args.share_plan:
         print("note: a Dispatch plan measured while other runs use the device is skewed; see --share-plan")
-    meta = {"command": " ".join(["quality_runs.py", *(sys.argv[1:] if argv is None else argv)]),
+    command = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--no-run"]  # the one that trains
+    meta = {"command": " ".join(["quality_runs.py", *command]),
             "steps": args.steps, "nproc": args.nproc, "launcher": args.launcher, "concurrent": args.concurrent,
             "gpus": args.gpus,
             "eval_interval": args.eval_interval, "share_plan": args.share_plan, "extra_overrides": args.extra,
@@ -205,8 +211,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_results(out, meta, jobs, failed)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the runs are stopped
-    not_run = run_jobs(start_order(todo), concurrent=args.concurrent, budget_s=args.time_budget, start=launcher.start,
-                       on_finish=on_finish)
+    if args.no_run:
+        not_run = [(job, "not started: --no-run") for job in todo]
+    else:
+        not_run = run_jobs(start_order(todo), concurrent=args.concurrent, budget_s=args.time_budget,
+                           start=launcher.start, on_finish=on_finish)
     result, plots = write_results(out, meta, jobs, failed + not_run)
     print(quality_table(result))
     print(f"plots: {', '.join(map(str, plots)) or 'none'}")

@@ -314,6 +314,26 @@ def test_concurrent_runs_resume_and_a_budget_leaves_a_partial_table(tmp_path):
     assert "| wukong | bf16_mods | 1 |" in proc.stdout
 
 
+def test_no_run_rewrites_the_whole_table_from_committed_records_and_starts_nothing(tmp_path, monkeypatch):
+    """After a call that ran a subset of the precisions (its quality.json: that subset), ``--no-run`` with the
+    study's full command makes the table of every finished run again, listing the rest as not run."""
+    import shutil
+    published = ROOT / "docs" / "results" / "quality_h200"
+    shutil.copytree(published / "runs", tmp_path / "runs")
+    study = json.loads((published / "quality.json").read_text())
+    argv = study["command"].split()[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    monkeypatch.setattr(qr.Launcher, "start", lambda *a: pytest.fail("--no-run started a run"))
+    qr.main(["--no-run", *argv])
+    result = json.loads((tmp_path / "quality.json").read_text())
+    assert result["command"] == " ".join(["quality_runs.py", *argv])
+    assert {(r["precision"], r["seed"]) for r in result["runs"]} == {(r["precision"], r["seed"]) for r in study["runs"]}
+    assert [r["eval"] for r in result["runs"]] == [r["eval"] for r in study["runs"]]
+    assert {e["why"] for e in result["not_run"]} <= {"not started: --no-run"}
+    assert len(result["runs"]) + len(result["not_run"]) == len(argv[argv.index("--precisions") + 1:
+                                                                     argv.index("--seeds")]) * 3
+
+
 def test_git_keeps_a_finished_runs_record_and_ignores_the_rest_of_its_directory():
     # a study spread over machines or sessions goes on from committed records: read_run's files are not ignored
     root = Path(__file__).resolve().parents[1]
