@@ -76,8 +76,7 @@ def provenance(argv: Optional[list[str]] = None) -> dict:
     """The fields above for this process (``argv`` default ``sys.argv``)."""
     commit, dirty = git_state()
     return {"date": datetime.date.today().isoformat(), "commit": commit, "dirty": dirty, "source": source_digest(),
-            "device": device_name(),
-            "torch": torch.__version__, "triton": _version("triton"),
+            "device": device_name(), "torch": torch.__version__, "triton": _version("triton"),
             "command": command_line(sys.argv if argv is None else argv)}
 
 
