@@ -39,6 +39,23 @@ def test_cpu_candidates_include_bf16_scaled_mm_and_torchao_but_not_gpu_only():
         assert b.name == name and isinstance(b, GemmBackend)
 
 
+@pytest.mark.parametrize("granularity", ["tensorwise", "rowwise"])
+def test_cpu_fp8_gemm_is_torchs_scaled_mm_up_to_bf16_rounding(granularity):
+    """``scaled_mm_nt`` on CPU (an fp32 matmul of the fp8 values, then the scales) against ``torch._scaled_mm``
+    itself, at a shape small enough for oneDNN's reference FP8 loop: the same numbers up to one bf16 rounding."""
+    from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
+    from loka_trainer.kernels.quant import quantize
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(32, 64, generator=g) * 3, torch.randn(48, 64, generator=g)
+    (qa, sa), (qb, sb) = (quantize(t, granularity, torch.float8_e4m3fn) for t in (a, b))
+    ours = scaled_mm_nt(qa.contiguous(), sa, qb.contiguous(), sb)
+    torchs = torch._scaled_mm(qa.contiguous(), qb.contiguous().t(), scale_a=sa,
+                              scale_b=sb if sb.dim() == 0 else sb.reshape(1, -1), out_dtype=torch.bfloat16)
+    assert ours.dtype == torchs.dtype == torch.bfloat16 and ours.shape == (32, 48)
+    torch.testing.assert_close(ours.float(), torchs.float(), rtol=2 ** -7, atol=1e-6)
+    assert _normwise(ours.float(), a @ b.t()) < 0.1  # and it is the product, not just equal garbage
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_torchao_backends_emulate_on_cpu_with_the_recipes_accumulation(recipe):
     """On CPU torchao's FP8 GEMMs run its fp32 emulation (``TorchaoBackend._mm_config``), per GEMM keeping the
