@@ -17,7 +17,6 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
-import torch
 from torch import nn
 
 from loka_trainer.dispatch.broadcast import rank0_print
@@ -25,6 +24,7 @@ from loka_trainer.dispatch.config import LoKAConfig
 from loka_trainer.dispatch.convert import convert_to_loka
 from loka_trainer.dispatch.plan import DispatchPlan
 from loka_trainer.dispatch.targets import ModuleFilter, drop_unaligned_rows, target_linears
+from loka_trainer.kernels.backend_base import emulates_fp8
 
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 LinearFilter = Callable[[nn.Module, str], bool]
@@ -79,11 +79,10 @@ class PrecisionConfig(LoKAConfig):
 
 
 def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear], device) -> None:
-    """torchao's recipe on ``linears``; on CPU with torchao's ``emulate`` (``TorchaoBackend._mm_config`` says why)."""
+    """torchao's recipe on ``linears``, with torchao's ``emulate`` where ``emulates_fp8(device)``."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     targets = set(linears)
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe),
-                                 emulate=torch.device(device).type == "cpu")
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulates_fp8(device))
     convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in targets)
 
 

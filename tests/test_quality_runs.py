@@ -3,6 +3,7 @@ table and curves (scripts/plot_results)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -317,7 +318,6 @@ def test_concurrent_runs_resume_and_a_budget_leaves_a_partial_table(tmp_path):
 def test_no_run_rewrites_the_whole_table_from_committed_records_and_starts_nothing(tmp_path, monkeypatch):
     """After a call that ran a subset of the precisions (its quality.json: that subset), ``--no-run`` with the
     study's full command makes the table of every finished run again, listing the rest as not run."""
-    import shutil
     published = ROOT / "docs" / "results" / "quality_h200"
     shutil.copytree(published / "runs", tmp_path / "runs")
     study = json.loads((published / "quality.json").read_text())

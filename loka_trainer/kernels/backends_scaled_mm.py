@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least
+from loka_trainer.kernels.backend_base import GemmBackend, QuantOperand, cuda_capability_at_least, emulates_fp8
 from loka_trainer.kernels.quant import quantize
 from loka_trainer.kernels.triton_env import use_triton
 from loka_trainer.kernels.triton_quant import quant_rowwise
@@ -41,9 +41,7 @@ def scaled_mm_nt(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch
     -> (qa·sa)·(qb·sb)ᵀ (R, P) bf16: cuBLASLt's FP8 GEMM on CUDA (fp32 matmul on CPU); R, C, P % 16 == 0.
     ``fast_accum``: cuBLASLt's fast-accumulation kernels (module docstring)."""
     sb = sb if sb.dim() == 0 else sb.reshape(1, -1)  # b's row scales (P, 1) are the column scales of bᵀ
-    if qa.device.type == "cpu":
-        # oneDNN has a fast FP8 matmul only on some CPUs (elsewhere `ref:any`, ~5 s for 1024x256x512); this is the
-        # same math: fp8 values are exact in fp32, products accumulate in fp32, then the scales, then bf16.
+    if emulates_fp8(qa.device):  # fp8 values are exact in fp32: products accumulate in fp32, then the scales
         with torch.autocast("cpu", enabled=False):
             return ((qa.float() @ qb.float().t()) * sa * sb).to(torch.bfloat16)
     return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,

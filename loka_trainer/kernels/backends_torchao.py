@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from loka_trainer.kernels.backend_base import (GEMMS, GemmBackend, GemmScaling, OperandScaling, QuantOperand,
-                                              cuda_capability_at_least)
+                                              cuda_capability_at_least, emulates_fp8)
 
 # recipe -> the GEMMs whose two operand casts are ``ScalingType.DISABLED`` (run in high precision). A table, not
 # read from ``Float8LinearConfig``, because constructing a backend must not import torchao.
@@ -52,6 +52,7 @@ class TorchaoBackend(GemmBackend):
         self.name = f"torchao_{recipe}"
         self.fp8_gemms = frozenset(g for g in GEMMS if g not in HP_GEMMS[recipe])
         self._cfg = None
+        self._mm_configs: dict[bool, object] = {}  # emulated? -> torchao's LinearMMConfig
 
     def is_available(self, device: torch.device | str) -> bool:
         if not torchao_importable():
@@ -66,13 +67,16 @@ class TorchaoBackend(GemmBackend):
 
     def _mm_config(self, device: torch.device):
         """torchao's per-GEMM settings as ``Float8Linear`` builds them from the recipe, with torchao's ``emulate``
-        (an fp32 matmul of the fp8 values) on CPU: there ``torch._scaled_mm`` is oneDNN's, which on CPUs without
-        FP8 units runs a reference loop (~5 s for one 1024x256x512 GEMM)."""
-        from torchao.float8.float8_training_tensor import LinearMMConfig, ScaledMMConfig
+        where ``emulates_fp8(device)``; built once per kind (every cast passes it)."""
+        emulate = emulates_fp8(device)
+        if emulate not in self._mm_configs:
+            from torchao.float8.float8_training_tensor import LinearMMConfig, ScaledMMConfig
 
-        c, emulate = self._config(), device.type == "cpu"
-        gemms = (c.gemm_config_output, c.gemm_config_grad_input, c.gemm_config_grad_weight)
-        return LinearMMConfig(*(ScaledMMConfig(emulate, g.use_fast_accum, False, c.pad_inner_dim) for g in gemms))
+            c = self._config()
+            gemms = (c.gemm_config_output, c.gemm_config_grad_input, c.gemm_config_grad_weight)
+            self._mm_configs[emulate] = LinearMMConfig(*(ScaledMMConfig(emulate, g.use_fast_accum, False,
+                                                                        c.pad_inner_dim) for g in gemms))
+        return self._mm_configs[emulate]
 
     def _cast(self, t: torch.Tensor, cast_config, role: str, axis: int) -> torch.Tensor:
         """t (R, C) high precision -> Float8TrainingTensor (or bf16 when the recipe keeps it in hp)."""
