@@ -82,8 +82,9 @@ def main() -> None:
     on = data_config(args.overrides)
     off = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(on), {"outliers": OutlierConfig()}))
     model_yaml = OmegaConf.load(CONF / "model" / f"{args.model}.yaml")
-    model_yaml.pop("defaults", None)
-    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MODEL_CONFIGS[args.model]), model_yaml))
+    model_yaml.pop("defaults", None)  # a sized preset (wukong_h200) names its schema's model in `name`
+    schema = MODEL_CONFIGS[model_yaml.get("name", args.model)]
+    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model_yaml))
     result = {"command": "python -m scripts.outlier_activations " + " ".join(
         [f"--out {args.out}", f"--model {args.model}", "--", *args.overrides]), "sides": {}}
     for side, cfg in (("off", off), ("on", on)):
