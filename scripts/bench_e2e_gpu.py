@@ -48,6 +48,7 @@ from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.bench.profilers import cuda_peak_memory
 from loka_trainer.data import DataConfig, build_stream, data_schema
 from loka_trainer.dispatch.compile import reserve_compile_cache
+from loka_trainer.models.configs import preset_config
 from loka_trainer.models.zoo import MODELS, build_model
 from loka_trainer.precision import PrecisionConfig, apply_precision
 from loka_trainer.sharding.parallelize import embedding_modules
@@ -87,12 +88,10 @@ def model_config(name: str):
     (``wukong_h200``) -> the model config object."""
     if name in MODELS:
         return MODELS[name].config_cls()
-    path = ROOT / "conf" / "model" / f"{name}.yaml"
-    if not path.is_file():
-        raise SystemExit(f"--models: {name!r} is neither a zoo model {sorted(MODELS)} nor conf/model/{name}.yaml")
-    raw = OmegaConf.load(path)
-    raw.pop("defaults", None)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MODELS[raw.name].config_cls), raw))
+    try:
+        return preset_config(name)
+    except ValueError as exc:
+        raise SystemExit(f"--models: {name!r} is not a zoo model {sorted(MODELS)}; {exc}") from None
 
 
 def build_variant(model_name: str, precision: str, *, batch: int, device: torch.device, compile_dense: bool,

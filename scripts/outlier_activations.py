@@ -21,10 +21,9 @@ from loka_trainer.data.config import DataConfig, OutlierConfig
 from loka_trainer.data.schema import data_schema
 from loka_trainer.data.synthetic import SyntheticSource
 from loka_trainer.dispatch.targets import target_linears
-from loka_trainer.models.configs import MODEL_CONFIGS
+from loka_trainer.models.configs import preset_config
 from loka_trainer.models.zoo import build_model
 
-CONF = Path(__file__).resolve().parents[1] / "loka_trainer" / "conf"
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
 
 
@@ -81,10 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     on = data_config(args.overrides)
     off = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(on), {"outliers": OutlierConfig()}))
-    model_yaml = OmegaConf.load(CONF / "model" / f"{args.model}.yaml")
-    model_yaml.pop("defaults", None)  # a sized preset (wukong_h200) names its schema's model in `name`
-    schema = MODEL_CONFIGS[model_yaml.get("name", args.model)]
-    model_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), model_yaml))
+    model_cfg = preset_config(args.model)
     result = {"command": "python -m scripts.outlier_activations " + " ".join(
         [f"--out {args.out}", f"--model {args.model}", "--", *args.overrides]), "sides": {}}
     for side, cfg in (("off", off), ("on", on)):

@@ -4,7 +4,10 @@ command line imports neither TorchRec nor the models. ``MODEL_CONFIGS`` is keyed
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import List
+
+from omegaconf import OmegaConf
 
 from loka_trainer.models.mods import ModsConfig
 
@@ -93,3 +96,17 @@ MODEL_CONFIGS: dict[str, type] = {
     "wukong": WukongConfig,
     "interformer": InterFormerConfig,
 }
+
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
+
+
+def preset_config(name: str, presets_dir: Path = PRESETS_DIR):
+    """``conf/model/<name>.yaml`` (what ``train.py model=<name>`` trains: ``wukong`` the CPU size, ``wukong_h200``
+    the GPU scale) merged onto its schema, which the file's ``name`` picks; raises a one-line ValueError."""
+    path = presets_dir / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in presets_dir.glob("*.yaml"))
+        raise ValueError(f"model preset {name!r}: no {path.name} in {presets_dir}; known: {known}")
+    raw = OmegaConf.load(path)
+    raw.pop("defaults", None)  # the schema it names, /<model>_schema, is the class MODEL_CONFIGS[raw.name]
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MODEL_CONFIGS[raw.name]), raw))
