@@ -1,6 +1,6 @@
 """The fused Mods layer as a user gets it: built with the public API, eager and compiled, against the published layer.
 
-    python -m scripts.bench_user_path OUT [--batch 1024] [--shapes K,N ...] [--device cuda|cpu]
+    python -m scripts.bench_user_path OUT [--batch 1024] [--shapes K,N ...] [--device cuda|cpu] [--kernels]
 
 Per (K in, N out) shape (default: the paper's figure-13 layers), forward + backward of one layer (gradients set
 to None before each call, as after ``zero_grad()``), timed by CUDA-graph replay on a GPU (``timing.cuda_graph_timer``:
@@ -17,6 +17,10 @@ GPU time without the host's launch cost; wall clock on CPU):
 Prints each shape's µs and the geomean ratios (published eager / X) last; writes ``OUT/user_path.json`` and
 ``OUT/user_path.png``. The best-of-modes numbers of the fused layer (``scripts.bench_dispatch_gpu --suites b``)
 are what the kernels can do; this is what Dispatch picks for a user.
+
+``--kernels`` (CUDA): each row also lists the GPU kernels of one profiled step of ``loka_eager``, ``loka_compiled``
+and ``mods_compiled`` (name, µs, calls; ``scripts.kernel_split``), and the table ends with what the compiled LoKA
+step runs that the eager one does not (``kernel_diff``): where a compiled layer's extra time goes.
 """
 from __future__ import annotations
 
@@ -77,8 +81,10 @@ def chosen_kernels(model: nn.Module) -> dict[str, str]:
     return {"mode": layer.mode, "dgrad": layer.dgrad, "wgrad": layer.wgrad}
 
 
-def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer) -> tuple[dict[str, float], dict]:
-    """(µs of each variant's training step at x (batch, K), the kernels Dispatch chose eager and compiled)."""
+def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer, profile_kernels: bool = False
+                ) -> tuple[dict[str, float], dict, dict]:
+    """(µs of each variant's training step at x (batch, K), the kernels Dispatch chose eager and compiled, and
+    under ``profile_kernels`` the GPU kernels of one step of each ``PROFILED`` variant, else {})."""
     dtype = torch.bfloat16
     x = torch.randn(batch, K, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(batch, N, device=device, dtype=dtype)
@@ -95,7 +101,28 @@ def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer) -> t
     steps = {name: training_step(model, x, dy) for name, model in models.items()}
     steps["loka_eager_cast_reused"] = training_step(models["loka_eager"], x, dy, new_weights=False)
     kernels = {name: chosen_kernels(models[name]) for name in ("loka_eager", "loka_compiled")}
-    return {name: timer(steps[name]) for name in VARIANTS}, kernels
+    us = {name: timer(steps[name]) for name in VARIANTS}
+    profiled = {}
+    if profile_kernels:
+        from scripts.kernel_split import kernel_split_ms
+        profiled = {name: kernel_split_ms(steps[name])["top_kernels"] for name in PROFILED}
+    return us, kernels, profiled
+
+
+PROFILED = ("loka_eager", "loka_compiled", "mods_compiled")
+
+
+def kernel_diff(before: list, after: list) -> list:
+    """Kernels of ``after`` beyond ``before``: each kernel list is [[name, µs, calls], ...] (one profiled step);
+    returns [[name, extra µs, extra calls], ...] for every name ``after`` launches more often or longer, the largest
+    extra time first."""
+    had = {name: (us, calls) for name, us, calls in before}
+    extra = []
+    for name, us, calls in after:
+        us0, calls0 = had.get(name, (0.0, 0))
+        if calls > calls0 or us > us0:
+            extra.append([name, round(us - us0, 1), calls - calls0])
+    return sorted(extra, key=lambda k: -k[1])
 
 
 def geomean(values: list[float]) -> float:
@@ -124,16 +151,20 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=BATCH)
     ap.add_argument("--shapes", nargs="+", default=[f"{k},{n}" for k, n in MODS_LAYER_SHAPES])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--kernels", action="store_true", help="list each step's GPU kernels (CUDA only)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if args.kernels and device.type != "cuda":
+        ap.error("--kernels profiles GPU kernels: it needs --device cuda")
     timer = cuda_graph_timer() if device.type == "cuda" else wall_clock_timer(repeats=3, warmup=1)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for shape in args.shapes:
         K, N = (int(v) for v in shape.split(","))
         torch._dynamo.reset()
-        us, kernels = layer_times(K, N, batch=args.batch, device=device, timer=timer)
-        rows.append({"K": K, "N": N, "us": us, "kernels": kernels})
+        us, kernels, profiled = layer_times(K, N, batch=args.batch, device=device, timer=timer,
+                                            profile_kernels=args.kernels)
+        rows.append({"K": K, "N": N, "us": us, "kernels": kernels, **({"gpu_kernels": profiled} if profiled else {})})
         (args.out / "user_path.json").write_text(json.dumps({"device": str(device), "rows": rows}, indent=2))
     summary = summarize(rows)
     result = {**provenance(), "batch": args.batch, "rows": rows, "geomean_vs_published": summary}
@@ -143,6 +174,10 @@ def main() -> None:
     for r in rows:
         picked = " | ".join(f"{k['mode']},{k['dgrad']},{k['wgrad']}" for k in r["kernels"].values())
         print(f"{r['K']:>5}x{r['N']:<6} " + "  ".join(f"{r['us'][v]:>16.1f}us" for v in VARIANTS) + f"  {picked}")
+    for r in rows if args.kernels else []:
+        extra = kernel_diff(r["gpu_kernels"]["loka_eager"], r["gpu_kernels"]["loka_compiled"])
+        print(f"{r['K']}x{r['N']} compiled beyond eager: " + ("; ".join(f"{n[:60]} +{us:.1f}us x{c:+d}"
+                                                                      for n, us, c in extra[:4]) or "nothing"))
     print("geomean x published: " + ", ".join(f"{v} {summary[v]:.2f}x" for v in VARIANTS))
     print(f"LoKA compiled / plain Mods compiled: {summary['loka_compiled'] / summary['mods_compiled']:.2f}x")
 

@@ -294,3 +294,22 @@ def test_user_path_bench_times_every_variant_through_the_public_api(tmp_path):
     assert "LoKA compiled / plain Mods compiled" in proc.stdout.splitlines()[-1]
     assert result["command"] == f"python -m scripts.bench_user_path {tmp_path} --shapes 32,64 --batch 32 --device cpu"
     assert result["date"] and result["commit"] and "torch" in result
+
+
+def test_kernel_diff_lists_what_the_compiled_step_adds():
+    """Kernels only in the second list, launched more often or running longer there; the largest extra first."""
+    from scripts.bench_user_path import kernel_diff
+    eager = [["gemm_a", 10.0, 2], ["norm_fwd", 3.0, 1], ["copy_", 1.0, 1], ["faster", 0.9, 1]]
+    compiled = [["gemm_a", 10.0, 2], ["norm_fwd", 3.0, 1], ["copy_", 2.5, 3], ["triton_poi_cast", 1.2, 1],
+                ["faster", 0.5, 1]]
+    assert kernel_diff(eager, compiled) == [["copy_", 1.5, 2], ["triton_poi_cast", 1.2, 1]]  # not "faster"
+    assert kernel_diff(compiled, compiled) == []
+
+
+def test_user_path_bench_refuses_kernels_on_cpu(tmp_path):
+    """--kernels profiles CUDA kernels: on a CPU device it stops with one usage line before building anything."""
+    cmd = [sys.executable, "-m", "scripts.bench_user_path", str(tmp_path), "--device", "cpu", "--kernels"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--kernels profiles GPU kernels" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "user_path.json").exists()
