@@ -44,6 +44,7 @@ from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
 VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
             "loka_eager_cast_reused")
+PROFILED = ("loka_eager", "loka_compiled", "mods_compiled")  # the variants whose kernels --kernels lists
 
 
 def published(K: int, N: int) -> nn.Module:
@@ -107,9 +108,6 @@ def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer, prof
         from scripts.kernel_split import kernel_split_ms
         profiled = {name: kernel_split_ms(steps[name])["top_kernels"] for name in PROFILED}
     return us, kernels, profiled
-
-
-PROFILED = ("loka_eager", "loka_compiled", "mods_compiled")
 
 
 def kernel_diff(before: list, after: list) -> list:
