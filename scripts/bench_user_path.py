@@ -84,8 +84,10 @@ def chosen_kernels(model: nn.Module) -> dict[str, str]:
 
 def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer, profile_kernels: bool = False
                 ) -> tuple[dict[str, float], dict, dict]:
-    """(µs of each variant's training step at x (batch, K), the kernels Dispatch chose eager and compiled, and
-    under ``profile_kernels`` the GPU kernels of one step of each ``PROFILED`` variant, else {})."""
+    """(µs of each variant's training step at x (batch, K), the kernels Dispatch chose eager and compiled (with
+    ``dispatch_us``: its own step µs of each forward mode it weighed, per layer; on CPU, where Dispatch times no
+    forward modes, {}), and under ``profile_kernels`` the GPU kernels of one step of each ``PROFILED`` variant,
+    else {})."""
     dtype = torch.bfloat16
     x = torch.randn(batch, K, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(batch, N, device=device, dtype=dtype)
@@ -93,15 +95,16 @@ def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer, prof
     mods = plain_mods(K, N).to(device, dtype)
     models = {"published": base, "published_compiled": torch.compile(copy.deepcopy(base)),
               "mods_compiled": torch.compile(copy.deepcopy(mods))}
+    timed = {}  # Dispatch's own step times (µs) of each forward mode it weighed, eager and compiled
     for name, compiled in (("loka_eager", False), ("loka_compiled", True)):
         user = copy.deepcopy(mods)
-        convert_to_loka(user, LoKAConfig(compute_dtype="bfloat16", mods=True, dispatch=True, min_features=16,
-                                         compile=compiled),
-                        calibration_batch=x.detach(), device=device, log=lambda _: None)
+        config = LoKAConfig(compute_dtype="bfloat16", mods=True, dispatch=True, min_features=16, compile=compiled)
+        plan = convert_to_loka(user, config, calibration_batch=x.detach(), device=device, log=lambda _: None)
         models[name] = torch.compile(user) if compiled else user
+        timed[name] = {fqn: lp.mods_forward.times_us for fqn, lp in plan.layers.items() if lp.mods_forward}
     steps = {name: training_step(model, x, dy) for name, model in models.items()}
     steps["loka_eager_cast_reused"] = training_step(models["loka_eager"], x, dy, new_weights=False)
-    kernels = {name: chosen_kernels(models[name]) for name in ("loka_eager", "loka_compiled")}
+    kernels = {name: {**chosen_kernels(models[name]), "dispatch_us": timed[name]} for name in timed}
     us = {name: timer(steps[name]) for name in VARIANTS}
     profiled = {}
     if profile_kernels:
@@ -172,6 +175,11 @@ def main() -> None:
     for r in rows:
         picked = " | ".join(f"{k['mode']},{k['dgrad']},{k['wgrad']}" for k in r["kernels"].values())
         print(f"{r['K']:>5}x{r['N']:<6} " + "  ".join(f"{r['us'][v]:>16.1f}us" for v in VARIANTS) + f"  {picked}")
+    for r in rows:
+        for name, k in r["kernels"].items():
+            for us in k["dispatch_us"].values():
+                print(f"{r['K']}x{r['N']} {name} Dispatch's step µs: " + ", ".join(
+                    f"{m} {t:.1f}" for m, t in us.items() if t is not None))
     for r in rows if args.kernels else []:
         extra = kernel_diff(r["gpu_kernels"]["loka_eager"], r["gpu_kernels"]["loka_compiled"])
         print(f"{r['K']}x{r['N']} compiled beyond eager: " + ("; ".join(f"{n[:60]} +{us:.1f}us x{c:+d}"

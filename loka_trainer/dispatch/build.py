@@ -14,7 +14,7 @@ from tqdm import tqdm
 from loka_trainer.dispatch.calibration import capture_linear_inputs
 from loka_trainer.dispatch.config import LoKAConfig
 from loka_trainer.dispatch.measure import TimingCache, build_layer_plan
-from loka_trainer.dispatch.mods_timing import time_forward_modes, time_input_grads
+from loka_trainer.dispatch.mods_timing import time_input_grads, time_modes
 from loka_trainer.dispatch.plan import DispatchPlan, LayerPlan, ModsChoice
 from loka_trainer.dispatch.probe_report import read_probe_mere
 from loka_trainer.dispatch.select import Times, accuracy_rejection, as_rounds, select_mods_mode
@@ -102,8 +102,9 @@ def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer,
                        mere_threshold: float, compiled: bool = False, rounds: int = 3,
                        outlier_factor: float = 3.0, max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION) -> None:
     """For each planned Linear that LoKA will fuse with its BlockNorm and HardSwish, time every forward mode it
-    may run (FP8 modes only where the plan's forward GEMM is FP8, i.e. passed the accuracy test) at the layer's
-    shape and record the choice (``LayerPlan.mods_forward``); then, in that mode, time the layer's whole step
+    may run (FP8 modes only where the plan's forward GEMM is FP8, i.e. passed the accuracy test) by the layer's
+    whole training step at its shape (``mods_timing.time_modes``: BF16 input grad, the plan's weight grad) and
+    record the choice (``LayerPlan.mods_forward``); then, in that mode, time the layer's whole step
     with each input-grad candidate (``fused_input_grad_candidates``) and record that choice
     (``LayerPlan.mods_input_grad``; only when there is an FP8 candidate and the chosen mode is a Triton one).
     Shapes are timed once. ``compiled``: each timed call runs under ``torch.compile``, as the layer will in a
@@ -117,11 +118,11 @@ def _choose_mods_modes(model: nn.Module, layers: dict[str, LayerPlan], *, timer,
             continue
         block, eps = seq[i + 1].block_size, seq[i + 1].eps
         is_fp8 = {m: f.fp8 for m, f in FORWARD_MODES.items() if forward_mode_offered(f, lp, compiled=compiled)}
-        key = (lp.M, lp.K, lp.N, tuple(is_fp8))
+        key = (lp.M, lp.K, lp.N, lp.weight_grad.backend, tuple(is_fp8))
         if key not in timed:
-            timed[key] = time_forward_modes(lp.M, lp.K, lp.N, list(is_fp8), block=block, eps=eps, timer=timer,
-                                            device=device, compiled=compiled, rounds=rounds,
-                                            outlier_factor=outlier_factor)
+            timed[key] = time_modes(lp.M, lp.K, lp.N, list(is_fp8), wgrad=lp.weight_grad.backend, block=block,
+                                    eps=eps, timer=timer, device=device, compiled=compiled, rounds=rounds,
+                                    outlier_factor=outlier_factor)
         mode, speedup = select_mods_mode(timed[key], is_fp8, min_speedup=min_speedup)
         lp.mods_forward = ModsChoice(mode=mode, times_us=_medians(timed[key]), speedup=speedup)
         dgrads = fused_input_grad_candidates(lp, mere_threshold, max_flushed_fraction)

@@ -1,4 +1,5 @@
-"""Dispatch's timing of a fused Mods layer: its forward modes, and its whole step with each input-grad backend.
+"""Dispatch's timing of a fused Mods layer: its whole training step in each forward mode, then with each input-grad
+backend.
 
 What is timed is the ``FusedLinearMods`` module the model will run with those kernels, compiled when the model
 will be; mode ``plain`` is the plain PyTorch math (``mods.module.plain_math_route``), so compiled it is the plain
@@ -58,16 +59,17 @@ def _time_each(layers: dict[str, FusedLinearMods], run, timer, what: str, shape:
     return times
 
 
-def time_forward_modes(M: int, K: int, N: int, modes: list[str], *, block: int, eps: float, timer,
-                       device, compiled: bool = False, rounds: int = DEFAULT_ROUNDS,
-                       outlier_factor: float = DEFAULT_OUTLIER_FACTOR) -> dict[str, Optional[list[float]]]:
-    """µs per timing round of one training forward (autograd on, the weight cast once as in a step) of each
-    forward mode at x (M, K), w (N, K) random bf16 on ``device``; a mode that raises there -> None (warned)."""
-    x, w = _random_layer(M, K, N, device)
-    layers = {mode: _layer(w, block=block, eps=eps, mode=mode) for mode in modes}
-
-    return _time_each(layers, lambda layer: layer(x), timer, "mods forward mode", (M, K, N), compiled, rounds,
-                      outlier_factor)
+def time_modes(M: int, K: int, N: int, modes: list[str], *, wgrad: str, block: int, eps: float, timer,
+               device, compiled: bool = False, rounds: int = DEFAULT_ROUNDS,
+               outlier_factor: float = DEFAULT_OUTLIER_FACTOR) -> dict[str, Optional[list[float]]]:
+    """µs per timing round of one training step (forward + backward, BF16 input grad, ``wgrad`` weight grad) of
+    the layer in each forward mode at random bf16 x (M, K), w (N, K), dy (M, N) on ``device``; a mode that raises
+    there -> None (warned). The step, not the forward alone: each mode brings its own backward (``plain``:
+    autograd's, fused by inductor when compiled; a kernel mode: the fused dz kernel), and a mode's forward may be
+    faster while its step is slower."""
+    return _time_steps(M, K, N, {mode: {"mode": mode, "dgrad": "bf16", "wgrad": wgrad} for mode in modes},
+                       block=block, eps=eps, timer=timer, device=device, what="mods forward mode",
+                       compiled=compiled, rounds=rounds, outlier_factor=outlier_factor)
 
 
 def time_input_grads(M: int, K: int, N: int, dgrads: list[str], *, mode: str, wgrad: str, block: int, eps: float,
@@ -77,11 +79,22 @@ def time_input_grads(M: int, K: int, N: int, dgrads: list[str], *, mode: str, wg
     gradients written fresh, as after ``zero_grad(set_to_none=True)``) with each input-grad backend in
     ``dgrads``, at random bf16 x (M, K), w (N, K) and dy (M, N) on ``device``; one that raises there -> None
     (with a warning)."""
+    return _time_steps(M, K, N, {dgrad: {"mode": mode, "dgrad": dgrad, "wgrad": wgrad} for dgrad in dgrads},
+                       block=block, eps=eps, timer=timer, device=device, what="mods input grad",
+                       compiled=compiled, rounds=rounds, outlier_factor=outlier_factor)
+
+
+def _time_steps(M: int, K: int, N: int, kernels: dict[str, dict[str, str]], *, block: int, eps: float, timer,
+                device, what: str, compiled: bool, rounds: int, outlier_factor: float
+                ) -> dict[str, Optional[list[float]]]:
+    """name -> µs per round of one training step of the layer with ``kernels[name]`` (mode, dgrad, wgrad), all
+    sharing one random bf16 x (M, K), w (N, K), dy (M, N); gradients written fresh, as after
+    ``zero_grad(set_to_none=True)``."""
     x, w = _random_layer(M, K, N, device)
     dy = torch.randn(M, N, device=device, dtype=torch.bfloat16)
-    layers = {dgrad: _layer(w, block=block, eps=eps, mode=mode, dgrad=dgrad, wgrad=wgrad) for dgrad in dgrads}
+    layers = {name: _layer(w, block=block, eps=eps, **k) for name, k in kernels.items()}
 
     def step(layer: FusedLinearMods) -> None:
         x.grad = w.grad = None
         layer(x).backward(dy)
-    return _time_each(layers, step, timer, "mods input grad", (M, K, N), compiled, rounds, outlier_factor)
+    return _time_each(layers, step, timer, what, (M, K, N), compiled, rounds, outlier_factor)

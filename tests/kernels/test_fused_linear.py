@@ -205,9 +205,10 @@ def test_plan_mods_input_grad_overrides_the_planned_dgrad():
                                       ModsChoice(mode="bf16"))["dgrad"] == "bf16"
 
 
-def test_time_input_grads_runs_a_full_step_of_the_module_per_backend(monkeypatch):
+@pytest.mark.parametrize("timing", ["modes", "input_grads"])
+def test_dispatch_times_a_full_step_of_the_module_per_candidate(monkeypatch, timing):
     """What Dispatch times is the FusedLinearMods the model will run (its kernels set, its weight shared), one
-    whole training step per call."""
+    whole training step per call: for the forward modes too, since each mode brings its own backward."""
     from loka_trainer.dispatch import mods_timing
     from loka_trainer.mods.module import FusedLinearMods
     calls, leaves = [], []
@@ -223,14 +224,20 @@ def test_time_input_grads_runs_a_full_step_of_the_module_per_backend(monkeypatch
         fn()
         assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
         return 1.0
-    times = mods_timing.time_input_grads(32, 64, 256, ["bf16", "scaled_mm_rowwise"], mode="split_bf16",
-                                         wgrad="bf16", block=256, eps=1e-6, timer=timer, device="cpu", rounds=2)
-    assert times == {"bf16": [1.0, 1.0], "scaled_mm_rowwise": [1.0, 1.0]}
-    assert calls == [("split_bf16", "bf16", "bf16"), ("split_bf16", "scaled_mm_rowwise", "bf16"),
-                     ("split_bf16", "scaled_mm_rowwise", "bf16"), ("split_bf16", "bf16", "bf16")]  # interleaved
+    if timing == "modes":
+        a, b = ("plain", "bf16", "bf16"), ("split_bf16", "bf16", "bf16")
+        times = mods_timing.time_modes(32, 64, 256, ["plain", "split_bf16"], wgrad="bf16", block=256, eps=1e-6,
+                                       timer=timer, device="cpu", rounds=2)
+        assert times == {"plain": [1.0, 1.0], "split_bf16": [1.0, 1.0]}
+    else:
+        a, b = ("split_bf16", "bf16", "bf16"), ("split_bf16", "scaled_mm_rowwise", "bf16")
+        times = mods_timing.time_input_grads(32, 64, 256, ["bf16", "scaled_mm_rowwise"], mode="split_bf16",
+                                             wgrad="bf16", block=256, eps=1e-6, timer=timer, device="cpu", rounds=2)
+        assert times == {"bf16": [1.0, 1.0], "scaled_mm_rowwise": [1.0, 1.0]}
+    assert calls == [a, b, b, a]  # interleaved
 
 
-@pytest.mark.parametrize("timing", ["forward_modes", "input_grads"])
+@pytest.mark.parametrize("timing", ["modes", "input_grads"])
 def test_each_timed_call_pays_the_weight_cast_of_a_training_step(monkeypatch, timing):
     """A training step casts an FP8 weight once (the optimizer's step clears the cache); Dispatch's timed calls
     must too, or an eager FP8 candidate is timed without its weight cast (a graph captured on a cache hit replays
@@ -249,9 +256,9 @@ def test_each_timed_call_pays_the_weight_cast_of_a_training_step(monkeypatch, ti
         fn()
         fn()
         return 1.0
-    if timing == "forward_modes":
-        mods_timing.time_forward_modes(32, 64, 256, ["split_bf16", "split_fp8"], block=256, eps=1e-6, timer=timer,
-                                       device="cpu", rounds=1)
+    if timing == "modes":
+        mods_timing.time_modes(32, 64, 256, ["split_bf16", "split_fp8"], wgrad="bf16", block=256, eps=1e-6,
+                               timer=timer, device="cpu", rounds=1)
     else:
         mods_timing.time_input_grads(32, 64, 256, ["bf16", "scaled_mm_rowwise"], mode="split_fp8", wgrad="bf16",
                                      block=256, eps=1e-6, timer=timer, device="cpu", rounds=1)
@@ -273,7 +280,7 @@ def test_fused_layers_input_grad_chosen_by_timing_the_layer(monkeypatch, step_us
         "bf16", candidates={"scaled_mm_rowwise": {"mere": mere, "time_us": 9.0}}))
         for fqn, (k, n) in {"0.0.0": (64, 512), "0.0.3": (512, 256)}.items()}
     timed = []
-    monkeypatch.setattr(convert, "time_forward_modes",
+    monkeypatch.setattr(convert, "time_modes",
                         lambda M, K, N, modes, **kw: {m: (1.0 if m == "split_bf16" else 2.0) for m in modes})
 
     def fake_steps(M, K, N, dgrads, **kw):
@@ -311,7 +318,7 @@ def test_compiled_dispatch_times_the_plain_mods_on_all_bf16_layers_only(monkeypa
     def fake_steps(M, K, N, dgrads, **kw):
         dgrad_timed.append((K, kw["mode"]))
         return {d: 1.0 for d in dgrads}
-    monkeypatch.setattr(build, "time_forward_modes", fake_modes)
+    monkeypatch.setattr(build, "time_modes", fake_modes)
     monkeypatch.setattr(build, "time_input_grads", fake_steps)
     build._choose_mods_modes(_mlp(), layers, timer=None, device="cpu", min_speedup=1.05, mere_threshold=0.2,
                              compiled=compiled)
