@@ -286,7 +286,7 @@ def test_user_path_bench_times_every_variant_through_the_public_api(tmp_path):
     result = json.loads((tmp_path / "user_path.json").read_text())
     [row] = result["rows"]
     assert set(row["us"]) == {"published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
-                              "loka_eager_cast_reused"}
+                              "loka_eager_cast_reused", "loka_eager_plan_compiled"}
     assert set(row["kernels"]) == {"loka_eager", "loka_compiled"}
     assert all(t > 0 for t in row["us"].values())
     assert result["geomean_vs_published"]["published"] == 1.0
