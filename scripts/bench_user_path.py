@@ -14,7 +14,7 @@ GPU time without the host's launch cost; wall clock on CPU):
   gradient accumulation; every other variant casts them once per call, as a training step does after the
   optimizer's step (a graph captured on a cache hit replays no cast);
 - ``loka_eager_plan_compiled``: ``loka_eager`` (the kernels Dispatch chose eager) compiled: what compiling costs
-  the same kernels, which Dispatch weighs when it plans for a compiled model.
+  the same kernels.
 
 Prints each shape's µs and the geomean ratios (published eager / X) last; writes ``OUT/user_path.json`` and
 ``OUT/user_path.png``. The best-of-modes numbers of the fused layer (``scripts.bench_dispatch_gpu --suites b``)

@@ -20,7 +20,8 @@ above ``max_flushed_fraction`` was rejected for it (``rejected_for_flush``; abov
 A layer that LoKA fuses with its BlockNorm and HardSwish (``mods.module.FusedLinearMods``) may also carry
 ``"mods_forward": {"mode": "split_fp8", "times_us": {"fused_bf16": 120.0, ...}}``: the forward kernel whose
 layer trained fastest (µs of a whole step in each mode, ``mods.modes.FORWARD_MODES``; ``plain``, the PyTorch
-math, only in a plan for a compiled model); without it the mode follows the forward backend (FP8 or not) and, for BF16, whether the model is compiled. And
+math, only in a plan for a compiled model); without it the mode follows the forward backend (FP8 or not) and,
+for BF16, whether the model is compiled. And
 ``"mods_input_grad": {"mode": "scaled_mm_rowwise", "times_us": {"bf16": 82.6, "scaled_mm_rowwise": 77.6}}``:
 the input-grad backend the fused layer runs, chosen by timing the whole layer (forward + backward, µs) with
 each accurate candidate, because inside the layer an FP8 dgrad's quantization of dz is fused into the dz kernel
