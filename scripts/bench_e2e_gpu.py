@@ -2,9 +2,11 @@
 
     python -m scripts.bench_e2e_gpu OUT_DIR [--models wukong interformer] [--batch 4096] [--steps 20]
         [--vocab 100000] [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka]
-        [--no-compile | --compile-mode reduce-overhead] [--budget-s 240]
+        [--no-compile | --compile-mode reduce-overhead] [--budget-s 240] [--in-process]
 
-One process, one device. Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
+One device; each variant in its own process, as a user runs one precision (``--in-process``: all in this one,
+one after another, where each variant starts with what the ones before it left allocated: 2.07 GiB on the H200
+at Wukong GPU scale, docs/results.md §2). Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
 e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`, on
 the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
 **unsharded** TorchRec embeddings (plain `EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec
@@ -21,10 +23,11 @@ is what a training loop pays, launch overhead included), and one profiled step s
 GEMM, FP8 quantization, our Mods epilogue, attention and other kernels (the paper's figure-11 view, by kernel
 name: ``scripts.kernel_split``) and records the graph breaks dynamo saw; one more step after warm-up gives the training
 step's peak GPU memory (``train_peak_mem_gib``: ``max_memory_allocated`` after ``reset_peak_memory_stats``,
-parameters and optimizer states included, and anything left over from the variants before it, which
-``leftover_mem_gib`` shows; ``train_peak_reserved_gib``: what the caching allocator held), and one
+parameters and optimizer states included, and under ``--in-process`` anything left over from the variants
+before it, which ``leftover_mem_gib`` shows; ``train_peak_reserved_gib``: what the caching allocator held), and one
 forward what it keeps for the backward, FP8 weight caches among it (``forward_memory``). Writes
-OUT_DIR/bench_e2e.json (after every variant), OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch
+OUT_DIR/bench_e2e.json (after every variant; each variant's process its own under OUT_DIR/variants/),
+OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch
 variants: every candidate's MERE and time) and OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not
 started before --budget-s are skipped and listed as such.
 """
@@ -33,6 +36,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -208,7 +213,7 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     model, batch, opts, logs = build_variant(model_name, precision, batch=args.batch, device=device,
                                              compile_dense=not args.no_compile, vocab=args.vocab,
                                              compile_mode=args.compile_mode,
-                                             plan_dir=args.out / "plans" / f"{model_name}_{precision.replace('+', '_')}")
+                                             plan_dir=plans_dir(args) / variant_name(model_name, precision))
     row["train_step_ms"] = timed_ms(lambda: train_step(model, batch, opts), args.steps, args.warmup)
     # after warm-up: the optimizer states exist and the compiled graphs are built, as in a long run
     mem = cuda_peak_memory(lambda: train_step(model, batch, opts), device)
@@ -225,6 +230,40 @@ def measure(model_name: str, precision: str, args, device) -> dict:
     row["log"] = [line.splitlines()[-1] for line in logs]  # summaries; the full plan table is in "log_full"
     row["log_full"] = logs
     return row
+
+
+def variant_name(model_name: str, precision: str) -> str:
+    """A variant's folder name: ``wukong_h200_loka``, ``wukong_h200_fp8_tensorwise_auto_filter``."""
+    return f"{model_name}_{precision.replace('+', '_')}"
+
+
+def plans_dir(args) -> Path:
+    """Where Dispatch plans go: OUT/plans, also for a variant's own process (``--plans-dir``)."""
+    return args.plans_dir or args.out / "plans"
+
+
+def child_command(model_name: str, precision: str, args) -> tuple[list[str], Path]:
+    """(the command that measures one variant in a process of its own, the folder of its bench_e2e.json)."""
+    out = args.out / "variants" / variant_name(model_name, precision)
+    cmd = [sys.executable, "-m", "scripts.bench_e2e_gpu", str(out), "--models", model_name, "--precisions",
+           precision, "--in-process", "--batch", str(args.batch), "--vocab", str(args.vocab), "--steps",
+           str(args.steps), "--warmup", str(args.warmup), "--plans-dir", str(plans_dir(args))]
+    cmd += ["--no-compile"] if args.no_compile else []
+    cmd += ["--compile-mode", args.compile_mode] if args.compile_mode else []
+    return cmd, out
+
+
+def measure_in_process_of_its_own(model_name: str, precision: str, args, run=subprocess.run) -> dict:
+    """One variant's row, measured by ``child_command`` (its output shown as it runs); a process that fails or
+    writes no row -> a row with its status."""
+    cmd, out = child_command(model_name, precision, args)
+    proc = run(cmd, cwd=ROOT)
+    result = out / "bench_e2e.json"
+    rows = json.loads(result.read_text())["rows"] if result.is_file() else []
+    if proc.returncode != 0 or len(rows) != 1:
+        return {"model": model_name, "precision": precision,
+                "status": f"error: its process exited with {proc.returncode}, {len(rows)} rows written"}
+    return rows[0]
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -304,6 +343,9 @@ def main() -> None:
     ap.add_argument("--compile-mode", default=None, choices=[None, "reduce-overhead", "max-autotune-no-cudagraphs"],
                     help="torch.compile mode of the dense units (reduce-overhead: CUDA graphs, no launch cost)")
     ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--in-process", action="store_true",
+                    help="all variants in this process, one after another (default: each in a process of its own)")
+    ap.add_argument("--plans-dir", type=Path, default=None, help=argparse.SUPPRESS)  # a variant's process: OUT/plans
     args = ap.parse_args()
     for name in args.models:  # bad names fail here, before any device work
         model_config(name)
@@ -315,19 +357,22 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {**provenance(), "compiled_dense": not args.no_compile,
             "compile_mode": args.compile_mode or "default",
-            "rows_per_table": args.vocab}
+            "rows_per_table": args.vocab, "in_process": args.in_process}
     rows, start = [], time.perf_counter()
     jobs = [(m, p) for p in args.precisions for m in args.models]  # every model gets the first precisions first
     for model_name, precision in tqdm(jobs, desc="e2e variants", unit="variant"):
         if time.perf_counter() - start > args.budget_s:
             rows.append({"model": model_name, "precision": precision, "status": "skipped (time budget)"})
             continue
-        try:
-            rows.append(measure(model_name, precision, args, device))
-        except Exception as exc:  # one variant failing must not lose the others
-            rows.append({"model": model_name, "precision": precision, "status": f"error: {exc!r}"[:300],
-                         "traceback": traceback.format_exc()[-2000:]})
-        torch.cuda.empty_cache()
+        if not args.in_process:
+            rows.append(measure_in_process_of_its_own(model_name, precision, args))
+        else:
+            try:
+                rows.append(measure(model_name, precision, args, device))
+            except Exception as exc:  # one variant failing must not lose the others
+                rows.append({"model": model_name, "precision": precision, "status": f"error: {exc!r}"[:300],
+                             "traceback": traceback.format_exc()[-2000:]})
+            torch.cuda.empty_cache()
         add_ratios(rows)
         (args.out / "bench_e2e.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, args.out / "bench_e2e.png")
