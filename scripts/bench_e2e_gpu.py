@@ -4,32 +4,30 @@
         [--vocab 100000] [--precisions bf16 fp8_tensorwise fp8_rowwise fp8_rowwise_gw_hp loka]
         [--no-compile | --compile-mode reduce-overhead] [--budget-s 240] [--in-process]
 
-One device; each variant in its own process, as a user runs one precision (``--in-process``: all in this one,
-one after another, where each variant starts with what the ones before it left allocated: 2.07 GiB on the H200
-at Wukong GPU scale, docs/results.md §2). Each variant builds the zoo model at its paper-size defaults (the dataclass defaults,
-e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`, on
-the synthetic planted-teacher data (`data.max_vocab_size=100000`), with
-**unsharded** TorchRec embeddings (plain `EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec
-sharding is not part of this measurement), then applies the precision exactly as `train.py` does
-(`apply_precision`; `loka` also builds the model with the LoKA Mods, as `precision=loka` does; `P+mods`,
-e.g. `bf16+mods`, is precision P on the model with the Mods, which separates the Mods from Dispatch;
-`loka+graph_timed` has Dispatch time its candidates by CUDA-graph replay, `fp8_tensorwise+auto_filter` converts
-only the Linears torchao's own size filter keeps: ``VARIANT_SUFFIXES``). The dense units
-(`model.dense_units()`) are compiled with `torch.compile` unless `--no-compile`. A training step = forward
-under BF16 autocast, BCE loss, backward, fused Adam on the dense parameters and SGD on the embeddings (dense
-embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here); inference =
-forward only under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this
-is what a training loop pays, launch overhead included), and one profiled step splits GPU kernel time into
-GEMM, FP8 quantization, our Mods epilogue, attention and other kernels (the paper's figure-11 view, by kernel
-name: ``scripts.kernel_split``) and records the graph breaks dynamo saw; one more step after warm-up gives the training
-step's peak GPU memory (``train_peak_mem_gib``: ``max_memory_allocated`` after ``reset_peak_memory_stats``,
-parameters and optimizer states included, and under ``--in-process`` anything left over from the variants
-before it, which ``leftover_mem_gib`` shows; ``train_peak_reserved_gib``: what the caching allocator held), and one
-forward what it keeps for the backward, FP8 weight caches among it (``forward_memory``). Writes
-OUT_DIR/bench_e2e.json (after every variant; each variant's process its own under OUT_DIR/variants/),
-OUT_DIR/plans/<model>_<precision>/dispatch_plan.json (Dispatch
-variants: every candidate's MERE and time) and OUT_DIR/bench_e2e.png; prints a ratio table last. Variants not
-started before --budget-s are skipped and listed as such.
+One device; each variant in its own process, as a user runs one precision (``--in-process``: all in this one, one
+after another, where each variant starts with what the ones before it left allocated: 2.07 GiB on the H200 at
+Wukong GPU scale, docs/results.md §2). Each variant builds the zoo model at its paper-size defaults (the dataclass
+defaults, e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`,
+on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with **unsharded** TorchRec embeddings (plain
+`EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec sharding is not part of this measurement),
+then applies the precision exactly as `train.py` does (`apply_precision`; `loka` also builds the model with the
+LoKA Mods, as `precision=loka` does; `P+mods`, e.g. `bf16+mods`, is precision P on the model with the Mods, which
+separates the Mods from Dispatch; `loka+graph_timed` has Dispatch time its candidates by CUDA-graph replay,
+`fp8_tensorwise+auto_filter` converts only the Linears torchao's own size filter keeps: ``VARIANT_SUFFIXES``). The
+dense units (`model.dense_units()`) are compiled with `torch.compile` unless `--no-compile`. A training step =
+forward under BF16 autocast, BCE loss, backward, fused Adam on the dense parameters and SGD on the embeddings
+(dense embedding gradients: unsharded TorchRec modules have no fused TBE optimizer here); inference = forward only
+under `torch.no_grad`. Times are CUDA-event wall times over `--steps` steps after warm-up (this is what a training
+loop pays, launch overhead included), and one profiled step splits GPU kernel time into GEMM, FP8 quantization, our
+Mods epilogue, attention and other kernels (the paper's figure-11 view, by kernel name: ``scripts.kernel_split``)
+and records the graph breaks dynamo saw; one more step after warm-up gives the training step's peak GPU memory
+(``train_peak_mem_gib``: ``max_memory_allocated`` after ``reset_peak_memory_stats``, parameters and optimizer
+states included, and under ``--in-process`` anything left over from the variants before it, which
+``leftover_mem_gib`` shows; ``train_peak_reserved_gib``: what the caching allocator held), and one forward what it
+keeps for the backward, FP8 weight caches among it (``forward_memory``). Writes OUT_DIR/bench_e2e.json (after every
+variant; each variant's process its own under OUT_DIR/variants/), OUT_DIR/plans/<model>_<precision>/
+dispatch_plan.json (Dispatch variants: every candidate's MERE and time) and OUT_DIR/bench_e2e.png; prints a ratio
+table last. Variants not started before --budget-s are skipped and listed as such.
 """
 from __future__ import annotations
 
@@ -257,8 +255,9 @@ def measure_in_process_of_its_own(model_name: str, precision: str, args, run=sub
     """One variant's row, measured by ``child_command`` (its output shown as it runs); a process that fails or
     writes no row -> a row with its status."""
     cmd, out = child_command(model_name, precision, args)
-    proc = run(cmd, cwd=ROOT)
     result = out / "bench_e2e.json"
+    result.unlink(missing_ok=True)  # a row from an earlier run must not stand in for this one
+    proc = run(cmd, cwd=ROOT)
     rows = json.loads(result.read_text())["rows"] if result.is_file() else []
     if proc.returncode != 0 or len(rows) != 1:
         return {"model": model_name, "precision": precision,

@@ -115,7 +115,7 @@ def test_e2e_table_shows_the_training_peak_memory_and_n_a_for_rows_without_it():
     assert lines.splitlines()[1].endswith("21.50") and lines.splitlines()[2].endswith("n/a")
 
 
-@pytest.mark.parametrize("returncode, rows", [(0, 1), (1, 1), (0, 0)])
+@pytest.mark.parametrize("returncode, rows", [(0, 1), (1, 1), (0, 0), (0, None)])
 def test_e2e_variant_runs_in_a_process_of_its_own_and_returns_its_row(tmp_path, returncode, rows):
     """By default each variant is measured by a process of its own (nothing left allocated by another variant),
     with the parent's settings and plan folder; its one row comes back, or a row saying why not."""
@@ -124,13 +124,16 @@ def test_e2e_variant_runs_in_a_process_of_its_own_and_returns_its_row(tmp_path, 
     args = argparse.Namespace(out=tmp_path, batch=8192, vocab=1000, steps=10, warmup=3, no_compile=False,
                               compile_mode=None, plans_dir=None)
     seen = []
+    row = {"model": "wukong_h200", "precision": "loka+graph_timed", "train_step_ms": 50.0}
+    stale = tmp_path / "variants" / "wukong_h200_loka_graph_timed" / "bench_e2e.json"  # an earlier run's
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"meta": {}, "rows": [{**row, "train_step_ms": 99.0}]}))
 
-    def run(cmd, cwd):
+    def run(cmd, cwd):  # rows None: the process wrote nothing
         seen.append(cmd)
         out = Path(cmd[cmd.index("scripts.bench_e2e_gpu") + 1])
-        out.mkdir(parents=True)
-        row = {"model": "wukong_h200", "precision": "loka+graph_timed", "train_step_ms": 50.0}
-        (out / "bench_e2e.json").write_text(json.dumps({"meta": {}, "rows": [row] * rows}))
+        if rows is not None:
+            (out / "bench_e2e.json").write_text(json.dumps({"meta": {}, "rows": [row] * rows}))
         return subprocess.CompletedProcess(cmd, returncode)
     got = measure_in_process_of_its_own("wukong_h200", "loka+graph_timed", args, run=run)
     [cmd] = seen
@@ -141,6 +144,7 @@ def test_e2e_variant_runs_in_a_process_of_its_own_and_returns_its_row(tmp_path, 
         assert got["train_step_ms"] == 50.0
     else:
         assert "train_step_ms" not in got and got["status"].startswith(f"error: its process exited with {returncode}")
+        assert not stale.exists() or rows is not None
 
 
 def test_e2e_precision_variants_apply_their_suffixes_and_reject_unknown_ones():
