@@ -1,6 +1,7 @@
 """The fused Mods layer as a user gets it: built with the public API, eager and compiled, against the published layer.
 
     python -m scripts.bench_user_path OUT [--batch 1024] [--shapes K,N ...] [--device cuda|cpu] [--kernels]
+        [--best-of-modes]
 
 Per (K in, N out) shape (default: the paper's figure-13 layers), forward + backward of one layer (gradients set
 to None before each call, as after ``zero_grad()``), timed by CUDA-graph replay on a GPU (``timing.cuda_graph_timer``:
@@ -16,9 +17,12 @@ GPU time without the host's launch cost; wall clock on CPU):
 - ``loka_eager_plan_compiled``: ``loka_eager`` (the kernels Dispatch chose eager) compiled: what compiling costs
   the same kernels.
 
+``--best-of-modes`` adds ``best_of_modes``: the fastest eager step over the fused layer's ``BEST_OF`` kernel
+choices at each shape (FP8 ones included, their accuracy not checked, weight casts paid per call): what the kernels
+can do, beside what Dispatch picks for a user (``scripts.bench_dispatch_gpu --suites b`` times more variants).
+
 Prints each shape's µs and the geomean ratios (published eager / X) last; writes ``OUT/user_path.json`` and
-``OUT/user_path.png``. The best-of-modes numbers of the fused layer (``scripts.bench_dispatch_gpu --suites b``)
-are what the kernels can do; this is what Dispatch picks for a user.
+``OUT/user_path.png``.
 
 ``--kernels`` (CUDA): each row also lists the GPU kernels of one profiled step of each ``PROFILED`` variant (name,
 µs, calls; ``scripts.kernel_split``), and the table ends with what ``loka_eager_plan_compiled`` runs beyond
@@ -42,11 +46,14 @@ from loka_trainer.mods.layers import BlockNorm
 from loka_trainer.timing import cuda_graph_timer, wall_clock_timer
 from scripts.plot_results import grouped_bars, pyplot
 from scripts.provenance import provenance
-from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
+from scripts.mods_layer_variants import BATCH, DEFAULT_MODS_LAYER_VARIANTS, FUSED_VARIANTS, MODS_LAYER_SHAPES
 
 VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
             "loka_eager_cast_reused", "loka_eager_plan_compiled")
 PROFILED = ("loka_eager", "loka_compiled", "loka_eager_plan_compiled", "mods_compiled")  # listed by --kernels
+LOKA = ("loka_eager", "loka_compiled")  # the variants built by convert_to_loka, whose kernels a row records
+# --best-of-modes: the fused layer's kernel choices that were the fastest at some figure-13 shape on the H200
+BEST_OF = tuple(name for name in DEFAULT_MODS_LAYER_VARIANTS if name in FUSED_VARIANTS)
 
 
 def published(K: int, N: int) -> nn.Module:
@@ -84,12 +91,28 @@ def chosen_kernels(model: nn.Module) -> dict[str, str]:
     return {"mode": layer.mode, "dgrad": layer.dgrad, "wgrad": layer.wgrad}
 
 
-def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer, profile_kernels: bool = False
-                ) -> tuple[dict[str, float], dict, dict]:
+def best_of_modes(mods: nn.Module, x: torch.Tensor, dy: torch.Tensor, timer) -> tuple[float, str]:
+    """(µs, name) of the fastest eager training step over ``BEST_OF`` (``FUSED_VARIANTS``' kernels) of the fused
+    layer made from ``mods`` (Linear, BlockNorm, Hardswish; its weight shared) at x (M, K), dy (M, N); a choice
+    that raises at this shape is skipped."""
+    from loka_trainer.mods.module import FusedLinearMods
+    times = {}
+    for name in BEST_OF:
+        layer = FusedLinearMods.from_linear(mods[0], mods[1], **FUSED_VARIANTS[name])
+        try:
+            times[name] = timer(training_step(layer, x, dy))
+        except RuntimeError:
+            continue
+    best = min(times, key=times.__getitem__)
+    return times[best], best
+
+
+def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer, profile_kernels: bool = False,
+                best_of: bool = False) -> tuple[dict[str, float], dict, dict]:
     """(µs of each variant's training step at x (batch, K), the kernels Dispatch chose eager and compiled (with
     ``dispatch_us``: its own step µs of each forward mode it weighed, per layer; on CPU, where Dispatch times no
     forward modes, {}), and under ``profile_kernels`` the GPU kernels of one step of each ``PROFILED`` variant,
-    else {})."""
+    else {}). ``best_of``: the µs also hold ``best_of_modes``, the kernels its choice (``{"variant": name}``)."""
     dtype = torch.bfloat16
     x = torch.randn(batch, K, device=device, dtype=dtype, requires_grad=True)
     dy = torch.randn(batch, N, device=device, dtype=dtype)
@@ -107,8 +130,11 @@ def layer_times(K: int, N: int, *, batch: int, device: torch.device, timer, prof
     models["loka_eager_plan_compiled"] = torch.compile(copy.deepcopy(models["loka_eager"]))
     steps = {name: training_step(model, x, dy) for name, model in models.items()}
     steps["loka_eager_cast_reused"] = training_step(models["loka_eager"], x, dy, new_weights=False)
-    kernels = {name: {**chosen_kernels(models[name]), "dispatch_us": timed[name]} for name in timed}
+    kernels = {name: {**chosen_kernels(models[name]), "dispatch_us": timed[name]} for name in LOKA}
     us = {name: timer(steps[name]) for name in VARIANTS}
+    if best_of:
+        us["best_of_modes"], best = best_of_modes(mods, x, dy, timer)
+        kernels["best_of_modes"] = {"variant": best}
     profiled = {}
     if profile_kernels:
         from scripts.kernel_split import kernel_split_ms
@@ -133,16 +159,21 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def columns(rows: list[dict]) -> list[str]:
+    """``VARIANTS``, then ``best_of_modes`` when every row has it."""
+    return [*VARIANTS, *(["best_of_modes"] if all("best_of_modes" in r["us"] for r in rows) else [])]
+
+
 def summarize(rows: list[dict]) -> dict[str, float]:
-    """Geomean over shapes of published-eager time / each variant's time (> 1: faster than the published layer)."""
-    return {name: geomean([r["us"]["published"] / r["us"][name] for r in rows]) for name in VARIANTS}
+    """Geomean over shapes of published-eager time / each column's time (> 1: faster than the published layer)."""
+    return {name: geomean([r["us"]["published"] / r["us"][name] for r in rows]) for name in columns(rows)}
 
 
 def plot(rows: list[dict], summary: dict[str, float], path: Path) -> None:
     fig, ax = pyplot().subplots(figsize=(9, 4))
     grouped_bars(ax, [f"{r['K']}x{r['N']}" for r in rows],
                  {f"{name} (geomean {summary[name]:.2f}x)": [r["us"]["published"] / r["us"][name] for r in rows]
-                  for name in VARIANTS})
+                  for name in columns(rows)})
     ax.set_ylabel("x published layer (eager)")
     ax.axhline(1.0, color="gray", lw=0.5)
     fig.tight_layout()
@@ -156,6 +187,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=[f"{k},{n}" for k, n in MODS_LAYER_SHAPES])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--kernels", action="store_true", help="list each step's GPU kernels (CUDA only)")
+    ap.add_argument("--best-of-modes", action="store_true", help="also time the fastest fused kernel choice eager")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.kernels and device.type != "cuda":
@@ -167,27 +199,29 @@ def main() -> None:
         K, N = (int(v) for v in shape.split(","))
         torch._dynamo.reset()
         us, kernels, profiled = layer_times(K, N, batch=args.batch, device=device, timer=timer,
-                                            profile_kernels=args.kernels)
+                                            profile_kernels=args.kernels, best_of=args.best_of_modes)
         rows.append({"K": K, "N": N, "us": us, "kernels": kernels, **({"gpu_kernels": profiled} if profiled else {})})
         (args.out / "user_path.json").write_text(json.dumps({"device": str(device), "rows": rows}, indent=2))
     summary = summarize(rows)
     result = {**provenance(), "batch": args.batch, "rows": rows, "geomean_vs_published": summary}
     (args.out / "user_path.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(rows, summary, args.out / "user_path.png")
-    print("shape        " + "  ".join(f"{v:>18}" for v in VARIANTS))
+    shown = columns(rows)
+    print("shape        " + "  ".join(f"{v:>18}" for v in shown))
     for r in rows:
-        picked = " | ".join(f"{k['mode']},{k['dgrad']},{k['wgrad']}" for k in r["kernels"].values())
-        print(f"{r['K']:>5}x{r['N']:<6} " + "  ".join(f"{r['us'][v]:>16.1f}us" for v in VARIANTS) + f"  {picked}")
+        picked = " | ".join(f"{k['mode']},{k['dgrad']},{k['wgrad']}" for k in (r["kernels"][n] for n in LOKA))
+        best = f" | best: {r['kernels']['best_of_modes']['variant']}" if "best_of_modes" in shown else ""
+        print(f"{r['K']:>5}x{r['N']:<6} " + "  ".join(f"{r['us'][v]:>16.1f}us" for v in shown) + f"  {picked}{best}")
     for r in rows:
-        for name, k in r["kernels"].items():
-            for us in k["dispatch_us"].values():
+        for name in LOKA:
+            for us in r["kernels"][name]["dispatch_us"].values():
                 print(f"{r['K']}x{r['N']} {name} Dispatch's step µs: " + ", ".join(
                     f"{m} {t:.1f}" for m, t in us.items() if t is not None))
     for r in rows if args.kernels else []:
         extra = kernel_diff(r["gpu_kernels"]["loka_eager"], r["gpu_kernels"]["loka_eager_plan_compiled"])
         print(f"{r['K']}x{r['N']} the eager plan compiled, beyond eager: " + ("; ".join(f"{n[:60]} +{us:.1f}us x{c:+d}"
                                                                       for n, us, c in extra[:4]) or "nothing"))
-    print("geomean x published: " + ", ".join(f"{v} {summary[v]:.2f}x" for v in VARIANTS))
+    print("geomean x published: " + ", ".join(f"{v} {summary[v]:.2f}x" for v in shown))
     print(f"LoKA compiled / plain Mods compiled: {summary['loka_compiled'] / summary['mods_compiled']:.2f}x")
 
 

@@ -312,19 +312,23 @@ def test_user_path_bench_times_every_variant_through_the_public_api(tmp_path):
     """The user-path benchmark runs on CPU at a tiny shape: every variant timed, ratios against the published
     layer, JSON and PNG written (its numbers only mean something on a GPU)."""
     cmd = [sys.executable, "-m", "scripts.bench_user_path", str(tmp_path), "--shapes", "32,64", "--batch", "32",
-           "--device", "cpu"]
+           "--device", "cpu", "--best-of-modes"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "user_path.json").read_text())
     [row] = result["rows"]
     assert set(row["us"]) == {"published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
-                              "loka_eager_cast_reused", "loka_eager_plan_compiled"}
-    assert set(row["kernels"]) == {"loka_eager", "loka_compiled"}
+                              "loka_eager_cast_reused", "loka_eager_plan_compiled", "best_of_modes"}
+    assert set(row["kernels"]) == {"loka_eager", "loka_compiled", "best_of_modes"}
+    from scripts.bench_user_path import BEST_OF
+    assert row["kernels"]["best_of_modes"]["variant"] in BEST_OF and len(BEST_OF) > 1
+    assert "best_of_modes" in result["geomean_vs_published"]
     assert all(t > 0 for t in row["us"].values())
     assert result["geomean_vs_published"]["published"] == 1.0
     assert (tmp_path / "user_path.png").stat().st_size > 0
     assert "LoKA compiled / plain Mods compiled" in proc.stdout.splitlines()[-1]
-    assert result["command"] == f"python -m scripts.bench_user_path {tmp_path} --shapes 32,64 --batch 32 --device cpu"
+    assert result["command"] == (f"python -m scripts.bench_user_path {tmp_path} --shapes 32,64 --batch 32 --device cpu"
+                                 " --best-of-modes")
     assert result["date"] and result["commit"] and "torch" in result
 
 
