@@ -184,8 +184,9 @@ def fused_forward(x: torch.Tensor, w: torch.Tensor, *, x_scale_inv: Optional[tor
     kernel, meta = fixed_or_autotuned(_forward_kernel(K), config, {"BLOCK_M": 16, "BLOCK_K": 32})
     launcher(kernel, x)[grid](
         x, w, y, u, r, q, sx, sw, ws, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0),
-        r.stride(0), M * N, eps, static_fp8_scale(block), FP8_MAX_=FP8_MAX, HAS_SCALES=has_scales,
-        WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k, BLOCK_N=block, **pdl.launch_args(x), **meta)
+        r.stride(0), M * N, NORM_EPS=eps, OUT_SCALE=static_fp8_scale(block), FP8_MAX_=FP8_MAX,
+        HAS_SCALES=has_scales, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SPLIT_K=split_k, BLOCK_N=block,
+        **pdl.launch_args(x), **meta)
     if split_k > 1:
         _launch_norm(ws[0], y, u, r, q, block, eps, write_fp8, save, splits=split_k)
     return _returned(y, u, r, q, write_fp8, save)
@@ -264,9 +265,10 @@ def _launch_norm(z, y, u, r, q, block: int, eps: float, write_fp8: bool, save: b
     rows, warps = _launch_shape(z, block)
     sx, sw = (scale_vector(s) for s in scales) if scales is not None else (z, z)
     launcher(kernel, z)[(triton.cdiv(M, rows), N // block)](
-        z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0), eps, static_fp8_scale(block),
-        FP8_MAX_=FP8_MAX, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save, SAVE_Z=save_z, SPLITS=splits,
-        HAS_SCALES=scales is not None, BLOCK_N=block, BLOCK_M=rows, num_warps=warps, **pdl.launch_args(z))
+        z, sx, sw, y, u, r, q, M, z.stride(0), M * N, y.stride(0), r.stride(0), NORM_EPS=eps,
+        OUT_SCALE=static_fp8_scale(block), FP8_MAX_=FP8_MAX, WRITE_FP8=write_fp8, SAVE_FOR_BACKWARD=save,
+        SAVE_Z=save_z, SPLITS=splits, HAS_SCALES=scales is not None, BLOCK_N=block, BLOCK_M=rows, num_warps=warps,
+        **pdl.launch_args(z))
 
 
 # the dz kernel stores its tile maxima (for a tensorwise amax) when there are at most this many: each program of
