@@ -247,13 +247,17 @@ def test_every_float_a_kernel_takes_is_a_constexpr(interpret, monkeypatch):
                 runtime_floats.add((self.fn.__name__, name))
         return run(self, *args, **kwargs)
     monkeypatch.setattr(InterpretedFunction, "run", checked)
-    x, w = _xw(torch.bfloat16)
-    dy = torch.randn(M, N, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    rows = 48  # a multiple of 16: torch._scaled_mm takes it, so the FP8 backward paths run too
+    x, w = torch.randn(rows, K, generator=g).to(torch.bfloat16), (torch.randn(N, K, generator=g) / K ** 0.5).to(
+        torch.bfloat16)
+    dy = torch.randn(rows, N, generator=g).to(torch.bfloat16)
     for kernels in (dict(mode="split_bf16"), dict(mode="fused_bf16", wgrad="scaled_mm_tensorwise"),
                     dict(mode="split_fp8", dgrad="scaled_mm_rowwise", wgrad="scaled_mm_tensorwise"),
                     dict(mode="fused_fp8", dgrad="scaled_mm_tensorwise")):
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
         linear_mods(xg, wg, block=B, **kernels).backward(dy)
     triton_mods.norm_forward(torch.randn(2, M, N).contiguous(), block=B)  # the split-K partials' epilogue
-    assert {"fused_fwd_kernel", "norm_fwd_kernel", "bwd_dz_kernel", "quant_rowwise_kernel"} <= launched, launched
+    assert {"fused_fwd_kernel", "norm_fwd_kernel", "bwd_dz_kernel", "quant_rowwise_kernel", "quant_rows_kernel",
+            "amax_kernel", "cast_kernel"} <= launched, launched
     assert runtime_floats == set()
