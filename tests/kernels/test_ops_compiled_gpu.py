@@ -1,6 +1,6 @@
 """GPU-only: the fused Mods layer compiled. Its ops are ``triton_op``s, so inductor launches their Triton kernels from
-its own generated code (no opaque custom-op call), without copying any input first, and the layer trains as it does
-eagerly.
+its own generated code (no opaque custom-op call), without copying any input first and without an fp64 argument (a
+float argument typed fp64 by inductor turns a kernel's math fp64), and the layer trains as it does eagerly.
 
 Skipped without CUDA sm89+ and triton (FP8); on CPU, test_ops_traced.py traces the same ops as torch.compile does
 and checks what inductor's mutation analysis takes each kernel to write.
@@ -61,6 +61,8 @@ def test_compiled_layer_launches_its_kernels_from_inductor_code_without_copies(k
     assert not missing, missing  # each launched from inductor's code, not through an opaque op
     copies = [line.strip() for line in source.splitlines() if COPY.search(line)]
     assert not copies, copies[:8]
+    fp64_args = re.findall(r"'(\w+)': 'fp64'", source)  # in a kernel's signature (triton_meta)
+    assert not fp64_args, fp64_args
     for a, b in zip(got, eager):  # the autotuners may pick other tiles compiled: rounding, not math
         rel = float((a.double() - b.double()).norm() / b.double().norm())
         assert rel < 2e-2, rel
