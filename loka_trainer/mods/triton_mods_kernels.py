@@ -48,9 +48,9 @@ configs = [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages
 def fused_fwd_kernel(x_ptr, w_ptr, y_ptr, u_ptr, r_ptr, q_ptr, sx_ptr, sw_ptr, ws_ptr, M, N, K,
                      stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_rm, stride_ws,
                      NORM_EPS: tl.constexpr, OUT_SCALE: tl.constexpr, FP8_MAX_: tl.constexpr,
-                     HAS_SCALES: tl.constexpr, WRITE_FP8: tl.constexpr,
-                     SAVE_FOR_BACKWARD: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                     HAS_SCALES: tl.constexpr, WRITE_FP8: tl.constexpr, SAVE_FOR_BACKWARD: tl.constexpr,
+                     SPLIT_K: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
     # SPLIT_K > 1: program (m, n, s) sums the s-th of SPLIT_K slices of K's tiles and stores its (scaled) fp32
     # partial z into ws (SPLIT_K, M, N); norm_fwd_kernel then adds the slices and runs the epilogue.
     pdl_start(PDL)  # may be launched before the previous kernel ended (pdl.py): waits for it before any access
@@ -98,9 +98,9 @@ fused_fwd_replay_tuned = triton.autotune(configs=configs, key=_FWD_KEY, do_bench
 @triton.jit
 def norm_fwd_kernel(z_ptr, sx_ptr, sw_ptr, y_ptr, u_ptr, r_ptr, q_ptr, M, stride_zm, stride_zs, stride_ym,
                     stride_rm, NORM_EPS: tl.constexpr, OUT_SCALE: tl.constexpr, FP8_MAX_: tl.constexpr,
-                    WRITE_FP8: tl.constexpr,
-                    SAVE_FOR_BACKWARD: tl.constexpr, SAVE_Z: tl.constexpr, SPLITS: tl.constexpr,
-                    HAS_SCALES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                    WRITE_FP8: tl.constexpr, SAVE_FOR_BACKWARD: tl.constexpr, SAVE_Z: tl.constexpr,
+                    SPLITS: tl.constexpr, HAS_SCALES: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
     # z = the sum of SPLITS slices z_ptr + s * stride_zs (1: a plain z; > 1: fused_fwd_kernel's split-K partials),
     # times sx (M,) per row and sw (N,) per column if HAS_SCALES (an FP8 GEMM's rowwise scales, applied here).
     # SAVE_Z: the backward reads z (before the scales) instead of u: with SPLITS > 1 the summed z goes to u_ptr
