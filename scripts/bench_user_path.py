@@ -219,8 +219,8 @@ def main() -> None:
                     f"{m} {t:.1f}" for m, t in us.items() if t is not None))
     for r in rows if args.kernels else []:
         extra = kernel_diff(r["gpu_kernels"]["loka_eager"], r["gpu_kernels"]["loka_eager_plan_compiled"])
-        print(f"{r['K']}x{r['N']} the eager plan compiled, beyond eager: " + ("; ".join(f"{n[:60]} +{us:.1f}us x{c:+d}"
-                                                                      for n, us, c in extra[:4]) or "nothing"))
+        listed = "; ".join(f"{n[:60]} +{us:.1f}us x{c:+d}" for n, us, c in extra[:4]) or "nothing"
+        print(f"{r['K']}x{r['N']} the eager plan compiled, beyond eager: {listed}")
     print("geomean x published: " + ", ".join(f"{v} {summary[v]:.2f}x" for v in shown))
     print(f"LoKA compiled / plain Mods compiled: {summary['loka_compiled'] / summary['mods_compiled']:.2f}x")
 
