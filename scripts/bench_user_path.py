@@ -1,7 +1,7 @@
 """The fused Mods layer as a user gets it: built with the public API, eager and compiled, against the published layer.
 
     python -m scripts.bench_user_path OUT [--batch 1024] [--shapes K,N ...] [--device cuda|cpu] [--kernels]
-        [--best-of-modes]
+        [--best-of-modes] [--resume]
 
 Per (K in, N out) shape (default: the paper's figure-13 layers), forward + backward of one layer (gradients set
 to None before each call, as after ``zero_grad()``), timed by CUDA-graph replay on a GPU (``timing.cuda_graph_timer``:
@@ -24,6 +24,8 @@ can do, beside what Dispatch picks for a user (``scripts.bench_dispatch_gpu --su
 Prints each shape's µs and the geomean ratios (published eager / X) last; writes ``OUT/user_path.json`` and
 ``OUT/user_path.png``.
 
+``--resume`` keeps the rows an interrupted run of the same code wrote and times only the other shapes.
+
 ``--kernels`` (CUDA): each row also lists the GPU kernels of one profiled step of each ``PROFILED`` variant (name,
 µs, calls; ``scripts.kernel_split``), and the table ends with what ``loka_eager_plan_compiled`` runs beyond
 ``loka_eager`` (``kernel_diff``): where the same kernels lose time when compiled.
@@ -45,7 +47,7 @@ from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.mods.layers import BlockNorm
 from loka_trainer.timing import cuda_graph_timer, wall_clock_timer
 from scripts.plot_results import grouped_bars, pyplot
-from scripts.provenance import provenance
+from scripts.provenance import provenance, source_digest
 from scripts.mods_layer_variants import BATCH, DEFAULT_MODS_LAYER_VARIANTS, FUSED_VARIANTS, MODS_LAYER_SHAPES
 
 VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
@@ -180,6 +182,19 @@ def plot(rows: list[dict], summary: dict[str, float], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def resumed_rows(path: Path, batch: int) -> list[dict]:
+    """The rows an interrupted run left at ``path``; [] when there is none. Rows of other code (source digest) or
+    another batch are refused with the reason: a table mixes no two versions of the code."""
+    if not path.exists():
+        return []
+    done = json.loads(path.read_text())
+    source = source_digest()
+    if done.get("source") != source or done.get("batch") != batch:
+        raise SystemExit(f"{path}: rows of source {done.get('source')} batch {done.get('batch')}, this run is "
+                         f"source {source} batch {batch}; move the file away to start afresh")
+    return done["rows"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
@@ -188,20 +203,25 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--kernels", action="store_true", help="list each step's GPU kernels (CUDA only)")
     ap.add_argument("--best-of-modes", action="store_true", help="also time the fastest fused kernel choice eager")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows OUT/user_path.json already has (same code and batch) and time only the rest")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.kernels and device.type != "cuda":
         ap.error("--kernels profiles GPU kernels: it needs --device cuda")
     timer = cuda_graph_timer() if device.type == "cuda" else wall_clock_timer(repeats=3, warmup=1)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = resumed_rows(args.out / "user_path.json", args.batch) if args.resume else []
     for shape in args.shapes:
         K, N = (int(v) for v in shape.split(","))
+        if any((r["K"], r["N"]) == (K, N) for r in rows):
+            continue
         torch._dynamo.reset()
         us, kernels, profiled = layer_times(K, N, batch=args.batch, device=device, timer=timer,
                                             profile_kernels=args.kernels, best_of=args.best_of_modes)
         rows.append({"K": K, "N": N, "us": us, "kernels": kernels, **({"gpu_kernels": profiled} if profiled else {})})
-        (args.out / "user_path.json").write_text(json.dumps({"device": str(device), "rows": rows}, indent=2))
+        partial = {"device": str(device), "source": source_digest(), "batch": args.batch, "rows": rows}
+        (args.out / "user_path.json").write_text(json.dumps(partial, indent=2))
     summary = summarize(rows)
     result = {**provenance(), "batch": args.batch, "rows": rows, "geomean_vs_published": summary}
     (args.out / "user_path.json").write_text(json.dumps(result, indent=2) + "\n")

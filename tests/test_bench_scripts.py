@@ -349,3 +349,21 @@ def test_user_path_bench_refuses_kernels_on_cpu(tmp_path):
     assert proc.returncode == 2
     assert "--kernels profiles GPU kernels" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "user_path.json").exists()
+
+
+def test_user_path_resume_keeps_rows_of_the_same_code_only(tmp_path):
+    """--resume reads back an interrupted run's rows; rows of other code or another batch stop the run with the
+    reason and stay as they were."""
+    from scripts.bench_user_path import resumed_rows
+    from scripts.provenance import source_digest
+    path = tmp_path / "user_path.json"
+    assert resumed_rows(path, 1024) == []
+    row = {"K": 256, "N": 256, "us": {"published": 20.0}}
+    path.write_text(json.dumps({"source": source_digest(), "batch": 1024, "rows": [row]}))
+    assert resumed_rows(path, 1024) == [row]
+    with pytest.raises(SystemExit, match="batch 1024, this run is .* batch 512"):
+        resumed_rows(path, 512)
+    path.write_text(json.dumps({"source": "0123456789ab", "batch": 1024, "rows": [row]}))
+    with pytest.raises(SystemExit, match="rows of source 0123456789ab"):
+        resumed_rows(path, 1024)
+    assert json.loads(path.read_text())["rows"] == [row]
