@@ -48,12 +48,29 @@ def cuda_timer() -> Timer:
     return lambda fn: 1e3 * float(do_bench(fn, warmup=5, rep=20, return_mode="median"))
 
 
+_GRAPH_TIMING_STREAMS: dict[int, "torch.cuda.Stream"] = {}
+
+
+def graph_timing_stream() -> "torch.cuda.Stream":
+    """The one side stream (per device) every ``cuda_graph_us`` call of this process warms up, captures and
+    replays on. Why not triton's ``do_bench_cudagraph``, which takes a new stream from torch's pool per call: cuBLAS
+    keeps a workspace per stream for the life of the process (``torch.cuda.empty_cache`` does not free it), so
+    Dispatch's layer timing left one per pool stream, 2.0 GiB allocated on the H200 after planning wukong_h200 or
+    interformer_h200 (docs/results.md section 2)."""
+    device = torch.cuda.current_device()
+    if device not in _GRAPH_TIMING_STREAMS:
+        _GRAPH_TIMING_STREAMS[device] = torch.cuda.Stream(device)
+    return _GRAPH_TIMING_STREAMS[device]
+
+
 def cuda_graph_us(fn: Callable[[], object], rep_ms: int = 20,
-                  grad_to_none: Optional[Sequence[torch.Tensor]] = None) -> float:
-    """GPU µs of one call of ``fn`` from CUDA-graph replay (triton's ``do_bench_cudagraph`` median), after one
-    call outside the capture (autotuning, lazy initialization, weight caches). ``grad_to_none``: leaf tensors
-    whose ``.grad`` is reset before every call (as ``zero_grad(set_to_none=True)`` does), so a backward writes
-    fresh gradients instead of adding into the last call's. Raises when ``fn`` cannot be captured.
+                  grad_to_none: Optional[Sequence[torch.Tensor]] = None, replays: int = 10) -> float:
+    """GPU µs of one call of ``fn`` from CUDA-graph replay, after one call outside the capture (autotuning, lazy
+    initialization, weight caches): one call captured and replayed estimates its time, then a graph of as many
+    unrolled calls as fill ``rep_ms`` is replayed ``replays`` times; the median per call (triton's
+    ``do_bench_cudagraph`` recipe, on ``graph_timing_stream``). ``grad_to_none``: leaf tensors whose ``.grad`` is
+    reset before every captured call (as ``zero_grad(set_to_none=True)`` does), so a backward writes fresh
+    gradients instead of adding into the last call's. Raises when ``fn`` cannot be captured.
 
     NOTE: ``gc.collect()`` after the first call. A reference cycle made during a first call (an exception
     caught inside Triton's autotuner, a lazy import) keeps that call's autograd graph alive until the
@@ -62,12 +79,39 @@ def cuda_graph_us(fn: Callable[[], object], rep_ms: int = 20,
     shape (7680, 256) and a 4096-row MLP stack, with torch's "AccumulateGrad node's stream does not match"
     warning).
     """
-    from triton.testing import do_bench_cudagraph  # lazy: absent on CPU machines
-
     fn()
     gc.collect()
     torch.cuda.synchronize()
-    return 1e3 * float(do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median"))
+    stream = graph_timing_stream()
+
+    def calls(n: int) -> None:
+        for _ in range(n):
+            for leaf in grad_to_none or ():
+                leaf.grad = None
+            fn()
+
+    def captured(n: int) -> "torch.cuda.CUDAGraph":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            calls(n)
+        return graph
+
+    def replay_ms(graph: "torch.cuda.CUDAGraph") -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        graph.replay()
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    with torch.cuda.stream(stream):
+        fn()  # the first call on this stream: what it allocates lazily per stream is made outside the capture
+        stream.synchronize()
+        repeat = max(1, int(rep_ms / max(replay_ms(captured(1)), 1e-3)))
+        graph = captured(repeat)
+        torch.cuda.synchronize()
+        per_call = [replay_ms(graph) / repeat for _ in range(replays)]
+    return 1e3 * statistics.median(per_call)
 
 
 def cuda_graph_timer(fallback: Optional[Timer] = None) -> Timer:
