@@ -10,7 +10,7 @@ Per Mods layer shape (``MODS_LAYER_SHAPES``: K in, N out; batch M = 1024) the th
 quantizers on x (M, K), dz (M, N) and their transposed views: ``quant_rowwise`` and ``quant_tensorwise``.
 This is what bounds a fused layer: its GEMM time at best, plus what it pays to quantize.
 
-GPU µs from CUDA-graph replay (``triton.testing.do_bench_cudagraph`` median). Writes OUT_DIR/mods_layer_gemms.json
+GPU µs from CUDA-graph replay (``timing.cuda_graph_us`` median). Writes OUT_DIR/mods_layer_gemms.json
 and a PNG (GEMM speedup vs BF16 per shape and recipe); prints a table last.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ Per batch size, the same MLP widths as
   ``_scaled_mm`` + the epilogue kernel) and FP8 dgrad (dz quantization fused into the dz kernel), BF16 wgrad;
 - ``split_fp8_handoff``: the same, plus the FP8 handoff (``chain_fp8_handoffs``): each layer's epilogue also
   writes its output in e4m3, so the next layer skips its quantization pass (split emitters only, see there).
-Times: GPU µs from CUDA-graph replay (``do_bench_cudagraph``), and the launch-bound eager time separately.
+Times: GPU µs from CUDA-graph replay (``timing.cuda_graph_us``), and the launch-bound eager time separately.
 ``--profile VARIANT ...``: also the per-kernel GPU µs of one step of those variants (``torch.profiler``).
 Parameters and inputs BF16; gradients are reset before each timed call (written, not accumulated, as in a
 training step). Writes OUT_DIR/bench_mods_stack.json and .png and prints a ratio table last.

@@ -4,7 +4,7 @@
         [--mods-layer-shapes 7680x256 ...] [--mods-layer-forward-only] [--wukong-batch 4096] [--num-gemm-shapes N]
         [--accumulate-grads]
 
-Suites (forward+backward unless said, GPU time from CUDA-graph replay with ``triton.testing.do_bench_cudagraph``;
+Suites (forward+backward unless said, GPU time from CUDA-graph replay with ``timing.cuda_graph_us``;
 launch-bound eager time reported separately with ``triton.testing.do_bench``; gradients reset before every
 timed call unless ``--accumulate-grads``; see ``scripts.bench_timing``):
 (a) LRM GEMM shapes: the three GEMMs of one Linear (forward, input-grad, weight-grad), quantization
@@ -295,7 +295,7 @@ def main() -> None:
               f"{g or float('nan'):>9.1f} {e or float('nan'):>9.1f} {s or float('nan'):>8.2f}"
               + (f"  {r['error'][:60]}" if "error" in r else ""))
     errs = [r for r in rows if "graph_error" in r]
-    if errs:  # do_bench_cudagraph capture failures (the fallback timer was used): show the first one
+    if errs:  # cuda_graph_us capture failures (the fallback timer was used): show the first one
         print(f"{len(errs)} row(s) used the fallback graph timer; first ({errs[0]['variant']}):")
         print(both_ends(errs[0]["graph_error"], 900))
     for suite, gm in result["geomean_speedup"].items():

@@ -1,6 +1,6 @@
 """How the GPU benchmark scripts time one call: GPU time from CUDA-graph replay, launch-bound eager time apart.
 
-``time_row(row, fn, grad_to_none)`` fills a result row with ``graph_us`` (``dispatch.cuda_graph_us``; when its
+``time_row(row, fn, grad_to_none)`` fills a result row with ``graph_us`` (``timing.cuda_graph_us``; when its
 capture fails, the traceback's both ends and a fallback capture with PyTorch's recipe) and ``eager_us``
 (``triton.testing.do_bench``). Used by ``scripts.bench_dispatch_gpu`` and the layer benchmarks in ``benchmarks/``.
 """
@@ -12,7 +12,7 @@ import traceback
 
 import torch
 
-from loka_trainer.timing import cuda_graph_us
+from loka_trainer.timing import cuda_graph_us, graph_timing_stream
 
 
 def with_grads_reset(fn, grad_to_none):
@@ -35,13 +35,13 @@ def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20, grad_to_none
     Captured with ``capture_error_mode="thread_local"``: a CUDA call another thread makes during the capture
     (which invalidates a capture in the default "global" mode) does not fail this one."""
     call = with_grads_reset(fn, grad_to_none)
-    side = torch.cuda.Stream()
+    side = graph_timing_stream()  # one stream: cuBLAS keeps a workspace per stream it ran on
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
             call()
     torch.cuda.current_stream().wait_stream(side)
-    gc.collect()  # see dispatch.cuda_graph_us
+    gc.collect()  # see timing.cuda_graph_us
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, capture_error_mode="thread_local"):
@@ -64,7 +64,7 @@ def both_ends(text: str, n: int) -> str:
 
 
 def time_row(row: dict, fn, grad_to_none=None) -> None:
-    """Fill row's graph_us / eager_us; if do_bench_cudagraph's capture fails, record why and use the fallback.
+    """Fill row's graph_us / eager_us; if cuda_graph_us's capture fails, record why and use the fallback.
 
     ``grad_to_none``: leaf tensors whose ``.grad`` is reset before each call (a training step after
     ``zero_grad(set_to_none=True)``: gradients are written, not added into the last call's); None keeps them
