@@ -72,3 +72,25 @@ def test_fresh_gradients_each_captured_call():
     w = torch.ones(64, device="cuda", requires_grad=True)
     cuda_graph_us(lambda: (w * 3.0).sum().backward(), rep_ms=1, grad_to_none=[w])
     torch.testing.assert_close(w.grad, torch.full_like(w, 3.0))
+
+
+def test_dispatch_leaves_no_timing_workspaces_behind():
+    """convert_to_loka with Dispatch timing a compiled 3-layer Mods stack on the GPU: with triton's timer it left
+    1193 MiB allocated on the H200, 131 MiB with one timing stream (the workspaces of two streams and the plan's
+    small state)."""
+    from torch import nn
+
+    from loka_trainer import LoKAConfig, convert_to_loka
+    from loka_trainer.mods.layers import BlockNorm
+    torch.manual_seed(0)
+    layers = [m for _ in range(3) for m in (nn.Linear(2048, 2048, bias=False), BlockNorm(2048, 256), nn.Hardswish())]
+    model = nn.Sequential(*layers).to("cuda", torch.bfloat16)
+    x = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    config = LoKAConfig(compute_dtype="bfloat16", mods=True, dispatch=True, min_features=16, compile=True)
+    convert_to_loka(model, config, calibration_batch=x, device="cuda", log=lambda _: None)
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before < 256 * MIB
