@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from scripts.kernel_split import is_gpu_annotation, kernel_category
-from scripts.bench_timing import with_grads_reset
+from loka_trainer.timing import with_grads_reset
 from scripts.mods_layer_variants import BATCH, build_mods_layer_variants
 
 

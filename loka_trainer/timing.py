@@ -48,6 +48,20 @@ def cuda_timer() -> Timer:
     return lambda fn: 1e3 * float(do_bench(fn, warmup=5, rep=20, return_mode="median"))
 
 
+def with_grads_reset(fn: Callable[[], object], grad_to_none: Optional[Sequence[torch.Tensor]]
+                     ) -> Callable[[], object]:
+    """``fn`` preceded by setting each ``grad_to_none`` tensor's ``.grad`` to None (a training step after
+    ``zero_grad(set_to_none=True)``); ``fn`` itself when there is none."""
+    if not grad_to_none:
+        return fn
+
+    def call():
+        for t in grad_to_none:
+            t.grad = None
+        return fn()
+    return call
+
+
 _GRAPH_TIMING_STREAMS: dict[int, "torch.cuda.Stream"] = {}
 
 
@@ -83,17 +97,13 @@ def cuda_graph_us(fn: Callable[[], object], rep_ms: int = 20,
     gc.collect()
     torch.cuda.synchronize()
     stream = graph_timing_stream()
-
-    def calls(n: int) -> None:
-        for _ in range(n):
-            for leaf in grad_to_none or ():
-                leaf.grad = None
-            fn()
+    call = with_grads_reset(fn, grad_to_none)
 
     def captured(n: int) -> "torch.cuda.CUDAGraph":
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            calls(n)
+            for _ in range(n):
+                call()
         return graph
 
     def replay_ms(graph: "torch.cuda.CUDAGraph") -> float:

@@ -5,8 +5,7 @@
         [--no-compile | --compile-mode reduce-overhead] [--budget-s 240] [--in-process]
 
 One device; each variant in its own process, as a user runs one precision (``--in-process``: all in this one, one
-after another, where each variant starts with what the ones before it left allocated: 2.07 GiB on the H200 at
-Wukong GPU scale, docs/results.md §2). Each variant builds the zoo model at its paper-size defaults (the dataclass
+after another, where each variant starts with whatever the ones before it left allocated, ``leftover_mem_gib``). Each variant builds the zoo model at its paper-size defaults (the dataclass
 defaults, e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`,
 on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with **unsharded** TorchRec embeddings (plain
 `EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec sharding is not part of this measurement),

@@ -12,20 +12,7 @@ import traceback
 
 import torch
 
-from loka_trainer.timing import cuda_graph_us, graph_timing_stream
-
-
-def with_grads_reset(fn, grad_to_none):
-    """``fn`` preceded by setting each ``grad_to_none`` tensor's ``.grad`` to None (a training step after
-    ``zero_grad(set_to_none=True)``); ``fn`` itself when there is none."""
-    if not grad_to_none:
-        return fn
-
-    def call():
-        for t in grad_to_none:
-            t.grad = None
-        return fn()
-    return call
+from loka_trainer.timing import cuda_graph_us, graph_timing_stream, with_grads_reset
 
 
 def manual_graph_us(fn, num_calls: int = 20, num_replays: int = 20, grad_to_none=None) -> float:

@@ -211,6 +211,7 @@ def main() -> None:
         ap.error("--kernels profiles GPU kernels: it needs --device cuda")
     timer = cuda_graph_timer() if device.type == "cuda" else wall_clock_timer(repeats=3, warmup=1)
     args.out.mkdir(parents=True, exist_ok=True)
+    source = source_digest()  # the code these rows are of (a resumed run refuses rows of other code)
     rows = resumed_rows(args.out / "user_path.json", args.batch) if args.resume else []
     for shape in args.shapes:
         K, N = (int(v) for v in shape.split(","))
@@ -220,7 +221,7 @@ def main() -> None:
         us, kernels, profiled = layer_times(K, N, batch=args.batch, device=device, timer=timer,
                                             profile_kernels=args.kernels, best_of=args.best_of_modes)
         rows.append({"K": K, "N": N, "us": us, "kernels": kernels, **({"gpu_kernels": profiled} if profiled else {})})
-        partial = {"device": str(device), "source": source_digest(), "batch": args.batch, "rows": rows}
+        partial = {"device": str(device), "source": source, "batch": args.batch, "rows": rows}
         (args.out / "user_path.json").write_text(json.dumps(partial, indent=2))
     summary = summarize(rows)
     result = {**provenance(), "batch": args.batch, "rows": rows, "geomean_vs_published": summary}
