@@ -367,3 +367,23 @@ def test_user_path_resume_keeps_rows_of_the_same_code_only(tmp_path):
     with pytest.raises(SystemExit, match="rows of source 0123456789ab"):
         resumed_rows(path, 1024)
     assert json.loads(path.read_text())["rows"] == [row]
+
+
+@pytest.mark.parametrize("R, C, row_major", [(8192, 4096, True), (4096, 8192, False), (8192, 32768, True),
+                                             (16384, 8192, False), (40, 72, True)])
+def test_quant_tile_sweep_starts_from_the_shipped_tile_and_keeps_every_tile_on_chip(R, C, row_major):
+    pytest.importorskip("triton")
+    from benchmarks.sweep_quant_tiles import (MAX_PER_THREAD, ONE_PASS_MAX_ELEMENTS, candidate_tiles, moved_bytes,
+                                              tile_name)
+    from loka_trainer.kernels.triton_quant import _tile
+    tiles = candidate_tiles(R, C, row_major)
+    assert tiles[0] == _tile(R, C, row_major) and len(set(tiles)) == len(tiles)
+    assert len({tile_name(t) for t in tiles}) == len(tiles)
+    for rows, cols, one_pass, warps in tiles[1:]:
+        if one_pass:  # whole rows, within the register budget
+            assert cols >= C and rows * cols <= ONE_PASS_MAX_ELEMENTS and rows * cols <= MAX_PER_THREAD * 32 * warps
+        else:  # a transposed view is read at least one 32-byte sector (16 bf16) along its contiguous dim
+            assert cols < max(C, 2) * 2 and (row_major or rows >= 16)
+    if not row_major and C <= 8192:  # a few rows held whole: the one-pass tiles that share sectors through L2
+        assert any(one_pass and rows <= 4 for rows, _, one_pass, _ in tiles)
+    assert moved_bytes(R, C) == 3 * R * C + 4 * R

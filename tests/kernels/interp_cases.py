@@ -261,3 +261,23 @@ def test_every_float_a_kernel_takes_is_a_constexpr(interpret, monkeypatch):
     assert {"fused_fwd_kernel", "norm_fwd_kernel", "bwd_dz_kernel", "quant_rowwise_kernel", "quant_rows_kernel",
             "amax_kernel", "cast_kernel"} <= launched, launched
     assert runtime_floats == set()
+
+
+@needs_triton
+@pytest.mark.parametrize("transposed", [False, True])
+def test_every_tile_the_quant_sweep_tries_quantizes_like_the_shipped_one(interpret, transposed):
+    # benchmarks/sweep_quant_tiles ranks tiles of quant_rowwise_kernel; any of them may become the shipped one
+    from benchmarks.sweep_quant_tiles import candidate_tiles, launch_tile
+    # row-major 1100 wide: one-pass tiles and two-pass 512/1024-wide chunks; transposed: one pass and 16-128 rows
+    x = torch.randn(*((40, 72) if transposed else (24, 1100)), generator=torch.Generator().manual_seed(0)) * 3
+    x[3] = 0.0
+    t = x.t() if transposed else x
+    R, C = t.shape
+    q_ref, s_ref = quantize_rowwise_fused(t)
+    # the interpreter ignores warps: one launch per (rows, cols, passes)
+    tiles = {tile[:3]: tile for tile in candidate_tiles(R, C, not transposed)}.values()
+    assert len(tiles) > 8
+    for tile in tiles:
+        q, s = torch.zeros(R, C, dtype=torch.float8_e4m3fn), torch.empty(R, 1)
+        launch_tile(t, q, s, tile)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref), tile
