@@ -75,8 +75,10 @@ def launch_tile(t: torch.Tensor, q: torch.Tensor, s: torch.Tensor, tile: tuple[i
 
 
 def inductor_quantizer():
-    """quant.quantize_rowwise compiled by inductor, q made row-major (R, C) as the FP8 GEMM reads it."""
+    """quant.quantize_rowwise compiled by inductor, q made row-major (R, C) as the FP8 GEMM reads it; a fresh
+    dynamo cache, so one compile per shape and layout stays under dynamo's recompile limit."""
     from loka_trainer.kernels.quant import quantize_rowwise
+    torch._dynamo.reset()
 
     def quant(t):
         q, s = quantize_rowwise(t, torch.float8_e4m3fn)
@@ -84,7 +86,7 @@ def inductor_quantizer():
     return torch.compile(quant, dynamic=False)
 
 
-def sweep_shape(R: int, C: int, layout: str, compiled) -> dict:
+def sweep_shape(R: int, C: int, layout: str) -> dict:
     """{tile name: µs or error} for t (R, C) in ``layout``, the shipped tile, the best tile and inductor."""
     from loka_trainer.timing import cuda_graph_us
     row_major = layout == "row-major"
@@ -106,6 +108,7 @@ def sweep_shape(R: int, C: int, layout: str, compiled) -> dict:
             times[tile_name(tile)] = cuda_graph_us(lambda: launch_tile(t, q, s, tile), rep_ms=10, replays=5)
         except Exception as e:  # a tile that does not compile or launch here is not a candidate
             times[tile_name(tile)] = f"{type(e).__name__}: {str(e)[:80]}"
+    compiled = inductor_quantizer()
     qc, sc = compiled(t)
     ind_ok = torch.equal(qc.view(torch.uint8), q_ref) and torch.equal(sc, s_ref)
     ind_us = cuda_graph_us(lambda: compiled(t), rep_ms=10, replays=5)
@@ -147,11 +150,11 @@ def main(argv=None) -> None:
         raise SystemExit("sweep_quant_tiles times GPU kernels: no CUDA device here")
     from scripts.provenance import provenance
     args.out.mkdir(parents=True, exist_ok=True)
-    compiled, rows = inductor_quantizer(), []
+    rows = []
     for shape in args.shapes:
         R, C = (int(v) for v in shape.split("x"))
         for layout in args.layouts:
-            rows.append(sweep_shape(*((R, C) if layout == "row-major" else (C, R)), layout, compiled))
+            rows.append(sweep_shape(*((R, C) if layout == "row-major" else (C, R)), layout))
             r = rows[-1]
             print(f"{r['R']}x{r['C']} {layout}: shipped {r['shipped']} {r['shipped_us']:.1f} µs, best {r['best']} "
                   f"{r['best_us']:.1f} µs, inductor {r['inductor_us']:.1f} µs", flush=True)
