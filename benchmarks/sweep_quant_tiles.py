@@ -9,14 +9,19 @@ A tile is (rows x cols per program, one pass or two, warps). One pass holds whol
 two passes read it again for the cast, from L2 only while the programs running at once fit there. A transposed
 one-pass tile of a few rows reads part of each 32-byte sector and leaves the rest in L2 for the programs beside it.
 Every candidate's q and scales must equal the shipped tile's bit for bit (a mismatch is reported and not ranked).
-GPU µs by CUDA-graph replay; TB/s = (bf16 read + fp8 written + fp32 scales) / time. Writes OUT/sweep_quant_tiles.json
-and .png and prints a table last.
+GPU µs by CUDA-graph replay; TB/s = (bf16 read + fp8 written + fp32 scales) / time.
+
+Then what it would change for Dispatch: wukong_h200's weight-grad GEMMs, dW = dyᵀ·x, in BF16 against rowwise
+``_scaled_mm`` with fast accumulation plus the two transposed quantizations it needs, with the shipped tile and with
+the best one (Dispatch runs a GEMM in FP8 when it is more than 1.05× faster with its quantization). Writes
+OUT/sweep_quant_tiles.json and .png and prints both tables last.
 """
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -24,6 +29,8 @@ import torch
 # every step (4096x4096, 16384x4096 of fmb.out, 2048x32768 of over_arch.mlp.0)
 DEFAULT_SHAPES = ["8192x2048", "8192x4096", "8192x16384", "8192x32768", "4096x4096", "16384x4096", "2048x32768"]
 LAYOUTS = ("row-major", "transposed")
+# (M, K, N) of wukong_h200's weight-grad GEMMs at batch 8192: fmb.mlp, fmb.out, over_arch.mlp.0
+WGRAD_GEMMS = [(8192, 4096, 4096), (8192, 4096, 16384), (8192, 32768, 2048)]
 # on-chip budget of a one-pass tile: elements per program (fp32 in registers) and per thread
 ONE_PASS_MAX_ELEMENTS, MAX_PER_THREAD = 32768, 128
 
@@ -121,6 +128,40 @@ def sweep_shape(R: int, C: int, layout: str) -> dict:
             "inductor_us": ind_us, "inductor_tbps": tbps(ind_us), "inductor_equal": ind_ok, "tiles": times}
 
 
+def weight_grad_outlook(M: int, K: int, N: int, rows: list[dict], bf16_us: float, fp8_gemm_us: float
+                        ) -> Optional[dict]:
+    """BF16 / (FP8 GEMM + quantizing dyᵀ (N, M) and xᵀ (K, M)) with the shipped and with the best tiles, from the
+    sweep's transposed rows; None when the sweep has no row for one of them."""
+    by_shape = {(r["R"], r["C"]): r for r in rows if r["layout"] == "transposed"}
+    dy_t, x_t = by_shape.get((N, M)), by_shape.get((K, M))
+    if dy_t is None or x_t is None:
+        return None
+    out = {"M": M, "K": K, "N": N, "bf16_us": bf16_us, "fp8_gemm_us": fp8_gemm_us}
+    for which in ("shipped", "best"):
+        quant_us = dy_t[f"{which}_us"] + x_t[f"{which}_us"]
+        out[f"quant_{which}_us"] = quant_us
+        out[f"speedup_{which}"] = bf16_us / (fp8_gemm_us + quant_us)
+    return out
+
+
+def time_weight_grads(rows: list[dict], gemms: list[tuple[int, int, int]]) -> list[dict]:
+    """weight_grad_outlook of each (M, K, N) in ``gemms``, its GEMMs timed here by CUDA-graph replay."""
+    from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
+    from loka_trainer.kernels.triton_quant import quantize_rowwise_fused
+    from loka_trainer.timing import cuda_graph_us
+    out = []
+    for M, K, N in gemms:
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        (qa, sa), (qb, sb) = quantize_rowwise_fused(dy.t()), quantize_rowwise_fused(x.t())
+        bf16_us = cuda_graph_us(lambda: dy.t() @ x, rep_ms=10, replays=5)
+        fp8_us = cuda_graph_us(lambda: scaled_mm_nt(qa, sa, qb, sb, fast_accum=True), rep_ms=10, replays=5)
+        row = weight_grad_outlook(M, K, N, rows, bf16_us, fp8_us)
+        if row is not None:
+            out.append(row)
+    return out
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -159,6 +200,9 @@ def main(argv=None) -> None:
             print(f"{r['R']}x{r['C']} {layout}: shipped {r['shipped']} {r['shipped_us']:.1f} µs, best {r['best']} "
                   f"{r['best_us']:.1f} µs, inductor {r['inductor_us']:.1f} µs", flush=True)
             json.dump({"meta": provenance(), "rows": rows}, open(args.out / "sweep_quant_tiles.json", "w"), indent=1)
+    wgrads = time_weight_grads(rows, WGRAD_GEMMS)
+    json.dump({"meta": provenance(), "rows": rows, "weight_grads": wgrads},
+              open(args.out / "sweep_quant_tiles.json", "w"), indent=1)
     plot(rows, args.out / "sweep_quant_tiles.png")
     print(f"\n{'t (R x C)':>12} {'layout':>10} {'shipped':>18} {'µs':>7} {'TB/s':>5} {'best':>18} {'µs':>7} {'TB/s':>5}"
           f" {'inductor µs':>11} {'TB/s':>5}")
@@ -166,6 +210,12 @@ def main(argv=None) -> None:
         print(f"{r['R']:>6}x{r['C']:<5} {r['layout']:>10} {r['shipped']:>18} {r['shipped_us']:7.1f} "
               f"{r['shipped_tbps']:5.2f} {r['best']:>18} {r['best_us']:7.1f} {r['best_tbps']:5.2f} "
               f"{r['inductor_us']:11.1f} {r['inductor_tbps']:5.2f}{'' if r['inductor_equal'] else ' (not equal)'}")
+    print(f"\n{'weight grad M x K x N':>22} {'bf16 µs':>8} {'fp8 GEMM':>8} {'+ quant shipped':>15} {'x bf16':>6} "
+          f"{'+ quant best':>12} {'x bf16':>6}")
+    for w in wgrads:
+        print(f"{w['M']:>8}x{w['K']}x{w['N']:<6} {w['bf16_us']:8.1f} {w['fp8_gemm_us']:8.1f} "
+              f"{w['quant_shipped_us']:15.1f} {w['speedup_shipped']:6.2f} {w['quant_best_us']:12.1f} "
+              f"{w['speedup_best']:6.2f}")
 
 
 if __name__ == "__main__":

@@ -387,3 +387,16 @@ def test_quant_tile_sweep_starts_from_the_shipped_tile_and_keeps_every_tile_on_c
     if not row_major and C <= 8192:  # a few rows held whole: the one-pass tiles that share sectors through L2
         assert any(one_pass and rows <= 4 for rows, _, one_pass, _ in tiles)
     assert moved_bytes(R, C) == 3 * R * C + 4 * R
+
+
+def test_quant_tile_sweep_weighs_a_weight_grad_gemm_with_both_transposed_quantizations():
+    from benchmarks.sweep_quant_tiles import weight_grad_outlook
+
+    def row(R, C, shipped, best, layout="transposed"):
+        return {"R": R, "C": C, "layout": layout, "shipped_us": shipped, "best_us": best}
+    # dyᵀ (N, M) = (16384, 8192) and xᵀ (K, M) = (4096, 8192); a row-major row of the same size must not be used
+    rows = [row(16384, 8192, 300.0, 150.0), row(4096, 8192, 80.0, 40.0), row(4096, 8192, 1.0, 1.0, "row-major")]
+    out = weight_grad_outlook(8192, 4096, 16384, rows, bf16_us=1000.0, fp8_gemm_us=600.0)
+    assert out["quant_shipped_us"] == 380.0 and out["quant_best_us"] == 190.0
+    assert out["speedup_shipped"] == pytest.approx(1000 / 980) and out["speedup_best"] == pytest.approx(1000 / 790)
+    assert weight_grad_outlook(8192, 32768, 2048, rows, bf16_us=1.0, fp8_gemm_us=1.0) is None  # not swept
