@@ -191,7 +191,7 @@ def main(argv=None) -> None:
         raise SystemExit("sweep_quant_tiles times GPU kernels: no CUDA device here")
     from scripts.provenance import provenance
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    meta, rows = provenance(), []
     for shape in args.shapes:
         R, C = (int(v) for v in shape.split("x"))
         for layout in args.layouts:
@@ -199,9 +199,9 @@ def main(argv=None) -> None:
             r = rows[-1]
             print(f"{r['R']}x{r['C']} {layout}: shipped {r['shipped']} {r['shipped_us']:.1f} µs, best {r['best']} "
                   f"{r['best_us']:.1f} µs, inductor {r['inductor_us']:.1f} µs", flush=True)
-            json.dump({"meta": provenance(), "rows": rows}, open(args.out / "sweep_quant_tiles.json", "w"), indent=1)
+            json.dump({"meta": meta, "rows": rows}, open(args.out / "sweep_quant_tiles.json", "w"), indent=1)
     wgrads = time_weight_grads(rows, WGRAD_GEMMS)
-    json.dump({"meta": provenance(), "rows": rows, "weight_grads": wgrads},
+    json.dump({"meta": meta, "rows": rows, "weight_grads": wgrads},
               open(args.out / "sweep_quant_tiles.json", "w"), indent=1)
     plot(rows, args.out / "sweep_quant_tiles.png")
     print(f"\n{'t (R x C)':>12} {'layout':>10} {'shipped':>18} {'µs':>7} {'TB/s':>5} {'best':>18} {'µs':>7} {'TB/s':>5}"

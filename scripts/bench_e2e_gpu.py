@@ -5,10 +5,11 @@
         [--no-compile | --compile-mode reduce-overhead] [--budget-s 240] [--in-process]
 
 One device; each variant in its own process, as a user runs one precision (``--in-process``: all in this one, one
-after another, where each variant starts with whatever the ones before it left allocated, ``leftover_mem_gib``). Each variant builds the zoo model at its paper-size defaults (the dataclass
-defaults, e.g. `WukongConfig()`) or, for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`,
-on the synthetic planted-teacher data (`data.max_vocab_size=100000`), with **unsharded** TorchRec embeddings (plain
-`EmbeddingBagCollection` / `EmbeddingCollection`: multi-GPU TorchRec sharding is not part of this measurement),
+after another, where each variant starts with whatever the ones before it left allocated, ``leftover_mem_gib``).
+Each variant builds the zoo model at its paper-size defaults (the dataclass defaults, e.g. `WukongConfig()`) or,
+for a name like `wukong_h200`, at the sizes of `conf/model/wukong_h200.yaml`, on the synthetic planted-teacher data
+(`data.max_vocab_size=100000`), with **unsharded** TorchRec embeddings (plain `EmbeddingBagCollection` /
+`EmbeddingCollection`: multi-GPU TorchRec sharding is not part of this measurement),
 then applies the precision exactly as `train.py` does (`apply_precision`; `loka` also builds the model with the
 LoKA Mods, as `precision=loka` does; `P+mods`, e.g. `bf16+mods`, is precision P on the model with the Mods, which
 separates the Mods from Dispatch; `loka+graph_timed` has Dispatch time its candidates by CUDA-graph replay,

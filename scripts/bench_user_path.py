@@ -182,13 +182,13 @@ def plot(rows: list[dict], summary: dict[str, float], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def resumed_rows(path: Path, batch: int) -> list[dict]:
-    """The rows an interrupted run left at ``path``; [] when there is none. Rows of other code (source digest) or
-    another batch are refused with the reason: a table mixes no two versions of the code."""
+def resumed_rows(path: Path, batch: int, source: str) -> list[dict]:
+    """The rows an interrupted run left at ``path``; [] when there is none. Rows of other code than ``source``
+    (``provenance.source_digest``) or of another batch are refused with the reason: a table mixes no two versions
+    of the code."""
     if not path.exists():
         return []
     done = json.loads(path.read_text())
-    source = source_digest()
     if done.get("source") != source or done.get("batch") != batch:
         raise SystemExit(f"{path}: rows of source {done.get('source')} batch {done.get('batch')}, this run is "
                          f"source {source} batch {batch}; move the file away to start afresh")
@@ -212,7 +212,7 @@ def main() -> None:
     timer = cuda_graph_timer() if device.type == "cuda" else wall_clock_timer(repeats=3, warmup=1)
     args.out.mkdir(parents=True, exist_ok=True)
     source = source_digest()  # the code these rows are of (a resumed run refuses rows of other code)
-    rows = resumed_rows(args.out / "user_path.json", args.batch) if args.resume else []
+    rows = resumed_rows(args.out / "user_path.json", args.batch, source) if args.resume else []
     for shape in args.shapes:
         K, N = (int(v) for v in shape.split(","))
         if any((r["K"], r["N"]) == (K, N) for r in rows):
