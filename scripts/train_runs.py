@@ -21,6 +21,12 @@ PRECISION_VARIANTS: dict[str, list[str]] = {
     # plain math or our kernels, whichever Dispatch timed faster), so LoKA vs this variant is the effect of its FP8
     # GEMMs alone.
     "bf16_mods": ["precision=loka", "precision.dispatch=false"],
+    # BF16 + Mods with one Mod undone (which Mod costs quality where BF16 + Mods loses to BF16), and LoKA's Dispatch
+    # on the published layers (FP8 without the Mods).
+    "bf16_mods_bias": ["precision=loka", "precision.dispatch=false", "model.mods.bias=true"],
+    "bf16_mods_layernorm": ["precision=loka", "precision.dispatch=false", "model.mods.norm=layernorm"],
+    "bf16_mods_silu": ["precision=loka", "precision.dispatch=false", "model.mods.activation=silu"],
+    "loka_published": ["precision=loka", "precision.mods=false"],
     # torchao's recipes on the Linears its own size thresholds keep (precision.FP8_FILTERS "auto"): the speed
     # baseline, as torchtitan applies them; the presets convert every target Linear (uniform FP8).
     "fp8_tensorwise_auto": ["precision=fp8_tensorwise", "precision.fp8_filter=auto"],

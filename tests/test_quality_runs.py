@@ -78,6 +78,41 @@ def test_bf16_mods_builds_the_mods_model_and_converts_nothing_to_fp8():
     assert [n for n, m in model.named_modules() if type(m) is torch.nn.Linear] == linears_before  # no Float8Linear
 
 
+@pytest.mark.parametrize("variant,kept", [
+    ("bf16_mods_bias", {"bias"}), ("bf16_mods_layernorm", {"norm"}), ("bf16_mods_silu", {"activation"}),
+])
+def test_mods_ablation_variants_undo_exactly_one_mod(variant, kept):
+    import torch
+
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+    from loka_trainer.data import data_schema
+    from loka_trainer.mods.layers import BlockNorm, HardSwish
+    from loka_trainer.models.zoo import build_model
+
+    register_schemas()
+    run = to_run_config(compose_config("config", ["model=wukong", *qr.precision_overrides(variant),
+                                                  "data.max_vocab_size=16"])[0])
+    assert (run.precision.mods, run.precision.dispatch) == (True, False)
+    model = build_model(run.model, schema=data_schema(run.data), loka_mods=True)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    published = {"bias": all(m.bias is not None for m in linears),
+                 "norm": any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+                 and not any(isinstance(m, BlockNorm) for m in model.modules()),
+                 "activation": any(isinstance(m, torch.nn.SiLU) for m in model.modules())
+                 and not any(isinstance(m, HardSwish) for m in model.modules())}
+    assert {k for k, v in published.items() if v} == kept
+
+
+def test_loka_published_dispatches_on_the_published_layers():
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+
+    register_schemas()
+    run = to_run_config(compose_config("config", ["model=wukong", *qr.precision_overrides("loka_published")])[0])
+    assert (run.precision.mods, run.precision.dispatch, run.precision.name) == (False, True, "loka")
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--precisions", "bf16", "turbo"], "unknown 'turbo'"),
     (["--precisions", "loka"], "must include bf16"),
