@@ -15,17 +15,19 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
 PRESETS = ROOT / "conf" / "precision"
 
 # Precision variants that are not a conf/precision preset: name -> train.py overrides.
+BF16_MODS = ["precision=loka", "precision.dispatch=false"]
+
 PRECISION_VARIANTS: dict[str, list[str]] = {
     # The LoKA Mods (no bias, BlockNorm, Hard Swish: precision.mods builds them) in BF16 without FP8: with Dispatch
     # off, apply_precision leaves the model alone. LoKA's BF16 fused Mods layers compute the same function (in the
     # plain math or our kernels, whichever Dispatch timed faster), so LoKA vs this variant is the effect of its FP8
     # GEMMs alone.
-    "bf16_mods": ["precision=loka", "precision.dispatch=false"],
+    "bf16_mods": BF16_MODS,
     # BF16 + Mods with one Mod undone (which Mod costs quality where BF16 + Mods loses to BF16), and LoKA's Dispatch
     # on the published layers (FP8 without the Mods).
-    "bf16_mods_bias": ["precision=loka", "precision.dispatch=false", "model.mods.bias=true"],
-    "bf16_mods_layernorm": ["precision=loka", "precision.dispatch=false", "model.mods.norm=layernorm"],
-    "bf16_mods_silu": ["precision=loka", "precision.dispatch=false", "model.mods.activation=silu"],
+    "bf16_mods_bias": [*BF16_MODS, "model.mods.bias=true"],
+    "bf16_mods_layernorm": [*BF16_MODS, "model.mods.norm=layernorm"],
+    "bf16_mods_silu": [*BF16_MODS, "model.mods.activation=silu"],
     "loka_published": ["precision=loka", "precision.mods=false"],
     # torchao's recipes on the Linears its own size thresholds keep (precision.FP8_FILTERS "auto"): the speed
     # baseline, as torchtitan applies them; the presets convert every target Linear (uniform FP8).

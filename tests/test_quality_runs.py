@@ -54,23 +54,34 @@ def test_torchao_auto_variant_keeps_wukongs_token_mixes_in_bf16():
     assert converted["fp8_tensorwise_auto"] < converted["fp8_tensorwise"]
 
 
+def _wukong_run(variant: str):
+    """The typed run config of ``model=wukong`` under a precision variant (tiny vocab: builds fast)."""
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+
+    register_schemas()
+    return to_run_config(compose_config("config", ["model=wukong", *qr.precision_overrides(variant),
+                                                   "data.max_vocab_size=16"])[0])
+
+
+def _built(run):
+    from loka_trainer.data import data_schema
+    from loka_trainer.models.zoo import build_model
+
+    return build_model(run.model, schema=data_schema(run.data), loka_mods=run.precision.mods)
+
+
 def test_bf16_mods_builds_the_mods_model_and_converts_nothing_to_fp8():
     import torch
 
-    from loka_trainer.cli import compose_config
-    from loka_trainer.config import register_schemas, to_run_config
-    from loka_trainer.data import data_schema
     from loka_trainer.kernels.linear import LoKALinear
     from loka_trainer.mods.layers import BlockNorm, HardSwish
-    from loka_trainer.models.zoo import build_model
     from loka_trainer.precision import apply_precision
 
-    register_schemas()
-    run = to_run_config(compose_config("config", ["model=wukong", *qr.precision_overrides("bf16_mods"),
-                                                  "data.max_vocab_size=16"])[0])
+    run = _wukong_run("bf16_mods")
     assert (run.precision.mods, run.precision.dispatch, run.precision.fp8_recipe) == (True, False, None)
     assert run.precision.compute_dtype == "bfloat16"
-    model = build_model(run.model, schema=data_schema(run.data), loka_mods=run.precision.mods)
+    model = _built(run)
     linears_before = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert apply_precision(model, config=run.precision, device="cpu", log=lambda _: None) is None
     kinds = {type(m) for m in model.modules()}
@@ -84,32 +95,20 @@ def test_bf16_mods_builds_the_mods_model_and_converts_nothing_to_fp8():
 def test_mods_ablation_variants_undo_exactly_one_mod(variant, kept):
     import torch
 
-    from loka_trainer.cli import compose_config
-    from loka_trainer.config import register_schemas, to_run_config
-    from loka_trainer.data import data_schema
     from loka_trainer.mods.layers import BlockNorm, HardSwish
-    from loka_trainer.models.zoo import build_model
 
-    register_schemas()
-    run = to_run_config(compose_config("config", ["model=wukong", *qr.precision_overrides(variant),
-                                                  "data.max_vocab_size=16"])[0])
+    run = _wukong_run(variant)
     assert (run.precision.mods, run.precision.dispatch) == (True, False)
-    model = build_model(run.model, schema=data_schema(run.data), loka_mods=True)
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    published = {"bias": all(m.bias is not None for m in linears),
-                 "norm": any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
-                 and not any(isinstance(m, BlockNorm) for m in model.modules()),
-                 "activation": any(isinstance(m, torch.nn.SiLU) for m in model.modules())
-                 and not any(isinstance(m, HardSwish) for m in model.modules())}
+    modules = list(_built(run).modules())
+    kinds = {type(m) for m in modules}
+    published = {"bias": all(m.bias is not None for m in modules if isinstance(m, torch.nn.Linear)),
+                 "norm": torch.nn.LayerNorm in kinds and BlockNorm not in kinds,
+                 "activation": torch.nn.SiLU in kinds and HardSwish not in kinds}
     assert {k for k, v in published.items() if v} == kept
 
 
 def test_loka_published_dispatches_on_the_published_layers():
-    from loka_trainer.cli import compose_config
-    from loka_trainer.config import register_schemas, to_run_config
-
-    register_schemas()
-    run = to_run_config(compose_config("config", ["model=wukong", *qr.precision_overrides("loka_published")])[0])
+    run = _wukong_run("loka_published")
     assert (run.precision.mods, run.precision.dispatch, run.precision.name) == (False, True, "loka")
 
 
