@@ -51,6 +51,8 @@ class TrainerConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     embedding_lr: float = 0.05
+    warmup_steps: int = 0  # dense lr rises linearly over the first N steps (loka_trainer.dense_update); 0: none
+    grad_clip_norm: float = 0.0  # clip the dense gradient's total 2-norm to this; 0: no clipping
     log_interval: int = 10
     eval_interval: int = 100
     checkpoint_interval: int = 0
@@ -68,6 +70,9 @@ class TrainerConfig:
         for field in ("eval_interval", "checkpoint_interval"):
             if getattr(self, field) < 0:
                 raise ValueError(f"trainer.{field} must be >= 0, got {getattr(self, field)}")
+        if self.warmup_steps < 0 or self.grad_clip_norm < 0:
+            raise ValueError(f"trainer.warmup_steps and trainer.grad_clip_norm must be >= 0, got "
+                             f"{self.warmup_steps}, {self.grad_clip_norm}")
         if self.lr <= 0 or self.embedding_lr <= 0:
             raise ValueError(f"trainer.lr and trainer.embedding_lr must be > 0, got {self.lr}, {self.embedding_lr}")
         if self.dense_optimizer not in DENSE_OPTIMIZERS:

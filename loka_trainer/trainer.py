@@ -27,6 +27,7 @@ from loka_trainer.builders import (
 from loka_trainer.callbacks.base import Callback, CallbackList, TrainState
 from loka_trainer.config import RunConfig
 from loka_trainer.data.batch import Batch
+from loka_trainer.dense_update import build_warmup, clip_gradients
 from loka_trainer.metrics import CTRMetrics
 from loka_trainer.nonfinite import NonFiniteError, NonFiniteGuard
 from loka_trainer.profiling.trace_split import phase_range
@@ -57,6 +58,8 @@ class Trainer:
                                 rank=dist_info.rank, world_size=dist_info.world_size, run_dir=self.run_dir,
                                 total_steps=run.trainer.steps, device=dist_info.device)
         self.nonfinite = NonFiniteGuard(run.trainer.nonfinite, device=dist_info.device)
+        self.warmup = None  # built by `fit` at its start step
+        self._grad_norm_max: Optional[torch.Tensor] = None  # largest pre-clip dense gradient norm since the last log
         self._window: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._window_start = time.perf_counter()
         if run.data.eval_batches == 0:
@@ -68,6 +71,7 @@ class Trainer:
         t = self.run.trainer
         last = (t.stop_after or t.steps) - 1
         self.state.step = start
+        self.warmup = build_warmup(self.dense_optimizer, base_lr=t.lr, warmup_steps=t.warmup_steps, start_step=start)
         self.callbacks.fire("on_train_start", self.state)
         try:
             for step in range(start, last + 1):
@@ -123,8 +127,12 @@ class Trainer:
             with phase_range("callbacks"):
                 self.callbacks.fire("on_after_backward", state)
             with phase_range("optimizer"):
-                self.nonfinite.record_gradients((p.grad for g in self.dense_optimizer.param_groups
-                                                 for p in g["params"]), step=state.step + 1)
+                params = [p for g in self.dense_optimizer.param_groups for p in g["params"]]
+                self.nonfinite.record_gradients((p.grad for p in params), step=state.step + 1)
+                if self.run.trainer.grad_clip_norm:
+                    norm = clip_gradients(params, self.run.trainer.grad_clip_norm)
+                    self._grad_norm_max = (norm if self._grad_norm_max is None
+                                           else torch.maximum(self._grad_norm_max, norm))
                 self.dense_optimizer.step()
             self._window.append((loss.detach(), logits.detach(), batch.labels))
         with phase_range("optimizer"):
@@ -132,8 +140,10 @@ class Trainer:
         if (state.step + 1) % self.run.trainer.log_interval == 0:
             with phase_range("metrics"):
                 self._raise_if_nonfinite()  # nothing computed from a non-finite state is logged
-                state.metrics = {**(self._window_metrics() if self._window else {}),
+                state.metrics = {**(self._window_metrics() if self._window else {}), **self._update_metrics(),
                                  "skipped_steps": self.nonfinite.skipped_steps}
+        if self.warmup is not None:
+            self.warmup.step()  # every step, skipped ones too: the learning rate follows the step number
         self.callbacks.fire("on_step_end", state)  # outside the phases: the profiler's step boundary is in it
 
     def _window_metrics(self) -> dict[str, float]:
@@ -146,6 +156,17 @@ class Trainer:
         out = {"loss": _mean_over_ranks(losses.mean()), "examples_per_s": metrics["examples"] / elapsed,
                "ne": metrics["ne"], "auc": metrics["auc"]}
         self._window, self._window_start = [], time.perf_counter()
+        return out
+
+    def _update_metrics(self) -> dict[str, float]:
+        """``lr`` (the dense learning rate of this step) under a warm-up; ``grad_norm_max`` (the largest dense
+        gradient norm before clipping since the last log, all ranks) under clipping."""
+        out = {}
+        if self.warmup is not None:
+            out["lr"] = self.dense_optimizer.param_groups[0]["lr"]
+        if self._grad_norm_max is not None:
+            out["grad_norm_max"] = self._grad_norm_max.item()
+            self._grad_norm_max = None
         return out
 
     @torch.no_grad()

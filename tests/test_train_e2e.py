@@ -27,6 +27,7 @@ def _records(run_dir: Path) -> list[dict]:
     ("trainer.no_such_key=1", "trainer.no_such_key"),
     ("trainer.steps=abc", "trainer.steps"),
     ("sharding.embedding=diagonal", "sharding.embedding='diagonal' is not one of"),
+    ("trainer.warmup_steps=-1", "trainer.warmup_steps and trainer.grad_clip_norm must be >= 0"),
 ])
 def test_bad_config_fails_with_one_line_before_anything_starts(tmp_path, override, message):
     run_dir = tmp_path / "run"
@@ -104,7 +105,9 @@ def test_profiler_trace_is_listed_by_tensorboard_pytorch_profiler_plugin(two_ran
 
 
 def test_resume_continues_step_for_step(tmp_path):
+    """With a warm-up past the resume point and clipping on (FSDP2 gradient shards on 2 ranks)."""
     common = ["model=dlrm", "trainer.steps=24", "trainer.log_interval=1", "trainer.eval_interval=0",
+              "trainer.lr=0.002", "trainer.warmup_steps=16", "trainer.grad_clip_norm=0.01",
               "callbacks.tensorboard=false", *SMALL]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run_train([*common, f"hydra.run.dir={straight}"], nproc=2)
@@ -118,6 +121,10 @@ def test_resume_continues_step_for_step(tmp_path):
     assert sorted(got) == list(range(1, 25))
     for step in range(13, 25):
         assert got[step] == pytest.approx(want[step], rel=1e-6, abs=1e-7), step
+    records = {r["step"]: r for r in _records(resumed) if "loss" in r}
+    assert [records[s]["lr"] for s in (1, 12, 13, 16, 24)] == pytest.approx([0.002 * f for f in (1 / 16, 12 / 16,
+                                                                                                13 / 16, 1, 1)])
+    assert all(r["grad_norm_max"] > 0.01 for r in records.values())  # the bound was hit: clipping ran every step
 
 
 def test_loka_with_probe_on_two_ranks_writes_plan_and_statistics(tmp_path):
