@@ -11,6 +11,7 @@ import dataclasses
 import json
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import IO, Callable, Optional, Protocol
@@ -154,6 +155,13 @@ class Launched:
     devices: Optional[str] = None
 
 
+def portable_command(cmd: list[str], root: Path) -> list[str]:
+    """`cmd` as recorded in ``.launch.json``: the interpreter as ``python`` and paths under `root` relative to it, so
+    a committed record names no machine's directories (the run itself used `cmd` as is, from `root`)."""
+    prefix = f"{root}/"
+    return ["python" if i == 0 and arg == sys.executable else arg.replace(prefix, "") for i, arg in enumerate(cmd)]
+
+
 class Launcher:
     """Starts a job as a child process (its output in ``<run dir>.log``) and records its exit status, wall time,
     devices and the checkout it ran (``commit``, ``dirty``: ``scripts.provenance.git_state``; ``source``: the code's
@@ -185,7 +193,7 @@ class Launcher:
         run.log.close()
         wall = time.perf_counter() - run.t0
         job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
-            {"command": run.command, "port": run.port, "devices": run.devices, "returncode": code, "wall_s": wall,
+            {"command": portable_command(run.command, ROOT), "port": run.port, "devices": run.devices, "returncode": code, "wall_s": wall,
              **self.checkout}, indent=1) + "\n")
         state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
         print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)

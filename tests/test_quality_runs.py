@@ -156,10 +156,21 @@ def test_runs_spread_over_gpus_take_the_least_busy_group_of_nproc_devices(tmp_pa
     launcher.finish(jobs[1], 0)  # device 1 is free again, device 0 still runs two
     launcher.start(jobs[3])
     assert started[-1]["CUDA_VISIBLE_DEVICES"] == "1"
-    assert json.loads((tmp_path / "runs" / "run1.launch.json").read_text())["devices"] == "1"
+    record = json.loads((tmp_path / "runs" / "run1.launch.json").read_text())
+    assert record["devices"] == "1"
+    assert record["command"][:2] == ["python", "train.py"]  # recorded without this machine's directories
     started.clear()
     run_queue.Launcher("python", 1, 1).start(qr.Job("wukong", "bf16", 9, tmp_path / "runs" / "run9", []))
     assert started[0].get("CUDA_VISIBLE_DEVICES") == train_runs.os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_recorded_command_names_the_interpreter_and_repository_paths_portably(tmp_path):
+    root = tmp_path / "repo"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"{root}/train.py", f"hydra.run.dir={root}/docs/r/run0",
+           "hydra.run.dir=/elsewhere/run1", sys.executable]
+    assert run_queue.portable_command(cmd, root) == [
+        "python", "-m", "torch.distributed.run", "train.py", "hydra.run.dir=docs/r/run0",
+        "hydra.run.dir=/elsewhere/run1", sys.executable]  # only the launched interpreter is renamed
 
 
 # ---- scheduler ----------------------------------------------------------------------------------------------------
