@@ -193,7 +193,8 @@ class Launcher:
         run.log.close()
         wall = time.perf_counter() - run.t0
         job.run_dir.with_suffix(".launch.json").write_text(json.dumps(
-            {"command": portable_command(run.command, ROOT), "port": run.port, "devices": run.devices, "returncode": code, "wall_s": wall,
+            {"command": portable_command(run.command, ROOT), "port": run.port, "devices": run.devices,
+             "returncode": code, "wall_s": wall,
              **self.checkout}, indent=1) + "\n")
         state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
         print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)
