@@ -52,7 +52,7 @@ class TrainerConfig:
     weight_decay: float = 0.0
     embedding_lr: float = 0.05
     warmup_steps: int = 0  # dense lr rises linearly over the first N steps (loka_trainer.dense_update); 0: none
-    grad_clip_norm: float = 0.0  # clip the dense gradient's total 2-norm to this; 0: no clipping
+    grad_clip_norm: float = 0.0  # clip the dense gradient's total 2-norm to this (inf: only log it); 0: off
     log_interval: int = 10
     eval_interval: int = 100
     checkpoint_interval: int = 0

@@ -50,3 +50,6 @@ def test_clipping_scales_the_gradient_to_the_bound_and_returns_the_norm_before()
     small.grad = torch.tensor([0.3, 0.4])
     assert clip_gradients([small], max_norm=1.0).item() == pytest.approx(0.5)
     torch.testing.assert_close(small.grad, torch.tensor([0.3, 0.4]))  # under the bound: untouched
+    small.grad = torch.tensor([300.0, 400.0])
+    assert clip_gradients([small], max_norm=float("inf")).item() == pytest.approx(500.0)  # inf: the norm, logged only
+    torch.testing.assert_close(small.grad, torch.tensor([300.0, 400.0]))
