@@ -40,9 +40,9 @@ def build_warmup(optimizer: torch.optim.Optimizer, *, base_lr: float, warmup_ste
 
 
 def clip_gradients(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Scale the gradients of `params` so that their total 2-norm over all ranks is at most `max_norm`; returns the
-    norm before clipping as a 0-dim local tensor (no host sync)."""
-    norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
+    """Scale the gradients of `params` (those without one are ignored) so that their total 2-norm over all ranks is
+    at most `max_norm`; returns the norm before clipping as a 0-dim local tensor (no host sync)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 

@@ -50,6 +50,7 @@ class Trainer:
         self.parallel = build_parallel_model(run, dist_info, sample_batch=sample, run_dir=self.run_dir, log=self.log)
         self.model = self.parallel.model
         self.dense_optimizer = build_dense_optimizer(self.model.module, run)
+        self.dense_params = [p for g in self.dense_optimizer.param_groups for p in g["params"]]
         self.sparse_optimizer = self.model.fused_optimizer
         self.callbacks = CallbackList(build_callbacks(run, self.run_dir, extra=extra_callbacks))
         self.autocast_dtype = AUTOCAST_DTYPES[run.precision.compute_dtype]
@@ -127,10 +128,9 @@ class Trainer:
             with phase_range("callbacks"):
                 self.callbacks.fire("on_after_backward", state)
             with phase_range("optimizer"):
-                params = [p for g in self.dense_optimizer.param_groups for p in g["params"]]
-                self.nonfinite.record_gradients((p.grad for p in params), step=state.step + 1)
+                self.nonfinite.record_gradients((p.grad for p in self.dense_params), step=state.step + 1)
                 if self.run.trainer.grad_clip_norm:
-                    norm = clip_gradients(params, self.run.trainer.grad_clip_norm)
+                    norm = clip_gradients(self.dense_params, self.run.trainer.grad_clip_norm)
                     self._grad_norm_max = (norm if self._grad_norm_max is None
                                            else torch.maximum(self._grad_norm_max, norm))
                 self.dense_optimizer.step()
