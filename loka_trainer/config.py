@@ -16,8 +16,8 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from loka_trainer.callbacks.probe_config import ProbeConfig
 from loka_trainer.data.config import DataConfig
-from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan
-from loka_trainer.dispatch.targets import target_linears
+from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan, without_layers
+from loka_trainer.dispatch.targets import configured_targets, excluded
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
 from loka_trainer.models.mods import LOKA_MODS, resolve_mods
@@ -182,11 +182,20 @@ def check_plan_file(run: RunConfig) -> None:
     check_plan_against_model(load_plan(run.precision.plan), run)
 
 
+def check_exclude_globs(run: RunConfig) -> None:
+    """``precision.exclude`` without a plan (``check_plan_file`` checks it with one): each glob names an FP8 target
+    of the run's model, built with tiny embedding tables."""
+    p = run.precision
+    if p.exclude and p.plan is None and (p.dispatch or p.fp8_recipe is not None):
+        configured_targets(build_small_model(run), p)
+
+
 def check_plan_against_model(plan: DispatchPlan, run: RunConfig) -> None:
-    """``plan`` against the run's model, built with tiny embedding tables: the target
-    Linears' shapes depend on the model's widths and feature counts, not on the tables' row counts."""
+    """``plan`` minus ``precision.exclude``'s layers against the run's model, built with tiny embedding tables: the
+    target Linears' shapes depend on the model's widths and feature counts, not on the tables' row counts."""
     device = resolve_device(run.trainer.device, local_rank=launch_env()[2])
-    linears = target_linears(build_small_model(run), min_features=run.precision.min_features)
+    linears = configured_targets(build_small_model(run), run.precision)
+    plan = without_layers(plan, lambda fqn: excluded(fqn, run.precision.exclude))
     validate_plan(plan, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()},
                   list(available_backends(device)), mods_modes={mode: spec.fp8 for mode, spec in FORWARD_MODES.items()},
                   source=f"precision.plan {run.precision.plan!r}")
@@ -206,7 +215,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     """Typed objects from the composed config, each validated (one-line `ValueError` on the first bad field).
 
     Also checks what can be checked without a process group or data: unknown keys, the model's Mods, a plan
-    file against the model, and that the Criteo eval slice holds a batch on every rank.
+    file and ``precision.exclude`` against the model, and that the Criteo eval slice holds a batch on every rank.
     """
     check_known_keys(cfg)
     parts = {key: OmegaConf.to_object(cfg[key]) for key in ("model", "data", "precision", "sharding",
@@ -225,6 +234,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         check_shards(run.data, world_size=launch_env()[1])
     check_single_rank_without_fsdp(run.sharding, world_size=launch_env()[1])
     check_plan_file(run)
+    check_exclude_globs(run)
     return run
 
 

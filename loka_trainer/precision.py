@@ -23,7 +23,7 @@ from loka_trainer.dispatch.broadcast import rank0_print
 from loka_trainer.dispatch.config import LoKAConfig
 from loka_trainer.dispatch.convert import convert_to_loka
 from loka_trainer.dispatch.plan import DispatchPlan
-from loka_trainer.dispatch.targets import ModuleFilter, drop_unaligned_rows, target_linears
+from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, drop_unaligned_rows
 from loka_trainer.kernels.backend_base import emulates_fp8
 
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -93,7 +93,7 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
     is on (``compile``: the model will be compiled); returns the Dispatch plan then, else None."""
     config.validate()
     if config.fp8_recipe is not None:
-        linears = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
+        linears = configured_targets(model, config, module_filter_fn=module_filter_fn, log=log)
         linears = drop_unaligned_rows(model, linears, calibration_batch, log)
         keep = FP8_FILTERS[config.fp8_filter][0](config.fp8_recipe)
         if keep is not None:

@@ -79,6 +79,9 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["model.mods.block_size=-8", "precision=loka"], ["model.mods.block_size must be a positive int, got -8"]),
     (["precision=loka", "precision.max_flushed_fraction=1.5"],
      ["precision.max_flushed_fraction: must be within [0, 1] (1 turns the check off), got 1.5"]),
+    (["model=wukong", "precision=loka", "precision.exclude=[over_arch.mlpp.*]"],
+     ["precision.exclude: ['over_arch.mlpp.*'] name(s) no FP8 target of this model", "over_arch.mlp.0"]),
+    (["model=wukong", "precision=fp8_rowwise", "precision.exclude=[nope]"], ["precision.exclude: ['nope']"]),
 ])
 def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, args, needles):
     run_dir = tmp_path / "run"

@@ -33,6 +33,9 @@ class LoKAConfig:
     max_flushed_fraction: float = DEFAULT_MAX_FLUSHED_FRACTION
     min_speedup: float = 1.05
     min_features: int = 64  # only Linears with K and N >= this (and multiples of 16) are targets
+    # fnmatch globs of Linear FQNs that stay BF16: not targets of Dispatch or of a uniform torchao recipe, and a
+    # loaded plan's entries for them are dropped; a glob that names no target is an error (a typo)
+    exclude: Optional[List[str]] = None
     backends: Optional[List[str]] = None  # restrict Dispatch candidates to these names (None: all available)
     timing_repeats: int = 5  # wall-clock repeats per GEMM when measuring on CPU
     # independent timing rounds per GEMM candidate, interleaved; a candidate must beat BF16 by min_speedup in every

@@ -4,8 +4,9 @@
 With ``config.dispatch``: build the plan on the calibration batch (or load ``config.plan``), swap each target
 Linear with an FP8 GEMM in the plan for a ``LoKALinear`` (all-BF16 ones stay ``nn.Linear``), log the plan table,
 write ``run_dir/dispatch_plan.json`` (a loaded plan file is copied byte for byte, and never rewritten when it
-is that file: a reused plan is reproduced exactly). With ``config.mods``: each Linear -> BlockNorm -> HardSwish
-triple then becomes one ``FusedLinearMods`` running the plan's choices (same state_dict keys).
+is that file: a reused plan is reproduced exactly; ``config.exclude`` drops layers from it on every load). With
+``config.mods``: each Linear -> BlockNorm -> HardSwish triple then becomes one ``FusedLinearMods`` running the
+plan's choices (same state_dict keys).
 Targets: ``dispatch.targets``.
 The FP8 weight operands are cached per optimizer step: attach ``register_weight_cache_hook(model, optimizer)``.
 """
@@ -21,9 +22,10 @@ from torch import nn
 from loka_trainer.dispatch.broadcast import broadcast_plan, is_rank0, rank0_print
 from loka_trainer.dispatch.build import build_plan
 from loka_trainer.dispatch.config import LoKAConfig
-from loka_trainer.dispatch.plan import DispatchPlan, ModsChoice, load_plan, save_plan, validate_plan
+from loka_trainer.dispatch.plan import (DispatchPlan, ModsChoice, load_plan, save_plan, validate_plan,
+                                        without_layers)
 from loka_trainer.dispatch.plan_table import format_plan_table
-from loka_trainer.dispatch.targets import ModuleFilter, target_linears
+from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, excluded
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
@@ -113,9 +115,9 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
         plan = DispatchPlan(device=_device_name(device), layers={}, mere_threshold=config.mere_threshold,
                             min_speedup=config.min_speedup, max_flushed_fraction=config.max_flushed_fraction)
     else:
-        linears = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
+        linears = configured_targets(model, config, module_filter_fn=module_filter_fn, log=log)
         if config.plan is not None:
-            plan = load_plan(config.plan)
+            plan = without_layers(load_plan(config.plan), lambda fqn: excluded(fqn, config.exclude))
         else:
             plan = build_plan(model, linears, config=config, device=device,
                               calibration_batch=calibration_batch) if is_rank0() else None
@@ -126,7 +128,7 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
         log(format_plan_table(plan))
     if config.mods:
         fuse_with_plan(model, plan, module_filter_fn=module_filter_fn, log=log, compiled=config.compile)
-    if config.dispatch and run_dir is not None and is_rank0():
+    if config.dispatch and run_dir is not None and is_rank0():  # kept as loaded: ``exclude`` applies on each load
         log(record_plan(plan, Path(run_dir) / PLAN_FILE, source=config.plan))
     return plan
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from loka_trainer.kernels.backend_base import GEMMS
 from loka_trainer.kernels.backends import BACKENDS, BASELINE
@@ -230,6 +230,11 @@ def save_plan(plan: DispatchPlan, path: str | Path) -> Path:
     tmp.write_text(json.dumps(plan.to_dict(), indent=2, sort_keys=False) + "\n")
     tmp.replace(path)
     return path
+
+
+def without_layers(plan: DispatchPlan, drop: Callable[[str], bool]) -> DispatchPlan:
+    """``plan`` minus the layers whose FQN ``drop`` accepts: they run BF16, as every layer a plan does not name."""
+    return dataclasses.replace(plan, layers={fqn: lp for fqn, lp in plan.layers.items() if not drop(fqn)})
 
 
 def load_plan(path: str | Path) -> DispatchPlan:

@@ -1,19 +1,34 @@
 """Which ``nn.Linear``s Dispatch (and torchao's uniform recipes) may convert.
 
 Targets: ``nn.Linear``s with K and N multiples of 16 and >= ``min_features``, never a 1-output prediction layer,
-accepted by the optional ``module_filter_fn(module, fqn) -> bool``, and for torchao also with a real input row
-count M % 16 == 0 (Dispatch checks M per backend and call). Embedding modules are TorchRec modules, not
-``nn.Linear``, so they are never touched.
+accepted by the optional ``module_filter_fn(module, fqn) -> bool``, none whose FQN matches one of the config's
+``exclude`` globs (``configured_targets``), and for torchao also with a real input row count M % 16 == 0
+(Dispatch checks M per backend and call). modules are TorchRec modules, not ``nn.Linear``, so they are never touched.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import fnmatch
+from typing import Callable, Optional, Sequence
 
 from torch import nn
 
 from loka_trainer.dispatch.calibration import linear_input_rows
 
 ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+def excluded(fqn: str, exclude: Optional[Sequence[str]]) -> bool:
+    """Whether ``fqn`` matches one of the ``exclude`` globs (fnmatch, case-sensitive)."""
+    return any(fnmatch.fnmatchcase(fqn, pattern) for pattern in exclude or ())
+
+
+def check_exclude(exclude: Optional[Sequence[str]], targets: Sequence[str], *, where: str) -> None:
+    """One-line ValueError for an ``exclude`` glob that matches none of ``targets`` (the FQNs of the Linears that
+    would be converted without it): a typo would otherwise leave the layer in FP8 silently."""
+    unmatched = [p for p in exclude or () if not any(fnmatch.fnmatchcase(f, p) for f in targets)]
+    if unmatched:
+        raise ValueError(f"{where}.exclude: {unmatched} name(s) no FP8 target of this model; "
+                         f"targets: {sorted(targets)}")
 
 
 def target_linears(model: nn.Module, *, min_features: int,
@@ -30,6 +45,18 @@ def target_linears(model: nn.Module, *, min_features: int,
             continue
         out[fqn] = mod
     return out
+
+
+def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[ModuleFilter] = None,
+                       log: Optional[Callable[[str], None]] = None) -> dict[str, nn.Linear]:
+    """``target_linears`` under a ``LoKAConfig``'s (or ``PrecisionConfig``'s) ``min_features`` and ``exclude``;
+    ``check_exclude`` first; ``log`` gets a line naming the excluded ones."""
+    every = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
+    check_exclude(config.exclude, list(every), where=config.where)
+    dropped = sorted(fqn for fqn in every if excluded(fqn, config.exclude))
+    if dropped and log is not None:
+        log(f"{config.where}.exclude: {len(dropped)} target Linear(s) stay BF16: {', '.join(dropped)}")
+    return {fqn: mod for fqn, mod in every.items() if fqn not in dropped}
 
 
 def drop_unaligned_rows(model: nn.Module, linears: dict[str, nn.Linear], batch,

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import List
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from loka_trainer.models.mods import ModsConfig
 
@@ -100,6 +100,15 @@ MODEL_CONFIGS: dict[str, type] = {
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 
+def preset_model_node(preset: DictConfig) -> DictConfig:
+    """The model node of a loaded ``conf/model`` file. A preset that also sets other groups' defaults (a
+    ``# @package _global_`` file: ``interformer_h200`` sets ``trainer.warmup_steps``) nests it under ``model``;
+    ``defaults`` (the schema it names, ``/<model>_schema``, is the class ``MODEL_CONFIGS[node.name]``) is dropped."""
+    node = preset.model if "model" in preset else preset
+    node.pop("defaults", None)
+    return node
+
+
 def preset_config(name: str, presets_dir: Path = PRESETS_DIR):
     """``conf/model/<name>.yaml`` (what ``train.py model=<name>`` trains: ``wukong`` the CPU size, ``wukong_h200``
     the GPU scale) merged onto its schema, which the file's ``name`` picks; raises a one-line ValueError."""
@@ -107,6 +116,5 @@ def preset_config(name: str, presets_dir: Path = PRESETS_DIR):
     if not path.is_file():
         known = sorted(p.stem for p in presets_dir.glob("*.yaml"))
         raise ValueError(f"model preset {name!r}: no {path.name} in {presets_dir}; known: {known}")
-    raw = OmegaConf.load(path)
-    raw.pop("defaults", None)  # the schema it names, /<model>_schema, is the class MODEL_CONFIGS[raw.name]
+    raw = preset_model_node(OmegaConf.load(path))
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MODEL_CONFIGS[raw.name]), raw))

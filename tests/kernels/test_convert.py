@@ -123,6 +123,34 @@ def test_loka_builds_logs_writes_and_reuses_plan(tmp_path, monkeypatch):
     m2(_batch()).sum().backward()
 
 
+def test_exclude_keeps_layers_out_of_torchao_and_out_of_a_measured_or_loaded_plan(tmp_path, monkeypatch):
+    from torchao.float8.float8_linear import Float8Linear
+    m = TinyModel()
+    apply_precision(m, config=PrecisionConfig(name="fp8_rowwise", fp8_recipe="rowwise", exclude=["mlp.2"]),
+                    device="cpu", log=lambda s: None)
+    assert isinstance(m.mlp[0], Float8Linear) and type(m.mlp[2]) is nn.Linear
+    fp8 = dict(LOKA, min_speedup=1e-6, backends=["bf16", "scaled_mm_tensorwise"])  # every accurate GEMM FP8 on CPU
+    plan = apply_precision(TinyModel(), config=PrecisionConfig(**fp8, exclude=["mlp.[2-9]"]), device="cpu",
+                           calibration_batch=_batch(), run_dir=tmp_path, log=lambda s: None)
+    assert set(plan.layers) == {"mlp.0"}
+    full = apply_precision(TinyModel(), config=PrecisionConfig(**fp8), device="cpu", calibration_batch=_batch(),
+                           run_dir=tmp_path / "full", log=lambda s: None)
+    assert set(full.layers) == {"mlp.0", "mlp.2"}
+    assert any(b != "bf16" for b in full.layers["mlp.2"].backends().values())
+    # The full plan loaded with mlp.2 excluded: that layer runs BF16, the run keeps the file as it was.
+    monkeypatch.setattr(convert_mod, "build_plan", lambda *a, **k: pytest.fail("re-measured"))
+    m2, run_dir, logs = TinyModel(), tmp_path / "reused", []
+    loaded = apply_precision(m2, config=PrecisionConfig(**fp8, plan=str(tmp_path / "full" / PLAN_FILE),
+                                                        exclude=["mlp.2"]), device="cpu", run_dir=run_dir,
+                             log=logs.append)
+    assert any(line.endswith(".exclude: 1 target Linear(s) stay BF16: mlp.2") for line in logs)
+    assert set(loaded.layers) == {"mlp.0"} and type(m2.mlp[2]) is nn.Linear and type(m2.mlp[0]) is LoKALinear
+    assert (run_dir / PLAN_FILE).read_bytes() == (tmp_path / "full" / PLAN_FILE).read_bytes()
+    with pytest.raises(ValueError, match=r"exclude: \['mlp.9'\] name\(s\) no FP8 target"):
+        apply_precision(TinyModel(), config=PrecisionConfig(**fp8, exclude=["mlp.9"]), device="cpu",
+                        calibration_batch=_batch(), log=lambda s: None)
+
+
 @pytest.fixture
 def dynamo_config():
     """torch._dynamo.config with its limits restored afterwards (monkeypatch would delete config entries)."""
