@@ -3,7 +3,8 @@
 Targets: ``nn.Linear``s with K and N multiples of 16 and >= ``min_features``, never a 1-output prediction layer,
 accepted by the optional ``module_filter_fn(module, fqn) -> bool``, none whose FQN matches one of the config's
 ``exclude`` globs (``configured_targets``), and for torchao also with a real input row count M % 16 == 0
-(Dispatch checks M per backend and call). modules are TorchRec modules, not ``nn.Linear``, so they are never touched.
+(Dispatch checks M per backend and call). Embedding modules are TorchRec modules, not ``nn.Linear``, so they are
+never touched.
 """
 from __future__ import annotations
 
@@ -53,10 +54,10 @@ def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[M
     ``check_exclude`` first; ``log`` gets a line naming the excluded ones."""
     every = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
     check_exclude(config.exclude, list(every), where=config.where)
-    dropped = sorted(fqn for fqn in every if excluded(fqn, config.exclude))
+    dropped = [fqn for fqn in every if excluded(fqn, config.exclude)]
     if dropped and log is not None:
         log(f"{config.where}.exclude: {len(dropped)} target Linear(s) stay BF16: {', '.join(dropped)}")
-    return {fqn: mod for fqn, mod in every.items() if fqn not in dropped}
+    return {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude)}
 
 
 def drop_unaligned_rows(model: nn.Module, linears: dict[str, nn.Linear], batch,

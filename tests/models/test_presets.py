@@ -36,7 +36,6 @@ def test_unknown_preset_is_one_line():
     assert "\n" not in str(err.value) and "wukong_h200" in str(err.value)
 
 
-
 @pytest.mark.parametrize("overrides, warmup", [
     (["model=interformer_h200"], 200),                            # the preset's own trainer default
     (["model=interformer_h200", "trainer.warmup_steps=0"], 0),    # the command line still wins
