@@ -368,3 +368,28 @@ def test_user_path_resume_keeps_rows_of_the_same_code_only(tmp_path):
         resumed_rows(path, 1024, source)
     assert json.loads(path.read_text())["rows"] == [row]
 
+
+
+def test_layer_sensitivity_sees_an_amplified_layer_and_restores_the_model():
+    """One FP8 layer at a time: for the same GEMM error, the layer whose output the model weighs 100x more moves
+    the logits more, and every layer is back in place (same module, same logits) afterwards."""
+    from torch import nn
+
+    from scripts.fp8_layer_sensitivity import forward, sensitivity
+
+    class Net(nn.Module):  # batch (B, 64) -> logits (B,); `quiet`'s output enters at 1/100 of `loud`'s weight
+        def __init__(self):
+            super().__init__()
+            self.quiet, self.loud, self.head = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 1)
+
+        def forward(self, x):
+            return self.head(0.01 * self.quiet(x) + self.loud(x)).squeeze(-1)
+
+    torch.manual_seed(0)
+    net, batches = Net().eval(), [torch.randn(64, 64) for _ in range(2)]
+    before, modules = forward(net, batches), dict(net.named_children())
+    result = sensitivity(net, batches, torch.zeros(128), {"quiet": net.quiet, "loud": net.loud}, "scaled_mm_rowwise")
+    quiet, loud = result["layers"]["quiet"], result["layers"]["loud"]
+    assert 0.01 < quiet["gemm_rel_err"] < 0.1 and 0.01 < loud["gemm_rel_err"] < 0.1
+    assert loud["logit_rel_change"] / loud["gemm_rel_err"] > 10 * quiet["logit_rel_change"] / quiet["gemm_rel_err"]
+    assert dict(net.named_children()) == modules and torch.equal(forward(net, batches), before)

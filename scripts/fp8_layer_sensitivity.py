@@ -1,0 +1,149 @@
+"""How much one Linear's FP8 forward moves the model's output: each Dispatch target in turn runs its forward GEMM
+in FP8 (``LoKALinear``, a real ``_scaled_mm`` kernel), every other layer BF16, on the same held-out batches.
+
+    python -m scripts.fp8_layer_sensitivity --out docs/results/interformer_sensitivity_cpu/sensitivity.json \
+        --model interformer_h200 --batch 64 -- model.embedding_dim=16
+
+Per layer: the GEMM's own output error (relative 2-norm, what a per-GEMM error such as MERE sees) and the model's
+logit change (relative 2-norm of the change over the spread of the BF16 logits) and log-loss change. A layer
+whose logit change is large for its own output error feeds something that amplifies it. The model is at
+initialisation (``--seed``) with the LoKA Mods, unfused; the overrides are ``model.*`` / ``data.*`` keys.
+Why by hand: no library scores a per-layer kernel swap by its effect on the model's output.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from loka_trainer.data.config import DataConfig
+from loka_trainer.data.schema import data_schema
+from loka_trainer.data.synthetic import SyntheticSource
+from loka_trainer.dispatch.targets import target_linears
+from loka_trainer.kernels.linear import LoKALinear
+from loka_trainer.models.configs import preset_config
+from loka_trainer.models.zoo import build_model
+from scripts.plot_results import pyplot
+
+
+def relative_change(new: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> float:
+    """||new - ref|| / ||scale||, both flattened to float32."""
+    return float((new.float() - ref.float()).norm() / scale.float().norm().clamp_min(1e-30))
+
+
+def swap(model: torch.nn.Module, fqn: str, new: torch.nn.Module) -> torch.nn.Module:
+    """Put ``new`` at ``fqn`` in ``model``; returns the module it replaced."""
+    parent_name, _, child = fqn.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    old = getattr(parent, child)
+    setattr(parent, child, new)
+    return old
+
+
+def forward(model, batches) -> torch.Tensor:
+    """Logits of every batch, concatenated (B·n,) float32, under BF16 autocast."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return torch.cat([model(b).float() for b in batches])
+
+
+def layer_output(model, fqn: str, batches) -> torch.Tensor:
+    """The output of the module at ``fqn`` over ``batches`` (rows concatenated, float32)."""
+    outs = []
+    handle = model.get_submodule(fqn).register_forward_hook(lambda m, a, out: outs.append(out.detach().float()))
+    forward(model, batches)
+    handle.remove()
+    return torch.cat([o.flatten(0, -2) for o in outs])
+
+
+def sensitivity(model, batches, labels: torch.Tensor, linears: dict[str, torch.nn.Linear], backend: str) -> dict:
+    """{fqn: {gemm_rel_err, logit_rel_change, logloss_rel_change}} for ``backend`` on each layer's forward alone."""
+    ref = forward(model, batches)
+    ref_loss = float(F.binary_cross_entropy_with_logits(ref, labels))
+    spread = ref - ref.mean()
+    out = {}
+    for fqn, linear in linears.items():
+        ref_out = layer_output(model, fqn, batches)
+        swap(model, fqn, LoKALinear.from_linear(linear, {"forward": backend, "input_grad": "bf16",
+                                                         "weight_grad": "bf16"}))
+        fp8_out, logits = layer_output(model, fqn, batches), forward(model, batches)
+        swap(model, fqn, linear)
+        loss = float(F.binary_cross_entropy_with_logits(logits, labels))
+        out[fqn] = {"shape": [linear.in_features, linear.out_features],
+                    "gemm_rel_err": relative_change(fp8_out, ref_out, ref_out),
+                    "logit_rel_change": relative_change(logits, ref, spread),
+                    "logloss_rel_change": (loss - ref_loss) / ref_loss}
+    return {"ref_logloss": ref_loss, "layers": out}
+
+
+def plot(result: dict, path: Path, mark: list[str]) -> Path:
+    """Bars of each layer's logit change and GEMM error, largest logit change first; layers matching a ``mark``
+    glob in red."""
+    plt = pyplot()
+    rows = sorted(result["layers"].items(), key=lambda kv: kv[1]["logit_rel_change"])
+    fig, ax = plt.subplots(figsize=(8, 0.16 * len(rows) + 1.2))
+    y = range(len(rows))
+    colors = ["tab:red" if any(fnmatch.fnmatchcase(f, m) for m in mark) else "tab:blue" for f, _ in rows]
+    ax.barh(y, [r["logit_rel_change"] for _, r in rows], color=colors, label="logit change (relative)")
+    ax.plot([r["gemm_rel_err"] for _, r in rows], y, "k|", label="the GEMM's own output error")
+    ax.set_yticks(list(y), [f for f, _ in rows], fontsize=6)
+    ax.set_xlabel("relative change, one layer's forward in FP8")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def data_config(overrides: list[str], batch: int, num_sequences: int) -> DataConfig:
+    """The synthetic data of ``data.*`` overrides, at ``batch`` rows, with the model's behaviour sequences."""
+    dotlist = [o.removeprefix("data.") for o in overrides if o.startswith("data.")]
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.from_dotlist(dotlist)))
+    cfg.batch_size, cfg.num_sequences = batch, num_sequences
+    cfg.validate()
+    return cfg
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default="interformer_h200", help="a conf/model preset")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batches", type=int, default=4)
+    ap.add_argument("--backend", default="scaled_mm_rowwise")
+    ap.add_argument("--min-features", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mark", nargs="*", default=[], help="layer globs drawn in red in the plot")
+    ap.add_argument("overrides", nargs="*", help="model.* / data.* overrides (after --)")
+    args = ap.parse_args()
+    model_cfg = OmegaConf.to_object(OmegaConf.merge(
+        OmegaConf.structured(preset_config(args.model)),
+        OmegaConf.from_dotlist([o.removeprefix("model.") for o in args.overrides if o.startswith("model.")])))
+    data_cfg = data_config(args.overrides, args.batch, getattr(model_cfg, "num_sequences", 0))
+    torch.manual_seed(args.seed)
+    model = build_model(model_cfg, schema=data_schema(data_cfg), loka_mods=True).eval()
+    source = SyntheticSource(data_cfg)
+    batches = [source.batch_at("eval", i) for i in range(args.batches)]
+    labels = torch.cat([b.labels.float() for b in batches])
+    result = sensitivity(model, batches, labels, target_linears(model, min_features=args.min_features), args.backend)
+    result.update(command="python -m scripts.fp8_layer_sensitivity " + " ".join(
+        [f"--out {args.out}", f"--model {args.model}", f"--batch {args.batch}", f"--batches {args.batches}",
+         f"--backend {args.backend}", f"--seed {args.seed}", *(["--mark", *args.mark] if args.mark else []), "--",
+         *args.overrides]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}, {plot(result, args.out.with_suffix('.png'), args.mark)}")
+    rows = sorted(result["layers"].items(), key=lambda kv: -kv[1]["logit_rel_change"])
+    print(f"{'layer':48s} {'K x N':>12s} {'GEMM err':>9s} {'logit chg':>10s} {'ratio':>7s} {'logloss chg':>12s}")
+    for fqn, r in rows:
+        print(f"{fqn:48s} {r['shape'][0]:>5d} x {r['shape'][1]:<5d} {r['gemm_rel_err']:9.4f} "
+              f"{r['logit_rel_change']:10.5f} {r['logit_rel_change'] / max(r['gemm_rel_err'], 1e-12):7.3f} "
+              f"{r['logloss_rel_change']:+12.2e}")
+
+
+if __name__ == "__main__":
+    main()
