@@ -56,7 +56,7 @@ def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[M
     check_exclude(config.exclude, list(every), where=config.where)
     dropped = [fqn for fqn in every if excluded(fqn, config.exclude)]
     if dropped and log is not None:
-        log(f"{config.where}.exclude: {len(dropped)} target Linear(s) stay BF16: {', '.join(dropped)}")
+        log(f"exclude {list(config.exclude)}: {len(dropped)} target Linear(s) stay BF16: {', '.join(dropped)}")
     return {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude)}
 
 
