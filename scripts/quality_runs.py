@@ -23,6 +23,9 @@ is ignored): committed, a study spread over several machines or checkouts goes o
 starts nothing and rewrites `quality.json` and the plots from the finished records of the selection (say, after
 records came from another machine, or a call that ran a subset of the precisions wrote a table of that subset).
 
+`--reuse-from DIR` starts from another study's records: its finished runs of `--reuse` (default bf16 bf16_mods) and
+its shared plans are copied in first, so a study that changes only LoKA (say `precision.exclude`) trains only LoKA.
+
 `--share-plan`: the runs of a Dispatch precision (loka) share one plan, `<out>/plans/<model>_<precision>.json`,
 measured by the first seed's run while no other run uses the device (concurrent runs would skew its timings);
 the other seeds load it (`precision.plan`) and start once it exists. All seeds then train the same FP8 layers.
@@ -50,7 +53,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from scripts.plot_results import plot_quality, plot_quality_curves, quality_table
-from scripts.run_queue import Job, Launcher, adopt_plan, run_jobs, start_order
+from scripts.run_queue import Job, Launcher, adopt_plan, reuse_from, run_jobs, start_order
 from scripts.train_runs import LAUNCHERS, PRECISION_VARIANTS, known_variants, precision_overrides
 
 def run_overrides(out: Path, model: str, variant: str, seed: int, *, steps: int, eval_interval: int,
@@ -156,6 +159,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          "sees every device)")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds after which no run starts")
     ap.add_argument("--share-plan", action="store_true", help="one Dispatch plan per (model, precision)")
+    ap.add_argument("--reuse-from", type=Path, default=None,
+                    help="another study folder: its finished runs of --reuse and its shared plans are copied in "
+                         "first (a study that changes only the other precisions, e.g. with precision.exclude)")
+    ap.add_argument("--reuse", nargs="+", default=["bf16", "bf16_mods"], help="the precisions --reuse-from copies")
     ap.add_argument("--no-run", action="store_true",
                     help="start nothing: rewrite quality.json and the plots from the finished runs")
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run (after --)")
@@ -171,6 +178,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         problems.append("--concurrent, --nproc and --steps must be >= 1, --eval-interval and --gpus >= 0")
     elif args.gpus % args.nproc:
         problems.append(f"--gpus {args.gpus} is not a multiple of --nproc {args.nproc} (each run takes --nproc GPUs)")
+    if args.reuse_from is not None and not (args.reuse_from / "runs").is_dir():
+        problems.append(f"--reuse-from {args.reuse_from}: not a study folder (no runs/ in it)")
     if problems:
         print(f"error: {problems[0]}", file=sys.stderr)
         raise SystemExit(2)
@@ -187,6 +196,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                    share_plan=False))
     jobs = build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides,
                       share_plan=args.share_plan, dispatch=lambda m, v: (m, v) in measured)
+    if args.reuse_from is not None:
+        for line in reuse_from(jobs, out, args.reuse_from.resolve(), args.reuse):
+            print(line)
     for line in filter(None, map(adopt_plan, jobs)):  # measured by a run of an earlier call
         print(line)
     todo = [j for j in jobs if not j.finished()]

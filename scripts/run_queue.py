@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable, Optional, Protocol
+from typing import IO, Callable, Optional, Protocol, Sequence
 
 from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts.provenance import git_state, source_digest
@@ -70,6 +70,27 @@ def adopt_plan(job: Job) -> Optional[str]:
     shutil.copyfile(src, tmp)
     tmp.replace(job.shared_plan)
     return f"shared plan {job.shared_plan} (measured by {job.name})"
+
+
+def reuse_from(jobs: list[Job], out: Path, source: Path, variants: Sequence[str]) -> list[str]:
+    """Start a study from another one's records: each finished run of ``variants`` under the study folder ``source``
+    (same run name) is copied into ``out`` where the job has not finished, with its ``.launch.json`` and ``.log``
+    (they keep its own command and commit), and so is each shared plan ``out`` lacks. Returns a line per copy."""
+    lines = []
+    for job in jobs:
+        src = source / job.run_dir.relative_to(out)
+        if job.variant in variants and not job.finished() and (src / "summary.json").is_file():
+            shutil.copytree(src, job.run_dir, dirs_exist_ok=True)
+            for suffix in (".launch.json", ".log"):
+                if src.with_suffix(suffix).is_file():
+                    shutil.copyfile(src.with_suffix(suffix), job.run_dir.with_suffix(suffix))
+            lines.append(f"reused {job.name} from {source}")
+        plan = job.shared_plan
+        if plan is not None and not plan.is_file() and (source / plan.relative_to(out)).is_file():
+            plan.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / plan.relative_to(out), plan)
+            lines.append(f"shared plan {plan} from {source}")
+    return lines
 
 
 WAIT = "wait"

@@ -119,6 +119,7 @@ def test_loka_published_dispatches_on_the_published_layers():
     (["--precisions", "bf16", "--concurrent", "0"], "--concurrent"),
     (["--precisions", "bf16", "--gpus", "-1"], "--gpus >= 0"),
     (["--precisions", "bf16", "--gpus", "3", "--nproc", "2"], "--gpus 3 is not a multiple of --nproc 2"),
+    (["--precisions", "bf16", "--reuse-from", "docs"], "--reuse-from docs: not a study folder"),
 ])
 def test_bad_arguments_fail_in_one_line_with_status_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -377,6 +378,41 @@ def test_no_run_rewrites_the_whole_table_from_committed_records_and_starts_nothi
     assert {e["why"] for e in result["not_run"]} <= {"not started: --no-run"}
     assert len(result["runs"]) + len(result["not_run"]) == len(argv[argv.index("--precisions") + 1:
                                                                      argv.index("--seeds")]) * 3
+
+
+def test_reuse_from_copies_the_baselines_so_only_the_changed_precision_would_train(tmp_path, monkeypatch):
+    """A study of LoKA with one more override starts from the committed one: the BF16 and BF16 + Mods records are
+    copied in unchanged, LoKA's are not, and a second call leaves what is there alone."""
+    published = ROOT / "docs" / "results" / "quality_interformer_h200_warmup"
+    argv = ["--out", str(tmp_path), "--models", "interformer_h200", "--precisions", "bf16", "bf16_mods", "loka",
+            "--seeds", "1", "0", "--reuse-from", str(published), "--no-run", "--",
+            "precision.exclude=[layers.*.seq_arch.personal_weight]"]
+    monkeypatch.setattr(qr.Launcher, "start", lambda *a: pytest.fail("--no-run started a run"))
+    qr.main(argv)
+    runs = tmp_path / "runs"
+    assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == sorted(
+        f"interformer_h200_{v}_seed{s}" for v in ("bf16", "bf16_mods") for s in (0, 1))
+    for name in ("interformer_h200_bf16_seed1/metrics.jsonl", "interformer_h200_bf16_mods_seed0.launch.json"):
+        assert (runs / name).read_bytes() == (published / "runs" / name).read_bytes()
+    result = json.loads((tmp_path / "quality.json").read_text())
+    assert {(r["precision"], r["seed"]) for r in result["runs"]} == {(v, s) for v in ("bf16", "bf16_mods")
+                                                                      for s in (0, 1)}
+    assert sorted(e["run"] for e in result["not_run"]) == ["interformer_h200_loka_seed0", "interformer_h200_loka_seed1"]
+    summary = runs / "interformer_h200_bf16_seed1" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "edited here": True}))
+    qr.main(argv)
+    assert json.loads(summary.read_text())["edited here"]  # a run already in the study is not copied over
+
+
+def test_reuse_from_copies_a_shared_plan_the_study_lacks_but_not_the_runs_that_measured_it(tmp_path):
+    published = ROOT / "docs" / "results" / "quality_interformer_h200_warmup"
+    jobs = qr.build_jobs(tmp_path, ["interformer_h200"], ["bf16", "loka"], [1, 0], overrides=lambda m, v, s: [],
+                         dispatch=lambda m, v: v == "loka", share_plan=True)
+    lines = qr.reuse_from(jobs, tmp_path, published, ["bf16"])
+    plan = "plans/interformer_h200_loka.json"
+    assert (tmp_path / plan).read_bytes() == (published / plan).read_bytes() and len(lines) == 3
+    loka = [j for j in jobs if j.variant == "loka"]
+    assert not any(j.finished() for j in loka) and not any(j.measuring() for j in loka)  # both load the plan
 
 
 def test_git_keeps_a_finished_runs_record_and_ignores_the_rest_of_its_directory():
