@@ -16,8 +16,8 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from loka_trainer.callbacks.probe_config import ProbeConfig
 from loka_trainer.data.config import DataConfig
-from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan, without_layers
-from loka_trainer.dispatch.targets import configured_targets, excluded
+from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan, without_excluded
+from loka_trainer.dispatch.targets import configured_targets
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
 from loka_trainer.models.mods import LOKA_MODS, resolve_mods
@@ -195,7 +195,7 @@ def check_plan_against_model(plan: DispatchPlan, run: RunConfig) -> None:
     target Linears' shapes depend on the model's widths and feature counts, not on the tables' row counts."""
     device = resolve_device(run.trainer.device, local_rank=launch_env()[2])
     linears = configured_targets(build_small_model(run), run.precision)
-    plan = without_layers(plan, lambda fqn: excluded(fqn, run.precision.exclude))
+    plan = without_excluded(plan, run.precision.exclude)
     validate_plan(plan, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()},
                   list(available_backends(device)), mods_modes={mode: spec.fp8 for mode, spec in FORWARD_MODES.items()},
                   source=f"precision.plan {run.precision.plan!r}")

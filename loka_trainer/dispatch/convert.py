@@ -23,9 +23,9 @@ from loka_trainer.dispatch.broadcast import broadcast_plan, is_rank0, rank0_prin
 from loka_trainer.dispatch.build import build_plan
 from loka_trainer.dispatch.config import LoKAConfig
 from loka_trainer.dispatch.plan import (DispatchPlan, ModsChoice, load_plan, save_plan, validate_plan,
-                                        without_layers)
+                                        without_excluded)
 from loka_trainer.dispatch.plan_table import format_plan_table
-from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, excluded
+from loka_trainer.dispatch.targets import ModuleFilter, configured_targets
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
@@ -117,7 +117,7 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     else:
         linears = configured_targets(model, config, module_filter_fn=module_filter_fn, log=log)
         if config.plan is not None:
-            plan = without_layers(load_plan(config.plan), lambda fqn: excluded(fqn, config.exclude))
+            plan = without_excluded(load_plan(config.plan), config.exclude)
         else:
             plan = build_plan(model, linears, config=config, device=device,
                               calibration_batch=calibration_batch) if is_rank0() else None

@@ -33,8 +33,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional, Sequence
 
+from loka_trainer.dispatch.targets import excluded
 from loka_trainer.kernels.backend_base import GEMMS
 from loka_trainer.kernels.backends import BACKENDS, BASELINE
 from loka_trainer.mods.modes import FORWARD_MODES
@@ -232,9 +233,9 @@ def save_plan(plan: DispatchPlan, path: str | Path) -> Path:
     return path
 
 
-def without_layers(plan: DispatchPlan, drop: Callable[[str], bool]) -> DispatchPlan:
-    """``plan`` minus the layers whose FQN ``drop`` accepts: they run BF16, as every layer a plan does not name."""
-    return dataclasses.replace(plan, layers={fqn: lp for fqn, lp in plan.layers.items() if not drop(fqn)})
+def without_excluded(plan: DispatchPlan, exclude: Optional[Sequence[str]]) -> DispatchPlan:
+    """``plan`` minus the layers an ``exclude`` glob names: they run BF16, as every layer a plan does not name."""
+    return dataclasses.replace(plan, layers={fqn: lp for fqn, lp in plan.layers.items() if not excluded(fqn, exclude)})
 
 
 def load_plan(path: str | Path) -> DispatchPlan:
