@@ -13,6 +13,7 @@ Why by hand: no library scores a per-layer kernel swap by its effect on the mode
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import json
 from pathlib import Path
@@ -28,6 +29,7 @@ from loka_trainer.dispatch.targets import target_linears
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.models.configs import preset_config
 from loka_trainer.models.zoo import build_model
+from scripts.outlier_activations import data_config as outlier_data_config
 from scripts.plot_results import pyplot
 
 
@@ -36,45 +38,46 @@ def relative_change(new: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -
     return float((new.float() - ref.float()).norm() / scale.float().norm().clamp_min(1e-30))
 
 
-def swap(model: torch.nn.Module, fqn: str, new: torch.nn.Module) -> torch.nn.Module:
-    """Put ``new`` at ``fqn`` in ``model``; returns the module it replaced."""
+def swap(model: torch.nn.Module, fqn: str, new: torch.nn.Module) -> None:
+    """Put ``new`` at ``fqn`` in ``model``."""
     parent_name, _, child = fqn.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    old = getattr(parent, child)
-    setattr(parent, child, new)
-    return old
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def outputs(model, batches, capture) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One pass over ``batches`` under BF16 autocast: (the logits, concatenated (B·n,), {fqn: that module's output,
+    rows concatenated (rows, N)} for each FQN in ``capture``), float32."""
+    outs: dict[str, list[torch.Tensor]] = {fqn: [] for fqn in capture}
+    handles = [model.get_submodule(fqn).register_forward_hook(
+        lambda m, a, out, fqn=fqn: outs[fqn].append(out.detach().float().flatten(0, -2))) for fqn in capture]
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = torch.cat([model(b).float() for b in batches])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, {fqn: torch.cat(parts) for fqn, parts in outs.items()}
 
 
 def forward(model, batches) -> torch.Tensor:
     """Logits of every batch, concatenated (B·n,) float32, under BF16 autocast."""
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        return torch.cat([model(b).float() for b in batches])
-
-
-def layer_output(model, fqn: str, batches) -> torch.Tensor:
-    """The output of the module at ``fqn`` over ``batches`` (rows concatenated, float32)."""
-    outs = []
-    handle = model.get_submodule(fqn).register_forward_hook(lambda m, a, out: outs.append(out.detach().float()))
-    forward(model, batches)
-    handle.remove()
-    return torch.cat([o.flatten(0, -2) for o in outs])
+    return outputs(model, batches, ())[0]
 
 
 def sensitivity(model, batches, labels: torch.Tensor, linears: dict[str, torch.nn.Linear], backend: str) -> dict:
     """{fqn: {gemm_rel_err, logit_rel_change, logloss_rel_change}} for ``backend`` on each layer's forward alone."""
-    ref = forward(model, batches)
+    ref, ref_outs = outputs(model, batches, list(linears))
     ref_loss = float(F.binary_cross_entropy_with_logits(ref, labels))
     spread = ref - ref.mean()
     out = {}
     for fqn, linear in linears.items():
-        ref_out = layer_output(model, fqn, batches)
         swap(model, fqn, LoKALinear.from_linear(linear, {"forward": backend, "input_grad": "bf16",
                                                          "weight_grad": "bf16"}))
-        fp8_out, logits = layer_output(model, fqn, batches), forward(model, batches)
+        logits, fp8_outs = outputs(model, batches, [fqn])
         swap(model, fqn, linear)
         loss = float(F.binary_cross_entropy_with_logits(logits, labels))
         out[fqn] = {"shape": [linear.in_features, linear.out_features],
-                    "gemm_rel_err": relative_change(fp8_out, ref_out, ref_out),
+                    "gemm_rel_err": relative_change(fp8_outs[fqn], ref_outs[fqn], ref_outs[fqn]),
                     "logit_rel_change": relative_change(logits, ref, spread),
                     "logloss_rel_change": (loss - ref_loss) / ref_loss}
     return {"ref_logloss": ref_loss, "layers": out}
@@ -100,10 +103,10 @@ def plot(result: dict, path: Path, mark: list[str]) -> Path:
 
 
 def data_config(overrides: list[str], batch: int, num_sequences: int) -> DataConfig:
-    """The synthetic data of ``data.*`` overrides, at ``batch`` rows, with the model's behaviour sequences."""
-    dotlist = [o.removeprefix("data.") for o in overrides if o.startswith("data.")]
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.from_dotlist(dotlist)))
-    cfg.batch_size, cfg.num_sequences = batch, num_sequences
+    """The synthetic data of the ``data.*`` overrides (``outlier_activations.data_config``), at ``batch`` rows,
+    with the model's behaviour sequences."""
+    cfg = dataclasses.replace(outlier_data_config([o for o in overrides if o.startswith("data.")]),
+                              batch_size=batch, num_sequences=num_sequences)
     cfg.validate()
     return cfg
 
