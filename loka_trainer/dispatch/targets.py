@@ -54,10 +54,11 @@ def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[M
     ``check_exclude`` first; ``log`` gets a line naming the excluded ones."""
     every = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
     check_exclude(config.exclude, list(every), where=config.where)
-    dropped = [fqn for fqn in every if excluded(fqn, config.exclude)]
+    kept = {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude)}
+    dropped = [fqn for fqn in every if fqn not in kept]
     if dropped and log is not None:
         log(f"exclude {list(config.exclude)}: {len(dropped)} target Linear(s) stay BF16: {', '.join(dropped)}")
-    return {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude)}
+    return kept
 
 
 def drop_unaligned_rows(model: nn.Module, linears: dict[str, nn.Linear], batch,
