@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -51,6 +52,8 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
     apply_precision(model, config=run.precision, device=dist_info.device, calibration_batch=sample_batch,
                     run_dir=run_dir, compile=run.trainer.compile, log=log)
     parallel = parallelize(model, config=run.sharding, dist_info=dist_info, embedding_lr=run.trainer.embedding_lr)
+    kinds = Counter(parallel.table_sharding.values())
+    log(f"embedding tables: {', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}")
     fwd, bwd = parallel.comm_precision
     if (fwd, bwd) != (run.sharding.qcomm_forward, run.sharding.qcomm_backward):
         log(f"embedding all-to-all: requested {run.sharding.qcomm_forward}/{run.sharding.qcomm_backward}, "

@@ -59,7 +59,7 @@ def test_two_ranks_learn_the_planted_teacher(two_rank_run):
     assert list((two_rank_run / "tensorboard").glob("events.out.tfevents.*"))
     assert (two_rank_run / "checkpoints" / "latest").read_text() == "step_000120"  # saved at the end
     log = (two_rank_run / "train.log").read_text()
-    assert "falls back to fp16/fp16" in log and "FSDP2 units" in log
+    assert "falls back to fp16/fp16" in log and "FSDP2 units" in log and "embedding tables: 26 table_wise" in log
 
 
 def _free_port() -> int:

@@ -4,14 +4,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-EMBEDDING_SHARDING_TYPES = ("auto", "table_wise", "column_wise", "row_wise", "data_parallel")
+# No "data_parallel": TorchRec leaves a replicated table's weight to the dense optimizer, outside the fused
+# row-wise Adagrad every other table trains with, so it would not train here (`sharding.parallelize`).
+EMBEDDING_SHARDING_TYPES = ("auto", "table_wise", "column_wise", "row_wise")
 COMM_PRECISIONS = ("fp32", "fp16", "bf16")
 FSDP_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass
 class ShardingConfig:
-    """`embedding`: "auto" lets the TorchRec planner choose; any other value constrains every table to it.
+    """`embedding`: "auto" lets the TorchRec planner choose among its sharded types (never data-parallel); any
+    other value constrains every table to it.
     `qcomm_forward` / `qcomm_backward`: precision of the embedding all-to-all (TorchRec QCommsConfig).
     `fsdp_param_dtype` / `fsdp_reduce_dtype`: FSDP2 MixedPrecisionPolicy of the dense part.
     """

@@ -4,6 +4,11 @@ Contract with the model zoo: embeddings are TorchRec `EmbeddingBagCollection` / 
 modules, and ``model.dense_units()`` lists submodules that together hold every other parameter; each one becomes
 an FSDP2 unit. DMP's own data-parallel wrapper knows DDP, not FSDP2, so it is disabled
 (``init_data_parallel=False``) and ``fully_shard`` is applied to the dense units here.
+
+No table is replicated: TorchRec trains a data-parallel table's weight with the dense optimizer, and ours holds only
+the dense units, so such a table would keep its initial weights. Under "auto" a table the planner would replicate is
+sharded table-wise instead, every other table keeping the planner's choice (`without_data_parallel`); at GPU scale
+the planner picks no data-parallel table in the first place.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ShardingPlan, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -40,6 +46,7 @@ class ParallelModel:
     model: DistributedModelParallel
     comm_precision: tuple[str, str]  # effective (forward, backward) all-to-all precision
     sharding_plan: str  # TorchRec's plan, printable
+    table_sharding: dict[str, str]  # table name -> sharding type
     num_fsdp_units: int
 
 
@@ -75,11 +82,13 @@ def parallelize(model: nn.Module, *, config: ShardingConfig, dist_info: DistInfo
     for _, module in embedding_modules(model):
         apply_optimizer_in_backward(RowWiseAdagrad, module.parameters(), {"lr": embedding_lr, "eps": 1e-8})
     sharders = _sharders(config, dist_info.device)
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=dist_info.world_size, compute_device=dist_info.device.type),
-        constraints=_constraints(model, config.embedding),
-    )
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    topology = Topology(world_size=dist_info.world_size, compute_device=dist_info.device.type)
+    plan = EmbeddingShardingPlanner(topology=topology, constraints=_constraints(model, config.embedding)
+                                    ).collective_plan(model, sharders, dist.GroupMember.WORLD)
+    pinned = without_data_parallel(plan)
+    if pinned is not None:  # plan again with every table's sharding type fixed
+        plan = EmbeddingShardingPlanner(topology=topology, constraints=pinned
+                                        ).collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(module=model, device=dist_info.device, plan=plan, sharders=sharders,
                                    init_data_parallel=False)
     if config.fsdp:
@@ -88,7 +97,8 @@ def parallelize(model: nn.Module, *, config: ShardingConfig, dist_info: DistInfo
         num_units = _dense_to_device(dmp.module, dist_info.device)
     precision = tuple(effective_comm_precision(p, device_type=dist_info.device.type)
                       for p in (config.qcomm_forward, config.qcomm_backward))
-    return ParallelModel(model=dmp, comm_precision=precision, sharding_plan=str(plan), num_fsdp_units=num_units)
+    return ParallelModel(model=dmp, comm_precision=precision, sharding_plan=str(plan), num_fsdp_units=num_units,
+                         table_sharding={name: ps.sharding_type for name, ps in _table_shardings(plan).items()})
 
 
 def _sharders(config: ShardingConfig, device: torch.device) -> list:
@@ -97,6 +107,22 @@ def _sharders(config: ShardingConfig, device: torch.device) -> list:
     registry = get_qcomm_codecs_registry(qcomms, device=device)
     return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry),
             EmbeddingCollectionSharder(qcomm_codecs_registry=registry)]
+
+
+def without_data_parallel(plan: ShardingPlan) -> Optional[dict[str, ParameterConstraints]]:
+    """None when no table of ``plan`` is data-parallel; else constraints that keep every other table's sharding type
+    and compute kernel and make each data-parallel one table-wise."""
+    tables = _table_shardings(plan)
+    if all(ps.sharding_type != ShardingType.DATA_PARALLEL.value for ps in tables.values()):
+        return None
+    return {name: (ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
+                   if ps.sharding_type == ShardingType.DATA_PARALLEL.value
+                   else ParameterConstraints(sharding_types=[ps.sharding_type], compute_kernels=[ps.compute_kernel]))
+            for name, ps in tables.items()}
+
+
+def _table_shardings(plan: ShardingPlan) -> dict:
+    return {name: ps for module_plan in plan.plan.values() for name, ps in module_plan.items()}
 
 
 def _constraints(model: nn.Module, sharding_type: str) -> Optional[dict[str, ParameterConstraints]]:
