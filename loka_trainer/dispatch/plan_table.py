@@ -76,7 +76,8 @@ def format_plan_table(plan: DispatchPlan) -> str:
     precision reads ``bf16 (via NAME)``); a GEMM with candidates rejected for flushing (``rejected_for_flush``)
     gets a line naming them. The last line counts FP8 GEMMs and the reasons for the rest."""
     w = 36  # the backend column: fits "bf16 (via torchao_rowwise_with_gw_hp)"
-    head = (f"{'layer':<32} {'M×K×N':>18} {'gemm':<11} {'backend':<{w}} {'MERE':>8} {'flushed':>8} {'speedup':>8} "
+    lw = max([len("layer"), *map(len, plan.layers)])  # whole names: `precision.exclude` globs match them
+    head = (f"{'layer':<{lw}} {'M×K×N':>18} {'gemm':<11} {'backend':<{w}} {'MERE':>8} {'flushed':>8} {'speedup':>8} "
             f"{'bf16 why':<10}")
     rows = [f"LoKA Dispatch plan ({plan.device}; MERE < {plan.mere_threshold}, flushed <= {plan.max_flushed_fraction},"
             f" speedup > {plan.min_speedup}×)", head, "-" * len(head)]
@@ -87,7 +88,7 @@ def format_plan_table(plan: DispatchPlan) -> str:
         for g in GEMMS:
             c = getattr(lp, g)
             why = bf16_reason(c, min_speedup=plan.min_speedup, gemm=g, **rule) or ""
-            rows.append(f"{fqn[-32:]:<32} {shape:>18} {g:<11} {gemm_label(c.backend, g):<{w}} "
+            rows.append(f"{fqn:<{lw}} {shape:>18} {g:<11} {gemm_label(c.backend, g):<{w}} "
                         f"{_fmt(c.mere, '.4f'):>8} {_fmt(c.flushed, '.4f'):>8} {_fmt(c.speedup, '.2f'):>8} "
                         f"{why:<10}".rstrip())
             fqn, shape = "", ""
@@ -95,12 +96,12 @@ def format_plan_table(plan: DispatchPlan) -> str:
             if rejected:
                 num_flush_rejections += 1
                 names = ", ".join(f"{name} {flushed:.4f}" for name, flushed in rejected.items())
-                rows.append(f"{'':<32} {'':>18} {'':<11} rejected, flushed > {plan.max_flushed_fraction}: {names}")
+                rows.append(f"{'':<{lw}} {'':>18} {'':<11} rejected, flushed > {plan.max_flushed_fraction}: {names}")
         mods_choices = (("mods fwd", None, lp.mods_forward), ("mods dgrad", "input_grad", lp.mods_input_grad))
         for label, gemm, choice in mods_choices:
             if choice is not None:
                 mode = gemm_label(choice.mode, gemm) if gemm else choice.mode
-                rows.append(f"{'':<32} {'':>18} {label:<11} {mode:<{w}} {'-':>8} {'-':>8} "
+                rows.append(f"{'':<{lw}} {'':>18} {label:<11} {mode:<{w}} {'-':>8} {'-':>8} "
                             f"{_fmt(choice.speedup, '.2f'):>8}")
     reasons = bf16_reason_counts(plan)
     mods_bf16 = sum(gemm_is_fp8(getattr(lp, g).backend, g) and not lp.runs_fp8()[g]

@@ -86,6 +86,16 @@ def test_table_lists_every_gemm():
     assert "1 of 6 GEMMs in FP8" in table
 
 
+def test_table_prints_whole_layer_names_in_aligned_columns():
+    plan = _plan()
+    long_name = "layers.0.cross_arch.pma.attention.q_with_a_long_suffix"
+    plan.layers[long_name] = plan.layers.pop("over.1")
+    lines = format_plan_table(plan).splitlines()
+    row = next(line for line in lines if line.startswith(long_name + " "))
+    header = next(line for line in lines if line.startswith("layer "))
+    assert row.index("256×64×64") + len("256×64×64") == header.index("M×K×N") + len("M×K×N")
+
+
 def test_a_plan_without_the_flush_fields_loads_with_the_default(tmp_path):
     from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
     d = _plan().to_dict()
