@@ -52,6 +52,10 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
     apply_precision(model, config=run.precision, device=dist_info.device, calibration_batch=sample_batch,
                     run_dir=run_dir, compile=run.trainer.compile, log=log)
     parallel = parallelize(model, config=run.sharding, dist_info=dist_info, embedding_lr=run.trainer.embedding_lr)
+    if parallel.made_table_wise:
+        tables = parallel.made_table_wise
+        log(f"TorchRec's planner replicated {len(tables)} table(s) ({', '.join(tables)}); they are sharded "
+            "table-wise instead: a replicated table would not train here")
     kinds = Counter(parallel.table_sharding.values())
     log(f"embedding tables: {', '.join(f'{n} {kind}' for kind, n in sorted(kinds.items()))}")
     fwd, bwd = parallel.comm_precision

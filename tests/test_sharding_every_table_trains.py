@@ -64,11 +64,13 @@ def _worker(rank: int, out_dir: str, overrides: list[str]) -> None:
             snapshots.append(_local_state(state.model))
 
     dist_info = DistInfo(rank=rank, world_size=WORLD, local_rank=rank, device=torch.device("cpu"), backend="gloo")
-    trainer = Trainer(to_run_config(cfg), run_dir=Path(out_dir), dist_info=dist_info, extra_callbacks=[Snapshot()])
+    lines: list[str] = []
+    trainer = Trainer(to_run_config(cfg), run_dir=Path(out_dir), dist_info=dist_info, extra_callbacks=[Snapshot()],
+                      log=lines.append)
     trainer.fit(0)
     before, after = snapshots
     moved = {k: not torch.equal(before[k], after[k]) for k in before if before[k].is_floating_point()}
-    torch.save({"plan": trainer.parallel.sharding_plan, "moved": moved}, Path(out_dir) / f"rank{rank}.pt")
+    torch.save({"plan": trainer.parallel.sharding_plan, "moved": moved, "log": lines}, Path(out_dir) / f"rank{rank}.pt")
 
 
 @pytest.mark.slow
@@ -81,3 +83,6 @@ def test_every_parameter_of_every_zoo_model_trains_on_two_ranks(tmp_path, case):
     not_trained = sorted(k for k in held if not any(r["moved"].get(k) for r in results))
     assert not not_trained, not_trained
     assert "data_parallel" not in results[0]["plan"]
+    replanned = [line for line in results[0]["log"] if line.startswith("TorchRec's planner replicated")]
+    expected = {"dlrm_20_row_tables": "26 table(s)", "interformer": "7 table(s)"}.get(case)
+    assert [expected in line for line in replanned] == ([True] if expected else [])

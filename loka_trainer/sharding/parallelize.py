@@ -47,6 +47,7 @@ class ParallelModel:
     comm_precision: tuple[str, str]  # effective (forward, backward) all-to-all precision
     sharding_plan: str  # TorchRec's plan, printable
     table_sharding: dict[str, str]  # table name -> sharding type
+    made_table_wise: list[str]  # tables the planner would have replicated (`without_data_parallel`)
     num_fsdp_units: int
 
 
@@ -86,6 +87,8 @@ def parallelize(model: nn.Module, *, config: ShardingConfig, dist_info: DistInfo
     plan = EmbeddingShardingPlanner(topology=topology, constraints=_constraints(model, config.embedding)
                                     ).collective_plan(model, sharders, dist.GroupMember.WORLD)
     pinned = without_data_parallel(plan)
+    made_table_wise = sorted(name for name, ps in _table_shardings(plan).items()
+                             if ps.sharding_type == ShardingType.DATA_PARALLEL.value)
     if pinned is not None:  # plan again with every table's sharding type fixed
         plan = EmbeddingShardingPlanner(topology=topology, constraints=pinned
                                         ).collective_plan(model, sharders, dist.GroupMember.WORLD)
@@ -98,7 +101,8 @@ def parallelize(model: nn.Module, *, config: ShardingConfig, dist_info: DistInfo
     precision = tuple(effective_comm_precision(p, device_type=dist_info.device.type)
                       for p in (config.qcomm_forward, config.qcomm_backward))
     return ParallelModel(model=dmp, comm_precision=precision, sharding_plan=str(plan), num_fsdp_units=num_units,
-                         table_sharding={name: ps.sharding_type for name, ps in _table_shardings(plan).items()})
+                         table_sharding={name: ps.sharding_type for name, ps in _table_shardings(plan).items()},
+                         made_table_wise=made_table_wise)
 
 
 def _sharders(config: ShardingConfig, device: torch.device) -> list:
