@@ -26,7 +26,7 @@ def excluded(fqn: str, exclude: Optional[Sequence[str]]) -> bool:
 def check_exclude(exclude: Optional[Sequence[str]], targets: Sequence[str], *, where: str) -> None:
     """One-line ValueError for an ``exclude`` glob that matches none of ``targets`` (the FQNs of the Linears that
     would be converted without it): a typo would otherwise leave the layer in FP8 silently."""
-    unmatched = [p for p in exclude or () if not any(fnmatch.fnmatchcase(f, p) for f in targets)]
+    unmatched = [p for p in exclude or () if not any(excluded(f, [p]) for f in targets)]
     if unmatched:
         raise ValueError(f"{where}.exclude: {unmatched} name(s) no FP8 target of this model; "
                          f"targets: {sorted(targets)}")

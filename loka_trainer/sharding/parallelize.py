@@ -86,9 +86,8 @@ def parallelize(model: nn.Module, *, config: ShardingConfig, dist_info: DistInfo
     topology = Topology(world_size=dist_info.world_size, compute_device=dist_info.device.type)
     plan = EmbeddingShardingPlanner(topology=topology, constraints=_constraints(model, config.embedding)
                                     ).collective_plan(model, sharders, dist.GroupMember.WORLD)
+    made_table_wise = _data_parallel_tables(plan)
     pinned = without_data_parallel(plan)
-    made_table_wise = sorted(name for name, ps in _table_shardings(plan).items()
-                             if ps.sharding_type == ShardingType.DATA_PARALLEL.value)
     if pinned is not None:  # plan again with every table's sharding type fixed
         plan = EmbeddingShardingPlanner(topology=topology, constraints=pinned
                                         ).collective_plan(model, sharders, dist.GroupMember.WORLD)
@@ -116,17 +115,21 @@ def _sharders(config: ShardingConfig, device: torch.device) -> list:
 def without_data_parallel(plan: ShardingPlan) -> Optional[dict[str, ParameterConstraints]]:
     """None when no table of ``plan`` is data-parallel; else constraints that keep every other table's sharding type
     and compute kernel and make each data-parallel one table-wise."""
-    tables = _table_shardings(plan)
-    if all(ps.sharding_type != ShardingType.DATA_PARALLEL.value for ps in tables.values()):
+    replicated = _data_parallel_tables(plan)
+    if not replicated:
         return None
-    return {name: (ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value])
-                   if ps.sharding_type == ShardingType.DATA_PARALLEL.value
+    return {name: (ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value]) if name in replicated
                    else ParameterConstraints(sharding_types=[ps.sharding_type], compute_kernels=[ps.compute_kernel]))
-            for name, ps in tables.items()}
+            for name, ps in _table_shardings(plan).items()}
 
 
 def _table_shardings(plan: ShardingPlan) -> dict:
     return {name: ps for module_plan in plan.plan.values() for name, ps in module_plan.items()}
+
+
+def _data_parallel_tables(plan: ShardingPlan) -> list[str]:
+    return sorted(name for name, ps in _table_shardings(plan).items()
+                  if ps.sharding_type == ShardingType.DATA_PARALLEL.value)
 
 
 def _constraints(model: nn.Module, sharding_type: str) -> Optional[dict[str, ParameterConstraints]]:
