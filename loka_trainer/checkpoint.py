@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -186,12 +187,14 @@ def load_checkpoint(path: Path, *, model: nn.Module, dense_optimizer: torch.opti
     `path` must have passed `verify_checkpoint`. This rank's file is read first, so a refused file stops
     before any state changes; a DCP failure becomes a one-line `CheckpointError`."""
     local = load_rank_state(rank_file(path, rank))
+    check_same_model(path, model)
     state = _app_state(model, dense_optimizer, sparse_optimizer, extra_template)
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:  # DCP wraps per-rank failures in CheckpointException with tracebacks
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         raise CheckpointError(f"{path} could not be loaded by torch.distributed.checkpoint "
-                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+                              f"({_dcp_failure(exc)}); was it written with another trainer.dense_optimizer or "
+                              f"model? Resume with its settings, or set trainer.resume=false to start over") from None
     model.load_state_dict(state["model"])
     set_optimizer_state_dict(_unwrap(model), dense_optimizer, state["dense_optimizer"],
                              options=_OPTIM_OPTIONS)
@@ -199,6 +202,60 @@ def load_checkpoint(path: Path, *, model: nn.Module, dense_optimizer: torch.opti
         sparse_optimizer.load_state_dict(state["sparse_optimizer"])
     set_rng_state(local.pop("rng"))
     return json.loads(state["extra"]), local
+
+
+def check_same_model(path: Path, model: nn.Module) -> None:
+    """`CheckpointError` (one line) unless the checkpoint's model entries have this model's names and shapes.
+
+    DCP loads only the entries the model asks for, so a checkpoint of another architecture (another ``model.*``
+    setting, or the Mods, which drop biases) would otherwise resume with its extra parameters silently dropped."""
+    try:
+        stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as exc:  # noqa: BLE001 - any failure to read DCP's metadata makes the checkpoint unusable
+        raise CheckpointError(f"{path}/{DCP_METADATA} cannot be read ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:200]})") from None
+    prefix = "model."
+    found = {key[len(prefix):]: _shape(meta) for key, meta in stored.items() if key.startswith(prefix)}
+    wanted = {key: _shape(value) for key, value in model.state_dict().items()}
+    difference = model_difference(wanted, found)
+    if difference:
+        raise CheckpointError(
+            f"{path} holds another model than this run builds ({difference}): was it written with other model= "
+            f"or model.* settings, or another precision (the Mods drop biases)? Resume with the settings it was "
+            f"written with, or set trainer.resume=false to start over")
+
+
+def model_difference(wanted: dict[str, Optional[tuple[int, ...]]], found: dict[str, Optional[tuple[int, ...]]],
+                     *, shown: int = 3) -> str:
+    """'' when `found` (the checkpoint's entry -> shape) has exactly `wanted`'s names and shapes (None: no
+    shape), else what differs, in one line naming at most `shown` entries per kind."""
+    def names(keys: list[str]) -> str:
+        return ", ".join(keys[:shown]) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
+
+    missing = sorted(wanted.keys() - found.keys())
+    extra = sorted(found.keys() - wanted.keys())
+    reshaped = sorted(k for k in wanted.keys() & found.keys() if wanted[k] != found[k])
+    shapes = [f"{k} {list(found[k] or ())} vs {list(wanted[k] or ())}" for k in reshaped]
+    parts = [f"{what} ({len(keys)}): {names(keys)}" for what, keys in (
+        ("missing from the checkpoint", missing), ("not in this model", extra),
+        ("of another shape, checkpoint vs model", shapes)) if keys]
+    return "; ".join(parts)
+
+
+def _shape(value: Any) -> Optional[tuple[int, ...]]:
+    """A tensor's (global, for DTensor and ShardedTensor) or a DCP tensor entry's shape; None for other values."""
+    size = getattr(value, "size", None)
+    if callable(size):
+        size = size()
+    return tuple(size) if isinstance(size, torch.Size) else None
+
+
+def _dcp_failure(exc: BaseException) -> str:
+    """One line for a DCP failure: the first failing rank's own exception, not the traceback DCP formats."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        _, (exc, _trace) = min(exc.failures.items())
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}"
 
 
 def _shard_files(metadata: Any, path: Path) -> list[str]:
@@ -246,5 +303,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-__all__ = ["CheckpointError", "LATEST", "MARKER", "checkpoint_dirs", "load_checkpoint", "load_rank_state",
-           "rng_state", "save_checkpoint", "set_rng_state", "step_dir", "verify_checkpoint"]
+__all__ = ["CheckpointError", "LATEST", "MARKER", "check_same_model", "checkpoint_dirs", "load_checkpoint",
+           "load_rank_state", "model_difference", "rng_state", "save_checkpoint", "set_rng_state", "step_dir",
+           "verify_checkpoint"]

@@ -190,3 +190,43 @@ def test_load_restores_the_model_and_refuses_nothing_good(three):
                                         extra_template={"step": 0}, rank=0)
     assert extra == {"step": 6} and local["train_stream"] == saved["train_stream"]
     assert opt.state_dict()["state"][0]["step"].item() == 1
+
+
+@pytest.mark.parametrize("other, named", [
+    (lambda: nn.Linear(4, 3), "of another shape, checkpoint vs model (2): bias [2] vs [3], weight [2, 4] vs [3, 4]"),
+    (lambda: nn.Linear(4, 2, bias=False), "not in this model (1): bias"),
+    (lambda: nn.Sequential(nn.Linear(4, 2)), "missing from the checkpoint (2): 0.bias, 0.weight"),
+])
+def test_a_checkpoint_of_another_model_is_refused_naming_what_differs(three, other, named):
+    _, paths = three
+    model = other()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.load_checkpoint(paths[-1], model=model, dense_optimizer=torch.optim.Adam(model.parameters()),
+                             sparse_optimizer=None, extra_template={"step": 0}, rank=0)
+    message = str(info.value)
+    assert "holds another model than this run builds" in message and named in message and "\n" not in message
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_model_difference_names_a_few_entries_and_counts_the_rest():
+    wanted = {f"layer{i}.bias": (4,) for i in range(5)} | {"w": (2, 2), "step": None}
+    found = {"w": (2, 3), "step": None, "extra": (1,)}
+    text = ckpt.model_difference(wanted, found, shown=2)
+    assert text == ("missing from the checkpoint (5): layer0.bias, layer1.bias and 3 more; not in this model (1): "
+                    "extra; of another shape, checkpoint vs model (1): w [2, 3] vs [2, 2]")
+    assert ckpt.model_difference(wanted, dict(wanted)) == ""
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused_in_one_line(three):
+    """DCP reports a missing entry as a CheckpointException, a BaseException: it must still become one line."""
+    _, paths = three
+    model = nn.Linear(4, 2)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.load_checkpoint(paths[-1], model=model, dense_optimizer=torch.optim.SGD(model.parameters(), lr=0.1,
+                                                                                     momentum=0.9),
+                             sparse_optimizer=None, extra_template={"step": 0}, rank=0)
+    message = str(info.value)
+    assert "could not be loaded by torch.distributed.checkpoint (RuntimeError: Missing key" in message
+    assert "dense_optimizer." in message and "trainer.dense_optimizer" in message
+    assert "Traceback" not in message and "\n" not in message
