@@ -233,6 +233,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
         check_shards(run.data, world_size=launch_env()[1])
     check_single_rank_without_fsdp(run.sharding, world_size=launch_env()[1])
+    check_embedding_sharding(run)
     check_plan_file(run)
     check_exclude_globs(run)
     return run
@@ -244,6 +245,20 @@ def check_single_rank_without_fsdp(sharding: ShardingConfig, *, world_size: int)
     if not sharding.fsdp and world_size > 1:
         raise ValueError(f"sharding.fsdp=false needs one rank (world size {world_size}): nothing would average the "
                          f"dense gradients across ranks")
+
+
+def check_embedding_sharding(run: RunConfig) -> None:
+    """``sharding.embedding`` names a sharding type that TorchRec offers for the run's device (the planner would
+    fail after the process group started)."""
+    if run.sharding.embedding == "auto":
+        return
+    from loka_trainer.sharding.parallelize import embedding_sharding_types  # noqa: PLC0415 -- lazy: TorchRec
+
+    device_type = resolve_device(run.trainer.device, local_rank=launch_env()[2]).type
+    offered = embedding_sharding_types(device_type)
+    if run.sharding.embedding not in offered:
+        raise ValueError(f"sharding.embedding={run.sharding.embedding} is not offered by TorchRec for embedding "
+                         f"tables on {device_type} (there: {', '.join(offered)}); row_wise needs trainer.device=cuda")
 
 
 def config_summary(cfg: DictConfig) -> str:

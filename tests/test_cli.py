@@ -82,6 +82,8 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["model=wukong", "precision=loka", "precision.exclude=[over_arch.mlpp.*]"],
      ["precision.exclude: ['over_arch.mlpp.*'] name(s) no FP8 target of this model", "over_arch.mlp.0"]),
     (["model=wukong", "precision=fp8_rowwise", "precision.exclude=[nope]"], ["precision.exclude: ['nope']"]),
+    (["sharding.embedding=row_wise", "trainer.device=cpu"],
+     ["sharding.embedding=row_wise is not offered by TorchRec for embedding tables on cpu", "trainer.device=cuda"]),
 ])
 def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, args, needles):
     run_dir = tmp_path / "run"
@@ -90,6 +92,13 @@ def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, ar
     if "Available options" in line:
         assert "_schema" not in line.split("Available options")[1]  # options offered never include a schema
     assert not run_dir.exists()
+
+
+def test_row_wise_embedding_sharding_is_offered_on_gpus_only():
+    from loka_trainer.sharding.parallelize import embedding_sharding_types
+
+    assert "row_wise" not in embedding_sharding_types("cpu") and "table_wise" in embedding_sharding_types("cpu")
+    assert embedding_sharding_types("cuda") == ["auto", "table_wise", "column_wise", "row_wise"]
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ FSDP_DTYPES = ("float32", "bfloat16")
 @dataclasses.dataclass
 class ShardingConfig:
     """`embedding`: "auto" lets the TorchRec planner choose among its sharded types (never data-parallel); any
-    other value constrains every table to it.
+    other value constrains every table to it (row_wise: GPUs only, as TorchRec offers it; checked with the config).
     `qcomm_forward` / `qcomm_backward`: precision of the embedding all-to-all (TorchRec QCommsConfig).
     `fsdp_param_dtype` / `fsdp_reduce_dtype`: FSDP2 MixedPrecisionPolicy of the dense part.
     """

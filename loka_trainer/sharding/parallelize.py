@@ -31,7 +31,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from loka_trainer.sharding.config import ShardingConfig
+from loka_trainer.sharding.config import EMBEDDING_SHARDING_TYPES, ShardingConfig
 from loka_trainer.sharding.dist import DistInfo
 
 COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
@@ -110,6 +110,14 @@ def _sharders(config: ShardingConfig, device: torch.device) -> list:
     registry = get_qcomm_codecs_registry(qcomms, device=device)
     return [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry),
             EmbeddingCollectionSharder(qcomm_codecs_registry=registry)]
+
+
+def embedding_sharding_types(device_type: str) -> list[str]:
+    """The sharding types `sharding.embedding` may name on ``device_type``: those every sharder of ours offers
+    there (TorchRec shards an `EmbeddingBagCollection` row-wise on GPUs only), data-parallel excepted."""
+    offered = [set(sharder.sharding_types(device_type)) for sharder in (EmbeddingBagCollectionSharder(),
+                                                                          EmbeddingCollectionSharder())]
+    return [t for t in EMBEDDING_SHARDING_TYPES if t == "auto" or all(t in types for types in offered)]
 
 
 def without_data_parallel(plan: ShardingPlan) -> Optional[dict[str, ParameterConstraints]]:
