@@ -233,6 +233,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
         check_shards(run.data, world_size=launch_env()[1])
     check_single_rank_without_fsdp(run.sharding, world_size=launch_env()[1])
+    resolve_device(run.trainer.device, local_rank=launch_env()[2])  # trainer.device=cuda needs a GPU
     check_embedding_sharding(run)
     check_plan_file(run)
     check_exclude_globs(run)

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.launch import run_train
@@ -82,6 +83,8 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["model=wukong", "precision=loka", "precision.exclude=[over_arch.mlpp.*]"],
      ["precision.exclude: ['over_arch.mlpp.*'] name(s) no FP8 target of this model", "over_arch.mlp.0"]),
     (["model=wukong", "precision=fp8_rowwise", "precision.exclude=[nope]"], ["precision.exclude: ['nope']"]),
+    pytest.param(["trainer.device=cuda"], ["trainer.device=cuda but no CUDA device is available"], id="no_gpu",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
     (["sharding.embedding=row_wise", "trainer.device=cpu"],
      ["sharding.embedding=row_wise is not offered by TorchRec for embedding tables on cpu", "trainer.device=cuda"]),
 ])
