@@ -17,6 +17,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from loka_trainer.callbacks.probe_config import ProbeConfig
 from loka_trainer.data.config import DataConfig
 from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan, without_excluded
+from loka_trainer.dispatch.probe_report import read_probe_report, report_mismatch, report_path
 from loka_trainer.dispatch.targets import configured_targets
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
@@ -190,6 +191,20 @@ def check_exclude_globs(run: RunConfig) -> None:
         configured_targets(build_small_model(run), p)
 
 
+def check_probe_stats(run: RunConfig) -> None:
+    """``precision.probe_stats`` (a report Dispatch will measure with) fits the run's model: it names some FP8
+    target and gives each the model's shape (a report of another model would be used or ignored silently)."""
+    p = run.precision
+    if p.probe_stats is None or p.plan is not None or not p.dispatch:
+        return
+    targets = configured_targets(build_small_model(run), p)
+    wrong = report_mismatch(read_probe_report(p.probe_stats),
+                            {fqn: (m.in_features, m.out_features) for fqn, m in targets.items()})
+    if wrong:
+        raise ValueError(f"precision.probe_stats: {str(report_path(p.probe_stats))!r} {wrong}: a report of "
+                         f"another model?")
+
+
 def check_plan_against_model(plan: DispatchPlan, run: RunConfig) -> None:
     """``plan`` minus ``precision.exclude``'s layers against the run's model, built with tiny embedding tables: the
     target Linears' shapes depend on the model's widths and feature counts, not on the tables' row counts."""
@@ -237,6 +252,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     check_embedding_sharding(run)
     check_plan_file(run)
     check_exclude_globs(run)
+    check_probe_stats(run)
     return run
 
 

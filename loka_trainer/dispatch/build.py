@@ -16,7 +16,7 @@ from loka_trainer.dispatch.config import LoKAConfig
 from loka_trainer.dispatch.measure import TimingCache, build_layer_plan
 from loka_trainer.dispatch.mods_timing import time_input_grads, time_modes
 from loka_trainer.dispatch.plan import DispatchPlan, LayerPlan, ModsChoice
-from loka_trainer.dispatch.probe_report import read_probe_mere
+from loka_trainer.dispatch.probe_report import read_probe_report, report_mismatch, report_path
 from loka_trainer.dispatch.select import Times, accuracy_rejection, as_rounds, select_mods_mode
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.triton_env import triton_importable
@@ -36,6 +36,18 @@ def plan_timers(config: LoKAConfig, device) -> tuple[Timer, Timer]:
     return default_timer(device, config.gpu_timer), default_timer(device, config.layer_timer)
 
 
+def probe_mere_for(linears: dict[str, nn.Linear], config: LoKAConfig) -> dict[str, dict[str, float]]:
+    """FQN -> backend -> forward MERE from ``config.probe_stats`` ({} without); ValueError (one line) when the
+    report does not fit ``linears`` (`probe_report.report_mismatch`)."""
+    if config.probe_stats is None:
+        return {}
+    reported = read_probe_report(config.probe_stats)
+    wrong = report_mismatch(reported, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()})
+    if wrong:
+        raise ValueError(f"{config.where}.probe_stats: {str(report_path(config.probe_stats))!r} {wrong}")
+    return {fqn: layer.mere for fqn, layer in reported.items()}
+
+
 def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: LoKAConfig, device,
                calibration_batch) -> DispatchPlan:
     """Measure every target Linear at its real calibration input on ``device`` and choose per GEMM."""
@@ -47,7 +59,7 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: LoKAC
     timer, layer_timer = plan_timers(config, device)
     dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
     inputs = capture_linear_inputs(model, linears, calibration_batch)
-    probe = read_probe_mere(config.probe_stats)
+    probe = probe_mere_for(linears, config)
     times: TimingCache = {}  # layers of one shape are timed once
     layers = {}
     # disable=None: a bar on a terminal only (building a large model's plan on a GPU takes minutes)

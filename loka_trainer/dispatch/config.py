@@ -22,7 +22,7 @@ class LoKAConfig:
     # per-layer, per-GEMM backend choice (MERE < mere_threshold, flushed <= max_flushed_fraction, speedup > min_speedup)
     dispatch: bool = True
     plan: Optional[str] = None  # path of a plan file to reuse (no re-measurement)
-    probe_stats: Optional[str] = None  # LoKA Probe statistics dir holding report.json
+    probe_stats: Optional[str] = None  # the LoKA Probe's report.json, or the statistics dir holding it
     mere_threshold: float = 0.2
     # MERE's denominator floor, a fraction of mean |ref| (``probe.mere``; the report's ``--zero-floor``)
     mere_zero_floor: float = DEFAULT_ZERO_FLOOR
@@ -58,9 +58,12 @@ class LoKAConfig:
             raise ValueError(f"{at}.compute_dtype: unknown {self.compute_dtype!r}; valid: {list(COMPUTE_DTYPES)}")
         if self.plan is not None and not Path(self.plan).is_file():
             raise ValueError(f"{at}.plan: file {self.plan!r} does not exist")
-        if self.probe_stats is not None and not (Path(self.probe_stats) / "report.json").is_file():
-            raise ValueError(f"{at}.probe_stats: {self.probe_stats!r} has no report.json "
-                             f"(run `python -m loka_trainer.probe.report {self.probe_stats}`)")
+        if self.probe_stats is not None:
+            from loka_trainer.dispatch.probe_report import read_probe_report  # reads a small JSON file
+            try:
+                read_probe_report(self.probe_stats)
+            except ValueError as exc:
+                raise ValueError(f"{at}.probe_stats: {exc}") from None
         if not 0.0 < self.mere_threshold:
             raise ValueError(f"{at}.mere_threshold: must be > 0, got {self.mere_threshold}")
         if not 0.0 <= self.mere_zero_floor < float("inf"):

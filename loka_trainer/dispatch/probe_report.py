@@ -1,18 +1,68 @@
-"""The LoKA Probe's report as Dispatch reads it: each layer's forward MERE per backend."""
+"""The LoKA Probe's report as Dispatch reads it: each layer's forward MERE per backend.
+
+``probe_stats`` names the report: the probe directory (``STATS_DIR``, holding ``report.json``) or the file itself.
+A file that is not such a report is refused in one line before anything is measured.
+"""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple
+
+REPORT_FILE = "report.json"
 
 
-def read_probe_mere(stats_dir: Optional[str]) -> dict[str, dict[str, float]]:
-    """LoKA Probe report (STATS_DIR/report.json) -> FQN -> backend -> forward MERE ({} when no dir)."""
-    if stats_dir is None:
-        return {}
-    report = json.loads((Path(stats_dir) / "report.json").read_text())
-    out: dict[str, dict[str, float]] = {}
-    for fqn, entry in report.get("layers", {}).items():
-        cands = entry.get("candidates", {})
-        out[fqn] = {name: float(c["mere"]) for name, c in cands.items() if c.get("mere") is not None}
+def report_path(probe_stats: str) -> Path:
+    """``STATS_DIR`` -> ``STATS_DIR/report.json``; a file path is the report itself."""
+    path = Path(probe_stats)
+    return path / REPORT_FILE if path.is_dir() else path
+
+
+class ReportedLayer(NamedTuple):
+    """One layer of the report: its GEMM's K and N (in, out features) and backend -> forward MERE."""
+
+    k: int
+    n: int
+    mere: dict[str, float]
+
+
+def read_probe_report(probe_stats: str) -> dict[str, ReportedLayer]:
+    """The report named by ``probe_stats`` -> FQN -> `ReportedLayer`.
+
+    ValueError (one line, naming the file and what is wrong) when it is missing or not a LoKA Probe report."""
+    path = report_path(probe_stats)
+    if not path.is_file():
+        raise ValueError(f"{str(path)!r} does not exist (run `python -m loka_trainer.probe.report STATS_DIR`, "
+                         f"then name STATS_DIR or its {REPORT_FILE})")
+    try:
+        layers = json.loads(path.read_bytes())["layers"]
+        if not isinstance(layers, dict):
+            raise TypeError("'layers' is not a mapping")
+        out = {str(fqn): ReportedLayer(int(entry["shape"]["K"]), int(entry["shape"]["N"]),
+                                       {str(name): float(c["mere"]) for name, c in entry["candidates"].items()
+                                        if c.get("mere") is not None})
+               for fqn, entry in layers.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{str(path)!r} is not a LoKA Probe report ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:160]})") from None
+    bad = [f"{fqn}/{name}" for fqn, layer in out.items() for name, m in layer.mere.items()
+           if not (math.isfinite(m) and m >= 0)]
+    if bad:
+        raise ValueError(f"{str(path)!r} is not a LoKA Probe report: MERE not a finite number >= 0 at "
+                         f"{', '.join(bad[:3])}")
     return out
+
+
+def report_mismatch(reported: dict[str, ReportedLayer], targets: dict[str, tuple[int, int]]) -> str:
+    """'' when the report fits the model whose Dispatch targets are ``targets`` (FQN -> (in, out features)): it
+    names at least one target (when there is any) and each target it names has that shape; else what is wrong."""
+    shared = sorted(reported.keys() & targets.keys())
+    if targets and not shared:
+        return (f"reports none of this model's {len(targets)} FP8 targets ({', '.join(sorted(targets)[:3])}, ...); "
+                f"it reports {', '.join(sorted(reported)[:3]) or 'no layer'}")
+    other = [f"{f} {reported[f].k}x{reported[f].n} vs {targets[f][0]}x{targets[f][1]}" for f in shared
+             if (reported[f].k, reported[f].n) != targets[f]]
+    if other:
+        return f"reports {len(other)} layer(s) at another shape (report vs model, K x N): {', '.join(other[:3])}"
+    return ""
