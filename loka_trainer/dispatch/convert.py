@@ -29,6 +29,7 @@ from loka_trainer.dispatch.targets import ModuleFilter, configured_targets
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
+from loka_trainer.mods.module import FusedLinearMods
 from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
 
 PLAN_FILE = "dispatch_plan.json"
@@ -110,6 +111,11 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     torch.distributed rank 0 measures and broadcasts its plan (a collective: call it on every rank).
     """
     config.validate()
+    converted = [fqn for fqn, m in model.named_modules() if isinstance(m, (LoKALinear, FusedLinearMods))]
+    if converted:  # its plan would cover only the layers still plain, and run_dir's plan would be replaced
+        raise ValueError(f"the model already holds {len(converted)} LoKA layer(s) ({', '.join(converted[:3])}"
+                         f"{', ...' if len(converted) > 3 else ''}): convert_to_loka converts a model once; to convert "
+                         f"with another config, build the model again (its state_dict loads into either)")
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if not config.dispatch:
         plan = DispatchPlan(device=_device_name(device), layers={}, mere_threshold=config.mere_threshold,

@@ -241,3 +241,29 @@ def test_plan_timers_follow_the_two_config_fields_on_cuda_and_wall_clock_elsewhe
     gemm, layer = build.plan_timers(cfg, "cpu")
     assert made == ["cuda_events", "cuda_graph", "cuda_graph", "cuda_events"]  # no GPU timer built for the CPU
     assert gemm(lambda: sum(range(100))) > 0 and layer(lambda: None) >= 0
+
+
+def _mods_mlp() -> nn.Module:
+    from loka_trainer.mods.transform import apply_mods
+
+    model = nn.Sequential(nn.Linear(256, 512), nn.LayerNorm(512), nn.SiLU(), nn.Linear(512, 256))
+    apply_mods(model)  # BlockNorm's blocks of 256: N = 512 fuses
+    return model
+
+
+@pytest.mark.parametrize("make, batch, extra", [
+    (TinyModel, _batch, dict(min_speedup=0.001)),  # FP8 GEMMs: LoKALinears
+    (_mods_mlp, lambda: torch.randn(64, 256), {}),  # the Mods: a FusedLinearMods, every GEMM BF16
+], ids=["lokalinear", "fused_mods"])
+def test_a_model_is_converted_once_a_second_conversion_is_refused_and_changes_nothing(tmp_path, make, batch, extra):
+    from loka_trainer import LoKAConfig, convert_to_loka
+
+    model = make()
+    config = LoKAConfig(compute_dtype="float32", timing_repeats=1, timing_rounds=1, min_features=16, **extra)
+    convert_to_loka(model, config, calibration_batch=batch(), device="cpu", run_dir=tmp_path, log=lambda s: None)
+    before, plan_bytes = repr(model), (tmp_path / PLAN_FILE).read_bytes()
+    assert "LoKALinear" in before or "FusedLinearMods" in before
+    with pytest.raises(ValueError, match=r"the model already holds \d+ LoKA layer\(s\) .*converts a model once"):
+        convert_to_loka(model, config, calibration_batch=batch(), device="cpu", run_dir=tmp_path,
+                        log=lambda s: None)
+    assert repr(model) == before and (tmp_path / PLAN_FILE).read_bytes() == plan_bytes
