@@ -10,7 +10,8 @@ Layout under the checkpoint root::
     latest                  text file naming the newest complete step directory (for people; resume scans)
 
 A save is complete only when ``complete.json`` exists: rank 0 writes it (atomic rename) after a barrier that
-follows every rank's ``rankN.pt`` and DCP's ``.metadata``. It lists every file of the checkpoint with its size,
+follows every rank's ``rankN.pt`` and DCP's ``.metadata``. It records the model's identity (the settings that
+decide its function, compared on resume before anything starts) and lists every file of the checkpoint with its size,
 and a SHA-256 for the small files that are unpickled (``.metadata``, ``rankN.pt``). `verify_checkpoint` accepts a
 directory only when the marker parses and every listed file exists with the recorded size and digest, so an
 interrupted save, a deleted or truncated shard, or a rewritten rank file is never loaded. A directory without
@@ -101,7 +102,7 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"{name} has {size} bytes, {MARKER} recorded {expected['bytes']}")
         if "sha256" in expected and _sha256(file) != expected["sha256"]:
             raise CheckpointError(f"{name} has {size} bytes as recorded but different content (SHA-256 mismatch)")
-    return {"step": step, "world_size": world_size, "files": files}
+    return {"step": step, "world_size": world_size, "files": files, "model": record.get("model")}
 
 
 def rng_state() -> dict[str, Any]:
@@ -160,9 +161,11 @@ def _app_state(model: nn.Module, dense_optimizer: torch.optim.Optimizer, sparse_
 
 def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer: torch.optim.Optimizer,
                     sparse_optimizer: Any, extra: dict[str, Any], local: dict[str, Any], rank: int,
-                    world_size: int) -> Path:
+                    world_size: int, model_identity: Optional[dict[str, Any]] = None) -> Path:
     """Collective: every rank calls it. `extra` (JSON-able) must be identical on all ranks; `local` is this
     rank's own state (data position, callback state: tensors and plain containers); the RNG state is added.
+    `model_identity` (JSON-able: the settings that decide the model's function) goes into the marker, where a
+    resume compares it before anything starts (`resume.plan_start`).
 
     Order: DCP shards + ``.metadata`` -> every ``rankN.pt`` -> barrier -> rank 0 writes ``complete.json`` ->
     rank 0 points ``latest`` at it -> barrier. A crash anywhere before the marker leaves an incomplete directory."""
@@ -173,7 +176,8 @@ def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer:
     _atomic_torch_save({**local, "rng": rng_state()}, rank_file(path, rank))
     _barrier()
     if rank == 0:
-        _write_marker(path, step=step, world_size=world_size, shard_files=_shard_files(metadata, path))
+        _write_marker(path, step=step, world_size=world_size, shard_files=_shard_files(metadata, path),
+                      model_identity=model_identity)
         _atomic_write_text(root / LATEST, path.name)
     _barrier()
     return path
@@ -265,11 +269,14 @@ def _shard_files(metadata: Any, path: Path) -> list[str]:
     return sorted(names) if names else sorted(p.name for p in path.glob("*.distcp"))
 
 
-def _write_marker(path: Path, *, step: int, world_size: int, shard_files: list[str]) -> None:
+def _write_marker(path: Path, *, step: int, world_size: int, shard_files: list[str],
+                  model_identity: Optional[dict[str, Any]] = None) -> None:
     files: dict[str, dict[str, Any]] = {name: {"bytes": (path / name).stat().st_size} for name in shard_files}
     for name in (DCP_METADATA, *(rank_file(path, r).name for r in range(world_size))):
         files[name] = {"bytes": (path / name).stat().st_size, "sha256": _sha256(path / name)}
     record = {"format": MARKER_FORMAT, "step": step, "world_size": world_size, "files": files}
+    if model_identity is not None:
+        record["model"] = model_identity
     _atomic_write_text(path / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 

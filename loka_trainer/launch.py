@@ -25,7 +25,8 @@ from loka_trainer.checkpoint import CheckpointError
 from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_config
 from loka_trainer.config import register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
-from loka_trainer.resume import checkpoint_root, plan_start, prepare_resumed_run, set_aside_previous_run
+from loka_trainer.resume import (checkpoint_root, model_identity, plan_start, prepare_resumed_run,
+                                 set_aside_previous_run)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
 
 EXIT_NONFINITE = 3
@@ -53,7 +54,8 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     rank, world_size, _ = launch_env()
     ckpt_root = checkpoint_root(run.trainer.checkpoint_dir, run_dir)
     try:
-        start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size)
+        start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size,
+                           identity=model_identity(run.model, loka_mods=run.precision.mods))
     except CheckpointError as exc:
         fail(exc)
     plan_note = None

@@ -6,7 +6,9 @@ Rules (the README's "Run directory" section states them for users):
   from the newest *complete* one (`checkpoint.verify_checkpoint`); each newer incomplete one gets one warning
   line with the reason. If checkpoint directories exist and none is complete, the run stops with one line
   (exit 2) and changes nothing. A complete checkpoint written by another number of ranks also stops the run:
-  per-rank data positions and RNG states cannot be redistributed.
+  per-rank data positions and RNG states cannot be redistributed; so does one written for another model (its
+  marker's `model_identity`: every ``model.*`` setting and ``precision.mods``, e.g. an activation switched by
+  ``model.mods.activation``, which no parameter shape would show).
 - A run never starts over silently. Starting at step 0 in a run directory that holds an earlier run's outputs
   (``trainer.resume=false``, or ``trainer.resume=true`` with no checkpoint at all) first moves those outputs
   (checkpoints, ``metrics.jsonl``, ``summary.json``, ``.hydra/``, ``train.log``, ``dispatch_plan.json``,
@@ -26,7 +28,7 @@ import datetime
 import json
 import shutil
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from loka_trainer.checkpoint import LATEST, CheckpointError, checkpoint_dirs, verify_checkpoint
 
@@ -52,8 +54,32 @@ def checkpoint_root(checkpoint_dir: Optional[str], run_dir: Path) -> Path:
     return Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / "checkpoints"
 
 
-def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int) -> StartPlan:
-    """Decide where the run starts (reads only). `CheckpointError` when checkpoints exist and none is usable."""
+def model_identity(model_config: Any, *, loka_mods: bool) -> dict[str, Any]:
+    """The settings that decide a run's model function, as JSON: every ``model.*`` field and whether the LoKA Mods
+    replace the published blocks (``precision.mods``). A checkpoint records it; a resume must match it."""
+    return {"model": json.loads(json.dumps(dataclasses.asdict(model_config))), "precision.mods": bool(loka_mods)}
+
+
+def identity_difference(saved: dict[str, Any], current: dict[str, Any], *, shown: int = 3) -> str:
+    """'' when equal; else the differing settings, 'key: saved there, current here', at most `shown` of them."""
+    a, b = _flatten(saved), _flatten(current)
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "(unset)") != b.get(k, "(unset)"))
+    parts = [f"{k}={json.dumps(a.get(k, '(unset)'))} there, {json.dumps(b.get(k, '(unset)'))} here"
+             for k in keys[:shown]]
+    return "; ".join(parts) + (f"; and {len(keys) - shown} more" if len(keys) > shown else "")
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int,
+               identity: Optional[dict[str, Any]] = None) -> StartPlan:
+    """Decide where the run starts (reads only). `CheckpointError` when checkpoints exist and none is usable, or
+    when the newest complete one was written for another model than `identity` (`model_identity`; a checkpoint
+    that records none is not compared)."""
     if not resume:
         return StartPlan(checkpoint=None, step=0)
     found = checkpoint_dirs(checkpoint_root)
@@ -68,6 +94,12 @@ def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int) -> Start
             raise CheckpointError(
                 f"checkpoint {path} was written by {record['world_size']} rank(s) and this run has {world_size}: "
                 f"restart with {record['world_size']} rank(s), or trainer.resume=false to start over")
+        if identity is not None and record.get("model") is not None:
+            difference = identity_difference(record["model"], identity)
+            if difference:
+                raise CheckpointError(
+                    f"checkpoint {path} was written for another model ({difference}); nothing was changed: resume "
+                    f"with its settings, or set trainer.resume=false to start over")
         return StartPlan(checkpoint=path, step=step, skipped=tuple(skipped))
     if found:
         reasons = "; ".join(f"{p.name}: {r}" for p, r in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
@@ -158,4 +190,5 @@ def _new_previous_dir(run_dir: Path) -> Path:
     return path
 
 
-__all__ = ["StartPlan", "checkpoint_root", "plan_start", "prepare_resumed_run", "set_aside_previous_run"]
+__all__ = ["StartPlan", "checkpoint_root", "identity_difference", "model_identity", "plan_start",
+           "prepare_resumed_run", "set_aside_previous_run"]

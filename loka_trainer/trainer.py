@@ -31,7 +31,7 @@ from loka_trainer.dense_update import build_warmup, clip_gradients
 from loka_trainer.metrics import CTRMetrics
 from loka_trainer.nonfinite import NonFiniteError, NonFiniteGuard
 from loka_trainer.profiling.trace_split import phase_range
-from loka_trainer.resume import checkpoint_root
+from loka_trainer.resume import checkpoint_root, model_identity
 from loka_trainer.sharding.dist import DistInfo
 
 logger = logging.getLogger("loka_trainer")
@@ -223,7 +223,8 @@ class Trainer:
         path = ckpt.save_checkpoint(self.checkpoint_root, done_steps, model=self.model,
                                     dense_optimizer=self.dense_optimizer, sparse_optimizer=self.sparse_optimizer,
                                     extra={"step": done_steps, "skipped_steps": self.nonfinite.skipped_steps},
-                                    local=local, rank=self.dist.rank, world_size=self.dist.world_size)
+                                    local=local, rank=self.dist.rank, world_size=self.dist.world_size,
+                                    model_identity=model_identity(self.run.model, loka_mods=self.run.precision.mods))
         self.state.checkpoint_dir = path
         self.log(f"checkpoint: {path}")
         self.callbacks.fire("on_checkpoint_save", self.state)

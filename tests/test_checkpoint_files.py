@@ -230,3 +230,34 @@ def test_a_checkpoint_of_another_optimizer_is_refused_in_one_line(three):
     assert "could not be loaded by torch.distributed.checkpoint (RuntimeError: Missing key" in message
     assert "dense_optimizer." in message and "trainer.dense_optimizer" in message
     assert "Traceback" not in message and "\n" not in message
+
+
+def test_plan_start_refuses_a_checkpoint_written_for_another_model_and_accepts_one_without_identity(tmp_path):
+    from loka_trainer.models.configs import WukongConfig
+    from loka_trainer.resume import model_identity
+
+    root = tmp_path / "checkpoints"
+    _save(root, 2)  # no identity recorded (as before markers carried one): not compared
+    assert plan_start(root, resume=True, world_size=1, identity={"anything": 1}).step == 2
+    model = nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters())
+    saved = model_identity(WukongConfig(num_layers=2), loka_mods=False)
+    ckpt.save_checkpoint(root, 4, model=model, dense_optimizer=opt, sparse_optimizer=None, extra={"step": 4},
+                         local={}, rank=0, world_size=1, model_identity=saved)
+    assert ckpt.verify_checkpoint(root / "step_000004")["model"] == saved
+    assert plan_start(root, resume=True, world_size=1, identity=saved).step == 4
+    with pytest.raises(ckpt.CheckpointError) as info:
+        plan_start(root, resume=True, world_size=1,
+                   identity=model_identity(WukongConfig(num_layers=3), loka_mods=True))
+    assert str(info.value).startswith(f"checkpoint {root / 'step_000004'} was written for another model "
+                                      f"(model.num_layers=2 there, 3 here; precision.mods=false there, true here)")
+
+
+def test_identity_difference_names_the_first_settings_and_counts_the_rest():
+    from loka_trainer.resume import identity_difference
+
+    saved = {"model": {"a": 1, "b": [1, 2], "mods": {"norm": None}}, "x": True}
+    assert identity_difference(saved, saved) == ""
+    now = {"model": {"a": 2, "b": [1, 3], "mods": {"norm": "layernorm"}, "c": 0}, "x": True}
+    assert identity_difference(saved, now, shown=2) == ('model.a=1 there, 2 here; model.b=[1, 2] there, [1, 3] here; '
+                                                       'and 2 more')
