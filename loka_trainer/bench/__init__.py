@@ -13,7 +13,7 @@ from loka_trainer.bench.options import BenchOptions
 from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, Provider, ResultPlugin, RunContext, make
 from loka_trainer.bench.preprocessors import PREPROCESSORS
 from loka_trainer.bench.profilers import PROFILERS
-from loka_trainer.bench.providers import PROVIDERS, ExampleProvider, ModuleProvider, ZooProvider
+from loka_trainer.bench.providers import PROVIDERS, ExampleProvider, FactoryProvider, ModuleProvider, ZooProvider
 from loka_trainer.bench.results import RESULTS
 from loka_trainer.bench.runner import run_bench
 from loka_trainer.bench.tree import BenchResult, ModuleInputs, Node
@@ -29,7 +29,7 @@ def write_results(result: BenchResult, out_dir: Path, names: Sequence[str], **kw
 
 
 __all__ = [
-    "BenchOptions", "BenchResult", "Component", "ExampleProvider", "Job", "ModuleInputs", "ModuleProvider", "Node",
-    "PREPROCESSORS", "PROFILERS", "PROVIDERS", "Preprocessor", "Profiler", "Provider", "RESULTS", "ResultPlugin",
-    "RunContext", "ZooProvider", "run_bench", "write_results",
+    "BenchOptions", "BenchResult", "Component", "ExampleProvider", "FactoryProvider", "Job", "ModuleInputs",
+    "ModuleProvider", "Node", "PREPROCESSORS", "PROFILERS", "PROVIDERS", "Preprocessor", "Profiler", "Provider",
+    "RESULTS", "ResultPlugin", "RunContext", "ZooProvider", "run_bench", "write_results",
 ]

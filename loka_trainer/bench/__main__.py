@@ -1,4 +1,5 @@
-"""``python -m loka_trainer.bench model=wukong hydra.run.dir=DIR [bench.depth=4 bench.device=cuda ...]``.
+"""``python -m loka_trainer.bench model=wukong hydra.run.dir=DIR [bench.depth=4 bench.device=cuda ...]``, or a
+module of yours: ``python -m loka_trainer.bench bench.provider=factory bench.factory=mypkg.models:build ...``.
 
 Composes ``conf/bench.yaml`` (same ``model=`` / ``data=`` groups as the trainer), profiles every submodule
 with a progress bar, and writes the table (CSV/JSON/Markdown) and the offline icicle HTML into DIR.
@@ -6,15 +7,15 @@ with a progress bar, and writes the table (CSV/JSON/Markdown) and the offline ic
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from loka_trainer.bench import BenchOptions, ExampleProvider, ZooProvider, run_bench, write_results
+from loka_trainer.bench import BenchOptions, ExampleProvider, FactoryProvider, ZooProvider, run_bench, write_results
 from loka_trainer.bench.plugins import Provider
 from loka_trainer.bench.runner import resolve_device
 
-PROVIDER_KEYS = ("provider", "example", "loka_mods")
+PROVIDER_KEYS = ("provider", "example", "factory", "loka_mods")
 
 
 def compose(argv: list[str]) -> tuple[DictConfig, Path]:
@@ -37,19 +38,37 @@ def _typed(node: Any, cls: Optional[type] = None) -> Any:
     return cls(**obj) if cls is not None and isinstance(obj, dict) else obj
 
 
+def _example(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
+    return ExampleProvider(bench["example"], batch_size=bench["batch_size"] or 8), bench["example"]
+
+
+def _factory(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
+    if not bench.get("factory"):
+        raise ValueError("bench.provider=factory needs bench.factory=package.module:function")
+    provider = FactoryProvider(bench["factory"], batch_size=bench["batch_size"] or 8)
+    return provider, provider.name
+
+
+def _zoo(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
+    from loka_trainer.data.config import DataConfig  # noqa: PLC0415
+
+    model_cfg = _typed(cfg.model)
+    name = getattr(model_cfg, "name", None) or (model_cfg.get("name") if isinstance(model_cfg, dict) else "model")
+    return ZooProvider(model_cfg, _typed(cfg.data, DataConfig), batch_size=bench["batch_size"],
+                       loka_mods=bench["loka_mods"]), str(name)
+
+
+# bench.provider -> (the composed config, the bench section) -> (provider, a short name for the output files)
+PROVIDER_BUILDERS: dict[str, Callable[[DictConfig, dict], tuple[Provider, str]]] = {
+    "zoo": _zoo, "example": _example, "factory": _factory}
+
+
 def build_provider(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
     """The provider named by ``bench.provider`` and a short name for the output files."""
     kind = bench["provider"]
-    if kind == "example":
-        return ExampleProvider(bench["example"], batch_size=bench["batch_size"] or 8), bench["example"]
-    if kind == "zoo":
-        from loka_trainer.data.config import DataConfig  # noqa: PLC0415
-
-        model_cfg = _typed(cfg.model)
-        name = getattr(model_cfg, "name", None) or (model_cfg.get("name") if isinstance(model_cfg, dict) else "model")
-        return ZooProvider(model_cfg, _typed(cfg.data, DataConfig), batch_size=bench["batch_size"],
-                           loka_mods=bench["loka_mods"]), str(name)
-    raise ValueError(f"bench.provider={kind!r} is unknown; valid values: ['example', 'zoo']")
+    if kind not in PROVIDER_BUILDERS:
+        raise ValueError(f"bench.provider={kind!r} is unknown; valid values: {sorted(PROVIDER_BUILDERS)}")
+    return PROVIDER_BUILDERS[kind](cfg, bench)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

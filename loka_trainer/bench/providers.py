@@ -1,4 +1,5 @@
-"""Built-in providers: a plain (module, inputs) pair, the example models, and any zoo model with its data."""
+"""Built-in providers: a plain (module, inputs) pair, the example models, a user's module factory named on the
+command line, and any zoo model with its data."""
 from __future__ import annotations
 
 import dataclasses
@@ -65,6 +66,30 @@ class ExampleProvider(Provider):
         return ModuleProvider(model, x).get_component(device)
 
 
+class FactoryProvider(Provider):
+    """A user's module from the command line: ``bench.factory=package.module:function``, where
+    ``function(batch_size) -> (module, example input)`` (as ``EXAMPLES``' entries; the input a tensor or a tuple of
+    positional arguments). It is called here, so any error in it is one line before anything is written."""
+
+    def __init__(self, spec: str, batch_size: int = 8, seed: int = 0) -> None:
+        from loka_trainer.user_code import import_callable  # noqa: PLC0415
+
+        factory = import_callable(spec, option="bench.factory", expects="a function(batch_size) -> (module, input)")
+        torch.manual_seed(seed)
+        try:
+            made = factory(batch_size)
+        except Exception as exc:  # noqa: BLE001 - the user's code: report it in one line
+            raise ValueError(f"bench.factory {spec!r} failed: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
+            raise ValueError(f"bench.factory {spec!r} returned {type(made).__name__}, expected (module, input)")
+        self.name = spec.rpartition(":")[2].rpartition(".")[2]
+        self._provider = ModuleProvider(*made)
+
+    def get_component(self, device: torch.device) -> Component:
+        return self._provider.get_component(device)
+
+
 class ZooProvider(Provider):
     """A zoo model (``loka_trainer.models.zoo``) and one batch of its data stream (``loka_trainer.data``).
 
@@ -90,5 +115,6 @@ class ZooProvider(Provider):
 PROVIDERS: dict[str, type[Provider]] = {
     "module": ModuleProvider,
     "example": ExampleProvider,
+    "factory": FactoryProvider,
     "zoo": ZooProvider,
 }

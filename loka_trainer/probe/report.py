@@ -28,7 +28,6 @@ speed. Bad input (stats file, --kernel, options) -> one ``error:`` line, exit st
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -43,6 +42,7 @@ from loka_trainer.probe.mere import (DEFAULT_ZERO_FLOOR, OPERAND_DTYPES, GemmFn,
                                      operands)
 from loka_trainer.probe.sampling import activation_factor, sample_activations, sample_weight, weight_factors
 from loka_trainer.probe.stats_io import load_stats
+from loka_trainer.user_code import import_callable
 
 REPORT_VERSION = 1
 BASELINE = "bf16"
@@ -77,21 +77,10 @@ class UserKernel:
 
 def load_user_kernel(spec: str) -> UserKernel:
     """``module:function`` -> UserKernel; anything unusable is a one-line ReportInputError."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ReportInputError(f"--kernel {spec!r}: expected module:function (e.g. mypkg.kernels:fp8_gemm)")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - ImportError or an error inside the user's module
-        raise ReportInputError(f"--kernel {spec!r}: cannot import {module_name!r} ({type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    fn = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise ReportInputError(f"--kernel {spec!r}: {module_name!r} has no attribute {attr!r}")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise ReportInputError(f"--kernel {spec!r}: {attr!r} is a {type(fn).__name__}, not a callable (x, w) -> y")
+        fn = import_callable(spec, option="--kernel", expects="a callable (x, w) -> y")
+    except ValueError as exc:
+        raise ReportInputError(str(exc)) from None
     return UserKernel(spec, fn)
 
 

@@ -44,3 +44,32 @@ def test_cli_bad_option_is_one_line_exit_2(conf_dir, tmp_path):
     proc = _run(conf_dir, "bench.provider=example", "bench.color_by=rainbow", f"hydra.run.dir={tmp_path}/r")
     assert proc.returncode == 2
     assert "bench.color_by" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_benchmarks_a_users_module_named_by_its_factory(conf_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = _run(conf_dir, "bench.provider=factory", "bench.factory=tests.bench.user_modules:two_towers",
+                "bench.batch_size=4", "bench.repeats=1", "bench.warmup=0", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = (out / "bench_two_towers.csv").read_text().splitlines()
+    paths = [row.split(",")[0] for row in rows[1:]]
+    assert sorted(paths) == ["model", "model.item", "model.item.0", "model.user", "model.user.0", "model.user.1",
+                             "model.user.2"], paths
+    assert rows[1].startswith("model,TwoTowers,0,ok,")  # the whole module ran on the factory's two inputs
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("tests.bench.user_modules", "expected module:function"),
+    ("tests.bench.no_such_module:f", "cannot import 'tests.bench.no_such_module' (ModuleNotFoundError"),
+    ("tests.bench.user_modules:missing", "has no attribute 'missing'"),
+    ("tests.bench.user_modules:NOT_CALLABLE", "'NOT_CALLABLE' is a int, not a function(batch_size)"),
+    ("tests.bench.user_modules:raises", "failed: RuntimeError: no GPU here"),
+    ("tests.bench.user_modules:returns_a_module", "returned Linear, expected (module, input)"),
+])
+def test_cli_a_bad_factory_is_one_line_exit_2_and_writes_nothing(conf_dir, tmp_path, spec, needle):
+    out = tmp_path / "run"
+    proc = _run(conf_dir, "bench.provider=factory", f"bench.factory={spec}", f"hydra.run.dir={out}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: bench.factory") and needle in line, line
+    assert not out.exists()
