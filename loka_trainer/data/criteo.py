@@ -205,6 +205,10 @@ def check_shards(cfg: DataConfig, *, world_size: int) -> None:
     cheap even on a Terabyte day file. Raises a one-line ``ValueError`` naming the sizes otherwise (a partial
     eval batch is dropped, so an eval shard smaller than one batch yields nothing to evaluate).
     """
+    for field, path in (("data.path", cfg.path), ("data.eval_path", cfg.eval_path)):
+        if path is not None and _compressed_as(path):
+            raise ValueError(f"{field} {path!r} is {_compressed_as(path)}-compressed: ranks read byte ranges of plain "
+                             f"TSV, so decompress it first")
     splits = {"train": 1, "eval": cfg.batch_size} if cfg.eval_batches > 0 else {"train": 1}
     for split, need in splits.items():
         path, lo, hi = _split_range(cfg, split)
@@ -221,6 +225,16 @@ def check_shards(cfg: DataConfig, *, world_size: int) -> None:
             raise ValueError(f"{where} holds {rows} valid rows in {share} (bytes [{start}, {end})), fewer than one "
                              f"batch of data.batch_size={cfg.batch_size}; lower data.batch_size, raise "
                              f"data.eval_fraction, set data.eval_path, or skip evaluation with data.eval_batches=0")
+
+
+COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _compressed_as(path: str) -> Optional[str]:
+    """The compression format whose magic bytes start the file (Criteo's downloads are gzip), else None."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    return next((name for magic, name in COMPRESSED_MAGIC.items() if head.startswith(magic)), None)
 
 
 def _describe_range(cfg: DataConfig, split: str, path: str, lo: int, hi: int) -> str:

@@ -157,3 +157,18 @@ def test_shard_check_names_the_rank_whose_eval_share_is_under_a_batch(tsv):
     check_shards(dataclasses.replace(cfg, batch_size=60, eval_batches=0), world_size=2)  # no eval: no check
     with pytest.raises(ValueError, match="fewer than one batch of data.batch_size=60"):
         check_shards(dataclasses.replace(cfg, batch_size=60, eval_path=str(tsv), eval_fraction=0.0), world_size=8)
+
+
+@pytest.mark.parametrize("compress, name", [("gzip", "gzip"), ("bz2", "bzip2"), ("lzma", "xz")])
+def test_a_compressed_file_is_refused_naming_its_format(tsv, tmp_path, compress, name):
+    import importlib
+
+    from loka_trainer.data.criteo import check_shards
+
+    packed = tmp_path / f"train.{compress}"
+    packed.write_bytes(importlib.import_module(compress).compress(tsv.read_bytes()))
+    with pytest.raises(ValueError, match=rf"data.path '{packed}' is {name}-compressed: .* decompress it first"):
+        check_shards(_criteo_cfg(packed), world_size=1)
+    with pytest.raises(ValueError, match=rf"data.eval_path '{packed}' is {name}-compressed"):
+        check_shards(dataclasses.replace(_criteo_cfg(tsv), eval_path=str(packed)), world_size=1)
+    check_shards(_criteo_cfg(tsv, eval_batches=0), world_size=1)  # the plain file passes
