@@ -9,7 +9,8 @@ config -> resume decision (every rank reads the same files; no checkpoint usable
 loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing) -> a fresh start moves
 an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
 `.hydra/` -> train. Exit status: 2 for a bad config or an unusable checkpoint, 3 for a non-finite loss or
-gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0).
+gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0). 128 + N after
+signal N (SIGTERM, SIGUSR1) stopped the run at a checkpoint (`loka_trainer.stop_signal`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.resume import (checkpoint_root, model_identity, plan_start, prepare_resumed_run,
                                  set_aside_previous_run)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
+from loka_trainer.stop_signal import RunStopped
 
 EXIT_NONFINITE = 3
 
@@ -95,6 +97,10 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
         _stop(exc, status=2, rank=rank)
     except NonFiniteError as exc:
         _stop(exc, status=EXIT_NONFINITE, rank=rank)
+    except RunStopped as exc:  # every rank saved the same step: a clean end
+        logger.info(str(exc))
+        finished = True
+        raise SystemExit(exc.exit_status) from None
     finally:
         shutdown_distributed(wait_for_all=finished)  # after an error another rank may never reach a barrier
 

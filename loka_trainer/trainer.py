@@ -33,6 +33,7 @@ from loka_trainer.nonfinite import NonFiniteError, NonFiniteGuard
 from loka_trainer.profiling.trace_split import phase_range
 from loka_trainer.resume import checkpoint_root, model_identity
 from loka_trainer.sharding.dist import DistInfo
+from loka_trainer.stop_signal import RunStopped, StopSignals
 
 logger = logging.getLogger("loka_trainer")
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
@@ -74,6 +75,7 @@ class Trainer:
         self.state.step = start
         self.warmup = build_warmup(self.dense_optimizer, base_lr=t.lr, warmup_steps=t.warmup_steps, start_step=start)
         self.callbacks.fire("on_train_start", self.state)
+        stop = StopSignals(enabled=t.stop_on_signal)
         try:
             for step in range(start, last + 1):
                 self.state.step = step
@@ -81,6 +83,8 @@ class Trainer:
                     batch = next(self.train_iter)
                 self._train_step(batch)
                 done = step + 1
+                if done % t.log_interval == 0 and done <= last and (signum := stop.agreed(self.dist.device)):
+                    self._stop_on_signal(signum, done)
                 if t.eval_interval and done % t.eval_interval == 0 and done != t.steps:
                     self._raise_if_nonfinite()
                     with phase_range("eval"):
@@ -99,7 +103,16 @@ class Trainer:
         except BaseException as exc:
             self.callbacks.fire("on_exception", self.state, exc)
             raise
+        finally:
+            stop.close()
         return self.state
+
+    def _stop_on_signal(self, signum: int, done: int) -> None:
+        """Every rank: save the state after `done` steps (unless that step was just saved), then `RunStopped`."""
+        self._raise_if_nonfinite()
+        if not _saved_at(self.run.trainer, done):
+            self._save_checkpoint(done)
+        raise RunStopped(signum, step=done, checkpoint=self.state.checkpoint_dir)
 
     def _train_step(self, batch: Batch) -> None:
         """One step, in named phases (``profiling.trace_split.phase_range``, read by the profiler's per-step split)."""

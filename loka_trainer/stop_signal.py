@@ -1,0 +1,68 @@
+"""Stop a run cleanly on a scheduler's signal: save a checkpoint at a step every rank agrees on, then exit.
+
+Clusters end jobs with SIGTERM (torchrun forwards it to every worker, then kills them after a grace period of
+about 30 s) and SLURM can warn ahead of its time limit with SIGUSR1 (``sbatch --signal=USR1@120``). Without a
+handler either one ends the process where it is, losing the steps since the last checkpoint. With
+``trainer.stop_on_signal=true`` (default) `StopSignals` records the signal, and the loop asks at its next log step
+(every ``trainer.log_interval`` steps, where it already synchronises the ranks) whether any rank received one: one
+all-reduce, so every rank stops after the same step, saves it and exits with status 128 + the signal's number.
+Running the same command again resumes there. A second signal acts as if no handler were installed (SIGTERM ends
+the process at once).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class RunStopped(Exception):
+    """The loop stopped on a signal after `step`, having saved `checkpoint`."""
+
+    def __init__(self, signum: int, *, step: int, checkpoint: Any) -> None:
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint {checkpoint}; "
+                         f"run the same command again to resume from it")
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+class StopSignals:
+    """Records the first of `STOP_SIGNALS` this process receives (handlers only in the main thread, where Python
+    runs them; elsewhere, and with ``enabled=False``, nothing is installed and no signal is ever recorded)."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.received: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+        if enabled and threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._record)
+
+    def _record(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # a second one acts as before
+
+    def agreed(self, device: torch.device) -> Optional[int]:
+        """Collective: the signal any rank received (the largest number when several did), or None."""
+        flag = torch.tensor([self.received or 0], dtype=torch.int64, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        value = int(flag.item())
+        return value or None
+
+    def close(self) -> None:
+        """Put back the handlers that were there before."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+
+__all__ = ["RunStopped", "STOP_SIGNALS", "StopSignals"]
