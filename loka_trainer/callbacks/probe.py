@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -50,6 +51,18 @@ from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, s
 from loka_trainer.probe.targets import ModuleFilter, select_linears
 
 log = logging.getLogger(__name__)
+
+
+def check_writable_dir(path: Path) -> None:
+    """Create ``path`` (with parents) and make sure files can be written there; one-line ValueError otherwise, at
+    the start of training instead of at the first save."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        raise ValueError(f"ProbeCallback cannot write its statistics to {str(path)!r} ({type(exc).__name__}: "
+                         f"{exc.strerror or exc})") from None
 
 
 class ProbeCallback(Callback):
@@ -128,6 +141,8 @@ class ProbeCallback(Callback):
         self.rank, self.world_size = state.rank, state.world_size
         if self.rank == 0 and self.out_dir is None:
             raise ValueError("ProbeCallback needs an output place: set out_dir=... or TrainState.run_dir")
+        if self.rank == 0:
+            check_writable_dir(self.out_dir)
         if self.rank == 0 and self.config.tensorboard and self.writer is None:
             from torch.utils.tensorboard import SummaryWriter  # lazy: only rank 0 with TensorBoard on pays
 
