@@ -27,6 +27,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from loka_trainer.output_dirs import unwritable_reason
+
 # The configs ship inside the package; LOKA_CONF_DIR points at another tree of them (tests use a throwaway one).
 CONF_DIR = Path(os.environ.get("LOKA_CONF_DIR", Path(__file__).resolve().parent / "conf"))
 T = TypeVar("T")
@@ -58,14 +60,15 @@ def fail(message: object) -> NoReturn:
     raise SystemExit(2)
 
 
-def compose_config(config_name: str, argv: list[str]) -> tuple[DictConfig, Path]:
-    """Compose `conf/<config_name>.yaml` + overrides; returns the config (without its `hydra` node) and run dir."""
+def compose_config(config_name: str, argv: list[str], *, multirun: bool = False) -> tuple[DictConfig, Path]:
+    """Compose `conf/<config_name>.yaml` + overrides; returns the config (without its `hydra` node) and run dir
+    (``multirun``: the sweep dir)."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=list(argv), return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)
-        run_dir = Path(cfg.hydra.run.dir)
+        run_dir = Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)
         with open_dict(cfg):
             del cfg["hydra"]
         OmegaConf.resolve(cfg)
@@ -111,9 +114,11 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[Di
         search = [f"hydra.searchpath=[file://{os.path.abspath(args.config_dir)}]"]
     showing = any(getattr(args, flag) for flag in SHOW_FLAGS)
     for point in sweep_points(args.overrides) if args.multirun else [args.overrides]:
-        cfg, _ = compose_config(args.config_name or config_name, [*search, *point])
+        cfg, out_dir = compose_config(args.config_name or config_name, [*search, *point], multirun=args.multirun)
         if not showing:
             typed_config(cfg, validate)
+            if (reason := unwritable_reason(out_dir)) is not None:  # Hydra would fail creating it, in a traceback
+                fail(f"hydra.{'sweep' if args.multirun else 'run'}.dir: cannot write to {out_dir} ({reason})")
     GlobalHydra.instance().clear()
 
 

@@ -26,6 +26,7 @@ from loka_trainer.checkpoint import CheckpointError
 from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_config
 from loka_trainer.config import register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
+from loka_trainer.output_dirs import unwritable_reason
 from loka_trainer.resume import (checkpoint_root, model_identity, plan_start, prepare_resumed_run,
                                  set_aside_previous_run)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
@@ -55,6 +56,8 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     run = typed_config(cfg, to_run_config)  # every bad input fails here, before any process group or data
     rank, world_size, _ = launch_env()
     ckpt_root = checkpoint_root(run.trainer.checkpoint_dir, run_dir)
+    if (reason := unwritable_reason(ckpt_root)) is not None:  # else it fails at the first save, after training
+        fail(f"trainer.checkpoint_dir: cannot write to {ckpt_root} ({reason})")
     try:
         start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size,
                            identity=model_identity(run.model, loka_mods=run.precision.mods))

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from loka_trainer.bench import BenchOptions, ExampleProvider, FactoryProvider, ZooProvider, run_bench, write_results
 from loka_trainer.bench.plugins import Provider
 from loka_trainer.bench.runner import resolve_device
+from loka_trainer.output_dirs import unwritable_reason
 
 PROVIDER_KEYS = ("provider", "example", "factory", "loka_mods")
 
@@ -82,6 +83,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         opts = BenchOptions.from_mapping({k: v for k, v in bench.items() if k not in PROVIDER_KEYS})
     except (ValueError, TypeError) as err:
         fail(err)
+    if (reason := unwritable_reason(run_dir)) is not None:
+        fail(f"hydra.run.dir: cannot write to {run_dir} ({reason})")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, cfg, argv, rank=0)
     component = provider.get_component(resolve_device(opts.device))
