@@ -33,6 +33,9 @@ def resolve_device(device: str, *, local_rank: int) -> torch.device:
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("trainer.device=cuda but no CUDA device is available")
+        if local_rank >= (count := torch.cuda.device_count()):
+            raise ValueError(f"local rank {local_rank} has no GPU of its own: {count} visible (one rank per GPU: "
+                             f"torchrun --nproc_per_node={count} or fewer)")
         return torch.device("cuda", local_rank)
     return torch.device(device)
 
