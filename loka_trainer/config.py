@@ -57,7 +57,7 @@ class TrainerConfig:
     log_interval: int = 10
     eval_interval: int = 100
     checkpoint_interval: int = 0
-    checkpoint_at_end: bool = True  # also save after the last step (a restart then only re-evaluates)
+    checkpoint_at_end: bool = True  # also save after the last step (a restart then has nothing to do)
     checkpoint_dir: Optional[str] = None  # default: <run dir>/checkpoints
     resume: bool = True  # continue from the newest complete checkpoint in checkpoint_dir (rules: loka_trainer.resume)
     nonfinite: str = "error"  # non-finite loss/gradient: "error" stops naming the step, "skip_step" skips it

@@ -27,7 +27,7 @@ from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_
 from loka_trainer.config import register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.output_dirs import unwritable_reason
-from loka_trainer.resume import (checkpoint_root, model_identity, plan_start, prepare_resumed_run,
+from loka_trainer.resume import (checkpoint_root, model_identity, nothing_left, plan_start, prepare_resumed_run,
                                  set_aside_previous_run)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
 from loka_trainer.stop_signal import RunStopped
@@ -61,8 +61,13 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     try:
         start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size,
                            identity=model_identity(run.model, loka_mods=run.precision.mods))
+        complete = nothing_left(start, steps=run.trainer.steps, stop_after=run.trainer.stop_after)
     except CheckpointError as exc:
         fail(exc)
+    if complete is not None:  # re-evaluating would append a record and overwrite summary.json's throughput
+        if rank == 0:
+            print(complete)
+        return
     plan_note = None
     if start.checkpoint is not None and run.precision.dispatch:
         run, plan_note = _with_resumed_plan(run, run_dir, start.checkpoint)

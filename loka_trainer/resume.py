@@ -9,6 +9,9 @@ Rules (the README's "Run directory" section states them for users):
   per-rank data positions and RNG states cannot be redistributed; so does one written for another model (its
   marker's `model_identity`: every ``model.*`` setting and ``precision.mods``, e.g. an activation switched by
   ``model.mods.activation``, which no parameter shape would show).
+- A run whose checkpoint already ends it (its step is ``trainer.stop_after`` or ``trainer.steps``: a finished run
+  started again, e.g. by a scheduler) does nothing and changes nothing; a checkpoint past ``trainer.steps`` stops the
+  run with one line.
 - A run never starts over silently. Starting at step 0 in a run directory that holds an earlier run's outputs
   (``trainer.resume=false``, or ``trainer.resume=true`` with no checkpoint at all) first moves those outputs
   (checkpoints, ``metrics.jsonl``, ``summary.json``, ``.hydra/``, ``train.log``, ``dispatch_plan.json``,
@@ -110,6 +113,22 @@ def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int,
     return StartPlan(checkpoint=None, step=0)
 
 
+def nothing_left(start: StartPlan, *, steps: int, stop_after: Optional[int] = None) -> Optional[str]:
+    """A line to print when the checkpoint the run resumes from already ends it (its step is ``stop_after`` or
+    ``steps``): the run is complete and nothing is written. `CheckpointError` when it lies past ``steps``."""
+    if start.checkpoint is None:
+        return None
+    if start.step > steps:
+        raise CheckpointError(f"the newest complete checkpoint {start.checkpoint} is at step {start.step}, past "
+                              f"trainer.steps={steps}: raise trainer.steps to go on from it, or set "
+                              f"trainer.resume=false to start over")
+    end, field = (stop_after, "stop_after") if stop_after is not None else (steps, "steps")
+    if start.step < end:
+        return None
+    return (f"nothing to do: the checkpoint {start.checkpoint} is at step {start.step}, trainer.{field}={end}; "
+            f"the run's outputs are left as they are (raise trainer.steps to train further)")
+
+
 def set_aside_previous_run(run_dir: Path, checkpoint_root: Path, *, inputs: Sequence[Path] = ()) -> list[str]:
     """Before a run starts at step 0: move an earlier run's outputs into ``previous/<stamp>/``; lines to log.
     An output the new run reads (``inputs``, e.g. ``precision.plan`` pointing at the run's own plan file) is
@@ -190,5 +209,5 @@ def _new_previous_dir(run_dir: Path) -> Path:
     return path
 
 
-__all__ = ["StartPlan", "checkpoint_root", "identity_difference", "model_identity", "plan_start",
+__all__ = ["StartPlan", "checkpoint_root", "identity_difference", "model_identity", "nothing_left", "plan_start",
            "prepare_resumed_run", "set_aside_previous_run"]

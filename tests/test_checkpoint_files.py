@@ -261,3 +261,16 @@ def test_identity_difference_names_the_first_settings_and_counts_the_rest():
     now = {"model": {"a": 2, "b": [1, 3], "mods": {"norm": "layernorm"}, "c": 0}, "x": True}
     assert identity_difference(saved, now, shown=2) == ('model.a=1 there, 2 here; model.b=[1, 2] there, [1, 3] here; '
                                                        'and 2 more')
+
+
+def test_nothing_left_when_the_checkpoint_ends_the_run():
+    from loka_trainer.resume import StartPlan, nothing_left
+
+    at = StartPlan(checkpoint=Path("ck/step_000020"), step=20)
+    assert nothing_left(StartPlan(checkpoint=None, step=0), steps=20) is None
+    assert nothing_left(at, steps=30) is None
+    assert nothing_left(at, steps=30, stop_after=20).startswith("nothing to do: the checkpoint ck/step_000020 is at "
+                                                                  "step 20, trainer.stop_after=20")
+    assert "trainer.steps=20" in nothing_left(at, steps=20)
+    with pytest.raises(ckpt.CheckpointError, match="is at step 20, past trainer.steps=10"):
+        nothing_left(at, steps=10)

@@ -113,6 +113,24 @@ def test_a_checkpoint_of_another_model_is_refused_with_one_line_and_left_as_it_w
     assert _tree(run_dir) == before  # nothing read beyond the markers, nothing written
 
 
+@pytest.mark.slow
+def test_a_run_its_checkpoint_already_ends_does_nothing_and_one_past_its_steps_is_refused(stopped_run, tmp_path):
+    """The stopped run (checkpoint at step 6 = trainer.stop_after) started again: nothing is written, exit 0; with
+    trainer.steps=4 the checkpoint lies past the run's end: one line, exit 2 (it used to evaluate and record a
+    step 7, overwriting summary.json)."""
+    run_dir = _copy(stopped_run, tmp_path)
+    before = _tree(run_dir)
+    proc = run_train([*COMMON, "trainer.steps=8", "trainer.stop_after=6", f"hydra.run.dir={run_dir}"], timeout=120)
+    assert proc.stdout.strip().splitlines()[-1].startswith(
+        f"nothing to do: the checkpoint {run_dir / 'checkpoints' / 'step_000006'} is at step 6, trainer.stop_after=6")
+    assert _tree(run_dir) == before
+    proc = run_train([*COMMON, "trainer.steps=4", f"hydra.run.dir={run_dir}"], check=False, timeout=120)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "is at step 6, past trainer.steps=4: raise trainer.steps" in line
+    assert _tree(run_dir) == before
+
+
 class _Payload:
     def __init__(self, target: str):
         self.target = target
