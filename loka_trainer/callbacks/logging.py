@@ -81,7 +81,9 @@ class TensorBoardLogger(Callback):
         if state.is_rank_zero:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.log_dir))
+            # a resumed run (state.step = its checkpoint's step S) hides what an earlier run logged after S, as
+            # metrics.jsonl drops those records: TensorBoard shows one series
+            self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=state.step + 1 if state.step else None)
 
     def on_step_end(self, state: TrainState) -> None:
         if self.writer is not None and state.metrics:

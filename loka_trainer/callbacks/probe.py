@@ -146,7 +146,8 @@ class ProbeCallback(Callback):
         if self.rank == 0 and self.config.tensorboard and self.writer is None:
             from torch.utils.tensorboard import SummaryWriter  # lazy: only rank 0 with TensorBoard on pays
 
-            self.writer = SummaryWriter(log_dir=str(self.out_dir.parent / "tensorboard" / "probe"))
+            self.writer = SummaryWriter(log_dir=str(self.out_dir.parent / "tensorboard" / "probe"),
+                                        purge_step=state.step + 1 if state.step else None)  # as TensorBoardLogger
         for layer in self.layers.values():
             layer.log_scalars = self.writer is not None and self.rank == 0
         if self.rank == 0:
