@@ -15,7 +15,8 @@ Rules (the README's "Run directory" section states them for users):
 - A run never starts over silently. Starting at step 0 in a run directory that holds an earlier run's outputs
   (``trainer.resume=false``, or ``trainer.resume=true`` with no checkpoint at all) first moves those outputs
   (checkpoints, ``metrics.jsonl``, ``summary.json``, ``.hydra/``, ``train.log``, ``dispatch_plan.json``,
-  ``tensorboard/``, ``probe/``) into ``<run dir>/previous/<date>_<time>/`` and says so. Nothing is deleted.
+  ``profile.json``, ``tensorboard/``, ``probe/``) into ``<run dir>/previous/<date>_<time>/`` and says so. Nothing
+  is deleted.
 - Resuming from step S keeps one series in ``metrics.jsonl``: records with ``step <= S`` stay, later ones
   (written after the checkpoint by the interrupted run; this run writes them again) are dropped, after the whole
   original file was copied to ``previous/<date>_<time>/metrics.jsonl``. Incomplete checkpoint directories newer
@@ -37,7 +38,8 @@ from loka_trainer.checkpoint import LATEST, CheckpointError, checkpoint_dirs, ve
 
 PREVIOUS = "previous"
 METRICS_FILE = "metrics.jsonl"
-RUN_OUTPUTS = (".hydra", "train.log", METRICS_FILE, "summary.json", "dispatch_plan.json", "tensorboard", "probe")
+RUN_OUTPUTS = (".hydra", "train.log", METRICS_FILE, "summary.json", "dispatch_plan.json", "profile.json", "tensorboard",
+               "probe")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -104,9 +104,11 @@ def test_fresh_start_moves_the_earlier_run_aside_untouched(three):
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 0.7}\n')
     (run_dir / ".hydra").mkdir()
     (run_dir / ".hydra" / "config.yaml").write_text("a: 1\n")
+    (run_dir / "profile.json").write_text('{"steps": []}\n')  # the profiler's: it must not pass for the new run's
     before_ckpt, before_metrics = _tree(root), (run_dir / "metrics.jsonl").read_bytes()
     [line] = set_aside_previous_run(run_dir, root)
     [dest] = list((run_dir / "previous").iterdir())
+    assert not (run_dir / "profile.json").exists() and (dest / "profile.json").read_text() == '{"steps": []}\n'
     assert str(dest) in line and "metrics.jsonl" in line
     assert _tree(dest / "checkpoints") == before_ckpt  # same bytes, same mtimes: moved, not rewritten
     assert (dest / "metrics.jsonl").read_bytes() == before_metrics
