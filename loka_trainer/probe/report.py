@@ -42,6 +42,7 @@ from loka_trainer.probe.mere import (DEFAULT_ZERO_FLOOR, OPERAND_DTYPES, GemmFn,
                                      operands)
 from loka_trainer.probe.sampling import activation_factor, sample_activations, sample_weight, weight_factors
 from loka_trainer.probe.stats_io import load_stats
+from loka_trainer.output_dirs import unwritable_reason
 from loka_trainer.user_code import import_callable
 
 REPORT_VERSION = 1
@@ -248,15 +249,22 @@ def select_backends(device: torch.device, names: Optional[list[str]]) -> dict:
 
 def _check_options(args: argparse.Namespace) -> None:
     try:
-        torch.device(args.device)
+        device = torch.device(args.device)
     except RuntimeError as exc:
         raise ReportInputError(f"--device {args.device!r}: {str(exc).splitlines()[0]}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ReportInputError(f"--device {args.device!r}: no CUDA device is available here (use --device cpu)")
     if args.num_samples < 1:
         raise ReportInputError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if not (args.threshold > 0 and args.min_speedup > 0):
+        raise ReportInputError(f"--threshold and --min-speedup must be > 0, got {args.threshold}, {args.min_speedup}")
+    if args.rows is not None and args.rows < 1:
+        raise ReportInputError(f"--rows must be >= 1, got {args.rows}")
     if not 0.0 <= args.zero_floor < float("inf"):
         raise ReportInputError(f"--zero-floor must be a finite number >= 0, got {args.zero_floor}")
-    if args.out_dir is not None and args.out_dir.exists() and not args.out_dir.is_dir():
-        raise ReportInputError(f"--out-dir {args.out_dir} exists and is not a directory")
+    out_dir = args.out_dir if args.out_dir is not None else args.stats_dir
+    if (reason := unwritable_reason(out_dir)) is not None:  # else it fails after the whole report was computed
+        raise ReportInputError(f"--out-dir {out_dir}: cannot write there ({reason})")
 
 
 def user_kernel_lines(report: dict) -> list[str]:

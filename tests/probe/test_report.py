@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from loka_trainer.callbacks.probe import ProbeCallback
 from loka_trainer.probe.report import main
@@ -119,7 +120,12 @@ def test_bad_input_is_one_line_and_exit_2(stats_dir, tmp_path, capsys):
                           ([str(stats_dir), "--num-samples", "0"], "--num-samples"),
                           ([str(stats_dir), "--zero-floor", "-1"], "--zero-floor"),
                           ([str(stats_dir), "--device", "nonsense"], "--device"),
-                          ([str(stats_dir), "--out-dir", str(tmp_path / "stats.pt")], "--out-dir")):
+                          ([str(stats_dir), "--threshold", "-1"], "--threshold"),
+                          ([str(stats_dir), "--rows", "0"], "--rows"),
+                          ([str(stats_dir), "--out-dir", str(tmp_path / "stats.pt")], "--out-dir"),
+                          ([str(stats_dir), "--out-dir", str(tmp_path / "stats.pt" / "x")], "--out-dir"),
+                          *([([str(stats_dir), "--device", "cuda"], "no CUDA device")]
+                            if not torch.cuda.is_available() else [])):
         assert main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
