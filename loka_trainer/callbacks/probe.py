@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -46,6 +45,7 @@ from torch import nn
 from loka_trainer.callbacks.base import Callback, TrainState
 from loka_trainer.callbacks.probe_config import to_probe_config
 from loka_trainer.callbacks.probe_layer import SCALAR_NAMES, LayerProbe, WeightUpdates
+from loka_trainer.output_dirs import unwritable_reason
 from loka_trainer.probe.distributed import all_reduce_moments
 from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, seal_stats, to_cpu
 from loka_trainer.probe.targets import ModuleFilter, select_linears
@@ -54,15 +54,16 @@ log = logging.getLogger(__name__)
 
 
 def check_writable_dir(path: Path) -> None:
-    """Create ``path`` (with parents) and make sure files can be written there; one-line ValueError otherwise, at
-    the start of training instead of at the first save."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError("not writable")
-    except OSError as exc:
-        raise ValueError(f"ProbeCallback cannot write its statistics to {str(path)!r} ({type(exc).__name__}: "
-                         f"{exc.strerror or exc})") from None
+    """Create ``path`` (with parents); one-line ValueError when it cannot be written, at the start of training
+    instead of at the first save."""
+    reason = unwritable_reason(path)
+    if reason is None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = f"{type(exc).__name__}: {exc.strerror or exc}"
+    if reason is not None:
+        raise ValueError(f"ProbeCallback cannot write its statistics to {str(path)!r} ({reason})")
 
 
 class ProbeCallback(Callback):

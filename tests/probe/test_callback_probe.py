@@ -135,7 +135,7 @@ def test_an_out_dir_that_cannot_be_written_fails_at_the_start_not_at_the_first_s
     (tmp_path / "a_file").write_text("")
     probe = ProbeCallback(interval=1, save_interval=2, out_dir=str(tmp_path / "a_file" / "probe"), tensorboard=False)
     with pytest.raises(ValueError, match=r"ProbeCallback cannot write its statistics to .*a_file/probe' "
-                                         r"\((NotADirectoryError|FileExistsError)"):
+                                         r"\(.*a_file is not a directory\)"):
         probe.on_train_start(TrainState(model=nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 1))))
     ok = ProbeCallback(interval=1, out_dir=str(tmp_path / "new" / "probe"), tensorboard=False)
     ok.on_train_start(TrainState(model=nn.Sequential(nn.Linear(64, 128))))
