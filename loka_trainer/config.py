@@ -177,29 +177,30 @@ def check_model_mods(model: Any) -> None:
         resolve_mods(model.mods, published=LOKA_MODS, loka_mods=True)
 
 
-def check_plan_file(run: RunConfig) -> None:
+def check_plan_file(run: RunConfig, model: Any) -> None:
     """``precision.plan``: readable JSON of the plan's layout (checked first, cheaply), whose layers and shapes
-    are the model's Dispatch targets and whose backends run on this rank's device."""
+    are the Dispatch targets of ``model`` (`build_small_model`) and whose backends run on this rank's device."""
     if run.precision.plan is None or not run.precision.dispatch:
         return
-    check_plan_against_model(load_plan(run.precision.plan), run)
+    check_plan_against_model(load_plan(run.precision.plan), run, model)
 
 
-def check_exclude_globs(run: RunConfig) -> None:
+def check_exclude_globs(run: RunConfig, model: Any) -> None:
     """``precision.exclude`` without a plan (``check_plan_file`` checks it with one): each glob names an FP8 target
-    of the run's model, built with tiny embedding tables."""
+    of ``model`` (`build_small_model`)."""
     p = run.precision
     if p.exclude and p.plan is None and (p.dispatch or p.fp8_recipe is not None):
-        configured_targets(build_small_model(run), p)
+        configured_targets(model, p)
 
 
-def check_probe_stats(run: RunConfig) -> None:
-    """``precision.probe_stats`` (a report Dispatch will measure with) fits the run's model: it names some FP8
-    target and gives each the model's shape (a report of another model would be used or ignored silently)."""
+def check_probe_stats(run: RunConfig, model: Any) -> None:
+    """``precision.probe_stats`` (a report Dispatch will measure with) fits ``model`` (`build_small_model`): it
+    names some FP8 target and gives each the model's shape (a report of another model would be used or ignored
+    silently)."""
     p = run.precision
     if p.probe_stats is None or p.plan is not None or not p.dispatch:
         return
-    targets = configured_targets(build_small_model(run), p)
+    targets = configured_targets(model, p)
     wrong = report_mismatch(read_probe_report(p.probe_stats),
                             {fqn: (m.in_features, m.out_features) for fqn, m in targets.items()})
     if wrong:
@@ -207,11 +208,11 @@ def check_probe_stats(run: RunConfig) -> None:
                          f"another model?")
 
 
-def check_plan_against_model(plan: DispatchPlan, run: RunConfig) -> None:
-    """``plan`` minus ``precision.exclude``'s layers against the run's model, built with tiny embedding tables: the
-    target Linears' shapes depend on the model's widths and feature counts, not on the tables' row counts."""
+def check_plan_against_model(plan: DispatchPlan, run: RunConfig, model: Any) -> None:
+    """``plan`` minus ``precision.exclude``'s layers against ``model`` (`build_small_model`): the target Linears'
+    shapes depend on the model's widths and feature counts, not on the tables' row counts."""
     device = resolve_device(run.trainer.device, local_rank=launch_env()[2])
-    linears = configured_targets(build_small_model(run), run.precision)
+    linears = configured_targets(model, run.precision)
     plan = without_excluded(plan, run.precision.exclude)
     validate_plan(plan, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()},
                   list(available_backends(device)), mods_modes={mode: spec.fp8 for mode, spec in FORWARD_MODES.items()},
@@ -219,13 +220,17 @@ def check_plan_against_model(plan: DispatchPlan, run: RunConfig) -> None:
 
 
 def build_small_model(run: RunConfig) -> Any:
-    """The run's model with 16-row embedding tables: the same dense layers, for checks before training."""
+    """The run's model for checks before training: 16-row embedding tables, every other parameter on the meta
+    device (shapes without memory or initialisation: wukong_h200's dense part took seconds to initialise on a CPU,
+    on every rank). Building it runs the model's own checks of its config (a ValueError naming the field)."""
     from loka_trainer.data import data_schema  # lazy: TorchRec
     from loka_trainer.models.zoo import build_model
 
     small = dataclasses.replace(run.data, max_vocab_size=min(run.data.max_vocab_size, 16),
                                 sequence_vocab_size=min(run.data.sequence_vocab_size, 16))
-    return build_model(run.model, schema=data_schema(small), loka_mods=run.precision.mods)
+    schema = data_schema(small)
+    with torch.device("meta"):
+        return build_model(run.model, schema=schema, loka_mods=run.precision.mods)
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -252,9 +257,10 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     check_single_rank_without_fsdp(run.sharding, world_size=launch_env()[1])
     resolve_device(run.trainer.device, local_rank=launch_env()[2])  # trainer.device=cuda needs a GPU
     check_embedding_sharding(run)
-    check_plan_file(run)
-    check_exclude_globs(run)
-    check_probe_stats(run)
+    model = build_small_model(run)  # the model's own config checks, and the shapes for the three below
+    check_plan_file(run, model)
+    check_exclude_globs(run, model)
+    check_probe_stats(run, model)
     return run
 
 
