@@ -85,6 +85,8 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["model=wukong", "precision=fp8_rowwise", "precision.exclude=[nope]"], ["precision.exclude: ['nope']"]),
     pytest.param(["trainer.device=cuda"], ["trainer.device=cuda but no CUDA device is available"], id="no_gpu",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")),
+    (["model=wukong", "model.num_layers=0"], ["model.num_layers must be >= 1, got 0"]),
+    (["model=interformer", "model.num_heads=3"], ["must be divisible by model.num_heads=3"]),
     (["sharding.embedding=row_wise", "trainer.device=cpu"],
      ["sharding.embedding=row_wise is not offered by TorchRec for embedding tables on cpu", "trainer.device=cuda"]),
 ])
