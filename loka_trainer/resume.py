@@ -1,6 +1,6 @@
 """Where a run starts, decided before anything in the run directory is written.
 
-Rules (the README's "Run directory" section states them for users):
+Rules (`docs/trainer.md`, "Run directory", states them for users):
 
 - ``trainer.resume=true`` (default): the checkpoint directories are scanned newest first and the run continues
   from the newest *complete* one (`checkpoint.verify_checkpoint`); each newer incomplete one gets one warning

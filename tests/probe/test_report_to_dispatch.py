@@ -1,4 +1,4 @@
-"""Probe -> report -> Dispatch, as the README chains them: the report's forward MERE is what Dispatch uses, and a
+"""Probe -> report -> Dispatch, as docs/api.md chains them: the report's forward MERE is what Dispatch uses, and a
 report that does not fit the model is refused in one line (train.py: before anything starts)."""
 from __future__ import annotations
 
