@@ -17,7 +17,6 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from loka_trainer.callbacks.probe_config import ProbeConfig
 from loka_trainer.data.config import DataConfig
 from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan, without_excluded
-from loka_trainer.dispatch.probe_report import read_probe_report, report_mismatch, report_path
 from loka_trainer.dispatch.targets import configured_targets
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
@@ -194,18 +193,14 @@ def check_exclude_globs(run: RunConfig, model: Any) -> None:
 
 
 def check_probe_stats(run: RunConfig, model: Any) -> None:
-    """``precision.probe_stats`` (a report Dispatch will measure with) fits ``model`` (`build_small_model`): it
-    names some FP8 target and gives each the model's shape (a report of another model would be used or ignored
-    silently)."""
+    """``precision.probe_stats`` (a report Dispatch will measure with) fits ``model`` (`build_small_model`), checked
+    as Dispatch checks it (`dispatch.build.probe_mere_for`), before anything starts."""
     p = run.precision
     if p.probe_stats is None or p.plan is not None or not p.dispatch:
         return
-    targets = configured_targets(model, p)
-    wrong = report_mismatch(read_probe_report(p.probe_stats),
-                            {fqn: (m.in_features, m.out_features) for fqn, m in targets.items()})
-    if wrong:
-        raise ValueError(f"precision.probe_stats: {str(report_path(p.probe_stats))!r} {wrong}: a report of "
-                         f"another model?")
+    from loka_trainer.dispatch.build import probe_mere_for  # noqa: PLC0415 -- lazy: the kernels
+
+    probe_mere_for(configured_targets(model, p), p)
 
 
 def check_plan_against_model(plan: DispatchPlan, run: RunConfig, model: Any) -> None:

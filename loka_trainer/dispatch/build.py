@@ -41,7 +41,10 @@ def probe_mere_for(linears: dict[str, nn.Linear], config: LoKAConfig) -> dict[st
     report does not fit ``linears`` (`probe_report.report_mismatch`)."""
     if config.probe_stats is None:
         return {}
-    reported = read_probe_report(config.probe_stats)
+    try:
+        reported = read_probe_report(config.probe_stats)
+    except ValueError as exc:
+        raise ValueError(f"{config.where}.probe_stats: {exc}") from None
     wrong = report_mismatch(reported, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()})
     if wrong:
         raise ValueError(f"{config.where}.probe_stats: {str(report_path(config.probe_stats))!r} {wrong}")

@@ -58,10 +58,10 @@ class LoKAConfig:
             raise ValueError(f"{at}.compute_dtype: unknown {self.compute_dtype!r}; valid: {list(COMPUTE_DTYPES)}")
         if self.plan is not None and not Path(self.plan).is_file():
             raise ValueError(f"{at}.plan: file {self.plan!r} does not exist")
-        if self.probe_stats is not None:
-            from loka_trainer.dispatch.probe_report import read_probe_report  # reads a small JSON file
+        if self.probe_stats is not None:  # its content is read and checked against the model where Dispatch reads it
+            from loka_trainer.dispatch.probe_report import existing_report
             try:
-                read_probe_report(self.probe_stats)
+                existing_report(self.probe_stats)
             except ValueError as exc:
                 raise ValueError(f"{at}.probe_stats: {exc}") from None
         if not 0.0 < self.mere_threshold:

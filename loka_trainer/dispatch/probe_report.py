@@ -19,6 +19,15 @@ def report_path(probe_stats: str) -> Path:
     return path / REPORT_FILE if path.is_dir() else path
 
 
+def existing_report(probe_stats: str) -> Path:
+    """`report_path`, or a one-line ValueError when no such file exists (reads nothing)."""
+    path = report_path(probe_stats)
+    if not path.is_file():
+        raise ValueError(f"{str(path)!r} does not exist (run `python -m loka_trainer.probe.report STATS_DIR`, "
+                         f"then name STATS_DIR or its {REPORT_FILE})")
+    return path
+
+
 class ReportedLayer(NamedTuple):
     """One layer of the report: its GEMM's K and N (in, out features) and backend -> forward MERE."""
 
@@ -31,10 +40,7 @@ def read_probe_report(probe_stats: str) -> dict[str, ReportedLayer]:
     """The report named by ``probe_stats`` -> FQN -> `ReportedLayer`.
 
     ValueError (one line, naming the file and what is wrong) when it is missing or not a LoKA Probe report."""
-    path = report_path(probe_stats)
-    if not path.is_file():
-        raise ValueError(f"{str(path)!r} does not exist (run `python -m loka_trainer.probe.report STATS_DIR`, "
-                         f"then name STATS_DIR or its {REPORT_FILE})")
+    path = existing_report(probe_stats)
     try:
         layers = json.loads(path.read_bytes())["layers"]
         if not isinstance(layers, dict):
