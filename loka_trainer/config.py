@@ -250,8 +250,8 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
 
         check_shards(run.data, world_size=launch_env()[1])
     check_single_rank_without_fsdp(run.sharding, world_size=launch_env()[1])
-    resolve_device(run.trainer.device, local_rank=launch_env()[2])  # trainer.device=cuda needs a GPU
-    check_embedding_sharding(run)
+    device = resolve_device(run.trainer.device, local_rank=launch_env()[2])  # trainer.device=cuda needs a GPU
+    check_embedding_sharding(run, device.type)
     model = build_small_model(run)  # the model's own config checks, and the shapes for the three below
     check_plan_file(run, model)
     check_exclude_globs(run, model)
@@ -267,14 +267,13 @@ def check_single_rank_without_fsdp(sharding: ShardingConfig, *, world_size: int)
                          f"dense gradients across ranks")
 
 
-def check_embedding_sharding(run: RunConfig) -> None:
+def check_embedding_sharding(run: RunConfig, device_type: str) -> None:
     """``sharding.embedding`` names a sharding type that TorchRec offers for the run's device (the planner would
     fail after the process group started)."""
     if run.sharding.embedding == "auto":
         return
     from loka_trainer.sharding.parallelize import embedding_sharding_types  # noqa: PLC0415 -- lazy: TorchRec
 
-    device_type = resolve_device(run.trainer.device, local_rank=launch_env()[2]).type
     offered = embedding_sharding_types(device_type)
     if run.sharding.embedding not in offered:
         raise ValueError(f"sharding.embedding={run.sharding.embedding} is not offered by TorchRec for embedding "
