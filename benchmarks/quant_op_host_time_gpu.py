@@ -18,9 +18,10 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
+
+from loka_trainer.arg_types import positive_int, writable_dir
 
 
 def custom_op_quantizer():
@@ -54,8 +55,8 @@ def host_us_per_call(fn, xs, calls: int) -> float:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("out", type=writable_dir)
+    ap.add_argument("--calls", type=positive_int, default=40)
     ap.add_argument("--shape", default="8192x1024")
     args = ap.parse_args(argv)
     from triton.testing import do_bench_cudagraph

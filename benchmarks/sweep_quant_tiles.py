@@ -25,6 +25,8 @@ from typing import Optional
 
 import torch
 
+from loka_trainer.arg_types import writable_dir
+
 # (R, C) of ``a`` (bf16): x and dy of the FP8 GEMMs at batch 8192 (K or N = 2048 ... 32768) and the weights quantized
 # every step (4096x4096, 16384x4096 of fmb.out, 2048x32768 of over_arch.mlp.0)
 DEFAULT_SHAPES = ["8192x2048", "8192x4096", "8192x16384", "8192x32768", "4096x4096", "16384x4096", "2048x32768"]
@@ -183,7 +185,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path)
+    ap.add_argument("out", type=writable_dir)
     ap.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="R x C of a")
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
     args = ap.parse_args(argv)

@@ -40,6 +40,7 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
+from loka_trainer.arg_types import positive_int, writable_dir
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.mods.triton_mods import autotune_picks
 from scripts.bench_targets import target_lines
@@ -231,14 +232,14 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("out_dir", type=Path)
+    p.add_argument("out_dir", type=writable_dir)
     p.add_argument("--quick", action="store_true", help="two shapes per suite")
     p.add_argument("--suites", default="a,b,c", help="comma-separated subset of a,b,c")
     p.add_argument("--mods-layer-variants", default="default",
                    help="(b): 'default' (the issue's comparisons and the fused modes that win somewhere), 'all', "
                         "or comma-separated variant names")
-    p.add_argument("--wukong-batch", type=int, default=4096)
-    p.add_argument("--num-gemm-shapes", type=int, default=len(GEMM_SHAPES), help="first N shapes of suite (a)")
+    p.add_argument("--wukong-batch", type=positive_int, default=4096)
+    p.add_argument("--num-gemm-shapes", type=positive_int, default=len(GEMM_SHAPES), help="first N shapes of suite (a)")
     p.add_argument("--accumulate-grads", action="store_true",
                    help="(b), (c): keep adding into .grad across timed calls (as the runs recorded before "
                         "2026-11-30 did) instead of resetting it to None before each call as a training step does")

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
 from loka_trainer import register_weight_cache_hook
 from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.bench.profilers import cuda_peak_memory
@@ -329,15 +330,15 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path)
+    ap.add_argument("out", type=writable_dir)
     ap.add_argument("--models", nargs="+", default=["wukong", "interformer"],
                     help="zoo names (schema defaults, paper-like) or conf/model file names, e.g. wukong_h200")
     ap.add_argument("--precisions", nargs="+",
                     default=["bf16", "fp8_tensorwise", "fp8_rowwise", "fp8_rowwise_gw_hp", "bf16+mods", "loka"])
-    ap.add_argument("--batch", type=int, default=4096)
-    ap.add_argument("--vocab", type=int, default=DataConfig.max_vocab_size, help="rows per embedding table")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=positive_int, default=4096)
+    ap.add_argument("--vocab", type=positive_int, default=DataConfig.max_vocab_size, help="rows per embedding table")
+    ap.add_argument("--steps", type=positive_int, default=20)
+    ap.add_argument("--warmup", type=non_negative_int, default=5)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--compile-mode", default=None, choices=[None, "reduce-overhead", "max-autotune-no-cudagraphs"],
                     help="torch.compile mode of the dense units (reduce-overhead: CUDA graphs, no launch cost)")

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
 from scripts.bench_e2e_gpu import build_variant, timed_ms
 from scripts.provenance import provenance
 
@@ -112,13 +113,13 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path)
+    ap.add_argument("out", type=writable_dir)
     ap.add_argument("--model", default="wukong")
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_rowwise_gw_hp", "bf16+mods", "loka"])
-    ap.add_argument("--batch", type=int, default=4096, help="per-GPU batch")
-    ap.add_argument("--vocab", type=int, default=10_000, help="rows per (replicated) embedding table")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=positive_int, default=4096, help="per-GPU batch")
+    ap.add_argument("--vocab", type=positive_int, default=10_000, help="rows per (replicated) embedding table")
+    ap.add_argument("--steps", type=positive_int, default=20)
+    ap.add_argument("--warmup", type=non_negative_int, default=5)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = ap.parse_args()

@@ -25,10 +25,11 @@ import json
 import statistics
 from pathlib import Path
 
+from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
 from scripts.plot_results import pyplot, throughput_curves
 from scripts.provenance import provenance
-from scripts.train_runs import (check_profile_step, measured_run, observed_step_overhead, observes,
-                                print_phase_table)
+from scripts.train_runs import (check_measured_runs, check_profile_step, measured_run, observed_step_overhead,
+                                observes, print_phase_table, profile_overrides)
 
 def plot(result: dict, path: Path) -> None:
     fig, (ax, curve) = pyplot().subplots(1, 2, figsize=(10, 3.5), gridspec_kw={"width_ratios": [1, 2]})
@@ -44,18 +45,25 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def probe_overrides(on: bool, interval: int) -> list[str]:
+    """train.py's overrides of a probe-on or probe-off run."""
+    return [f"callbacks.probe.enabled={on}", f"callbacks.probe.interval={interval}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--pairs", type=int, default=2)
-    ap.add_argument("--nproc", type=int, default=1)
-    ap.add_argument("--interval", type=int, default=100)
-    ap.add_argument("--warmup-steps", type=int, default=100)
+    ap.add_argument("--out", type=writable_dir, required=True)
+    ap.add_argument("--pairs", type=positive_int, default=2)
+    ap.add_argument("--nproc", type=positive_int, default=1)
+    ap.add_argument("--interval", type=positive_int, default=100)
+    ap.add_argument("--warmup-steps", type=non_negative_int, default=100)
     ap.add_argument("--profile-step", type=int, default=None,
                     help="profile this step of every run (inside the warm-up; a multiple of --interval is observed)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
     check_profile_step(args.profile_step, args.warmup_steps)
+    check_measured_runs([[*args.overrides, *probe_overrides(on, args.interval), *profile_overrides(args.profile_step)]
+                         for on in (False, True)], args.warmup_steps)
     out_json = args.out / "probe_overhead.json"
     done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else []
     runs = []
@@ -65,7 +73,7 @@ def main() -> None:
             if prior:
                 runs.append(prior[0])
                 continue
-            probe = [f"callbacks.probe.enabled={mode == 'on'}", f"callbacks.probe.interval={args.interval}"]
+            probe = probe_overrides(mode == "on", args.interval)
             run = {"pair": pair, "probe": mode,
                    **measured_run(args.out / "runs" / f"pair{pair}_{mode}", [*args.overrides, *probe], args.nproc,
                                   warmup_steps=args.warmup_steps, profile_step=args.profile_step)}

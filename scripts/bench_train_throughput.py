@@ -27,10 +27,11 @@ import shlex
 import statistics
 from pathlib import Path
 
+from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
 from scripts.plot_results import pyplot, throughput_curves
 from scripts.provenance import provenance
-from scripts.train_runs import (check_profile_step, known_variants, measured_run, precision_overrides,
-                                print_phase_table, repeat_orders)
+from scripts.train_runs import (check_measured_runs, check_profile_step, known_variants, measured_run,
+                                precision_overrides, print_phase_table, profile_overrides, repeat_orders)
 
 UNSTEADY = 0.10  # a window spread above this marks a run whose mean is not its steady speed
 
@@ -84,11 +85,11 @@ def run_variants(names: list[str], custom: list[tuple[str, str]]) -> dict[str, l
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=writable_dir, required=True)
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_rowwise", "loka"])
-    ap.add_argument("--nproc", type=int, default=1)
-    ap.add_argument("--warmup-steps", type=int, default=100)
-    ap.add_argument("--repeats", type=int, default=1, help="runs per precision, in alternating order")
+    ap.add_argument("--nproc", type=positive_int, default=1)
+    ap.add_argument("--warmup-steps", type=non_negative_int, default=100)
+    ap.add_argument("--repeats", type=positive_int, default=1, help="runs per precision, in alternating order")
     ap.add_argument("--profile-step", type=int, default=None,
                     help="profile this step of every run (train.py's callbacks.profiler; inside the warm-up)")
     ap.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "OVERRIDES"),
@@ -99,6 +100,8 @@ def main() -> None:
         raise SystemExit("error: --repeats must be >= 1")
     check_profile_step(args.profile_step, args.warmup_steps)
     variants = run_variants(args.precisions, args.variant)
+    check_measured_runs([[*args.overrides, *variants[p], *profile_overrides(args.profile_step)]
+                         for p in args.precisions], args.warmup_steps)
     out_json = args.out / "train_throughput.json"
     result = {"overrides": args.overrides, "variants": variants, "warmup_steps": args.warmup_steps,
               "repeats": args.repeats, "runs": {}}

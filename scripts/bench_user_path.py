@@ -42,6 +42,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from loka_trainer.arg_types import positive_int, writable_dir
 from loka_trainer import LoKAConfig, convert_to_loka
 from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.mods.layers import BlockNorm
@@ -197,8 +198,8 @@ def resumed_rows(path: Path, batch: int, source: str) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--batch", type=int, default=BATCH)
+    ap.add_argument("out", type=writable_dir)
+    ap.add_argument("--batch", type=positive_int, default=BATCH)
     ap.add_argument("--shapes", nargs="+", default=[f"{k},{n}" for k, n in MODS_LAYER_SHAPES])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--kernels", action="store_true", help="list each step's GPU kernels (CUDA only)")

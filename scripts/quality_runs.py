@@ -52,9 +52,12 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+from loka_trainer.arg_types import writable_dir
 from scripts.plot_results import plot_quality, plot_quality_curves, quality_table
 from scripts.run_queue import Job, Launcher, adopt_plan, reuse_from, run_jobs, start_order
-from scripts.train_runs import LAUNCHERS, PRECISION_VARIANTS, known_variants, precision_overrides
+from scripts.train_runs import (LAUNCHERS, PRECISION_VARIANTS, checked_run_configs, known_variants,
+                                precision_overrides)
+
 
 def run_overrides(out: Path, model: str, variant: str, seed: int, *, steps: int, eval_interval: int,
                   extra: list[str]) -> list[str]:
@@ -122,28 +125,16 @@ def dispatch_pairs(jobs: list[Job]) -> set[tuple[str, str]]:
     """Compose and validate the config of each (model, variant)'s first run before any run starts (a bad
     override: one ``error:`` line, exit 2); returns the pairs whose runs measure a Dispatch plan (Dispatch on and
     no plan file given)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from loka_trainer.cli import compose_config, typed_config
-    from loka_trainer.config import register_schemas, to_run_config
-
-    register_schemas()
-    measured, seen = set(), set()
+    first: dict[tuple[str, str], list[str]] = {}
     for job in jobs:
-        if (job.model, job.variant) in seen:
-            continue
-        seen.add((job.model, job.variant))
-        cfg, _ = compose_config("config", job.overrides)
-        run = typed_config(cfg, to_run_config)
-        if run.precision.dispatch and run.precision.plan is None:
-            measured.add((job.model, job.variant))
-    GlobalHydra.instance().clear()
-    return measured
+        first.setdefault((job.model, job.variant), job.overrides)
+    configs = checked_run_configs(list(first.values()))
+    return {pair for pair, run in zip(first, configs) if run.precision.dispatch and run.precision.plan is None}
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=writable_dir, required=True)
     ap.add_argument("--models", nargs="+", default=["wukong", "interformer"])
     ap.add_argument("--precisions", nargs="+", default=["bf16", "fp8_tensorwise", "fp8_rowwise", "loka"],
                     help=f"conf/precision presets or {sorted(PRECISION_VARIANTS)}")

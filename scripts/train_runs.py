@@ -79,12 +79,49 @@ def run_env(port: int, *, threads: int, devices: Optional[str] = None) -> dict[s
     return env
 
 
+def measured_overrides(run_dir: Path, overrides: list[str]) -> list[str]:
+    """train.py's overrides for a measured run: ``overrides`` with evaluation once at the end on one batch, no
+    checkpoints, no progress bar, into ``run_dir``."""
+    return [*overrides, "trainer.eval_interval=0", "trainer.checkpoint_at_end=false", "trainer.checkpoint_interval=0",
+            "trainer.resume=false", "callbacks.progress=false", "data.eval_batches=1", f"hydra.run.dir={run_dir}"]
+
+
+def checked_run_configs(runs: list[list[str]]) -> list:
+    """Compose and validate train.py's config of each override list before any run starts, as train.py does (a bad
+    override: its one ``error:`` line, exit 2, instead of a failed run's log after the earlier runs); returns the
+    typed configs (``loka_trainer.config.RunConfig``)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from loka_trainer.cli import compose_config, typed_config
+    from loka_trainer.config import register_schemas, to_run_config
+
+    register_schemas()
+    configs = [typed_config(compose_config("config", overrides)[0], to_run_config) for overrides in runs]
+    GlobalHydra.instance().clear()
+    return configs
+
+
+def logged_windows_after(steps: int, log_interval: int, warmup_steps: int) -> int:
+    """How many log windows a run of ``steps`` logs after ``warmup_steps`` (it logs at the multiples of
+    ``log_interval``)."""
+    return max(0, steps // log_interval - warmup_steps // log_interval)
+
+
+def check_measured_runs(runs: list[list[str]], warmup_steps: int) -> None:
+    """Before any run: each override list's config is valid (``checked_run_configs``) and logs the two windows after
+    the warm-up that throughput and its spread are read from (else that is found after the run trained)."""
+    for cfg in checked_run_configs([measured_overrides(Path("unused"), overrides) for overrides in runs]):
+        t = cfg.trainer
+        if (windows := logged_windows_after(t.steps, t.log_interval, warmup_steps)) < 2:
+            raise SystemExit(f"error: trainer.steps={t.steps} logs {windows} window(s) after --warmup-steps "
+                             f"{warmup_steps} (one every trainer.log_interval={t.log_interval} steps); throughput "
+                             f"needs 2: train longer")
+
+
 def train(run_dir: Path, overrides: list[str], nproc: int) -> list[dict]:
-    """Run train.py once under torchrun (evaluation once at the end, no checkpoints); returns its metrics.jsonl
-    records (raises with the log's tail on failure)."""
-    cmd = [*torchrun_command(nproc, free_port(set())), *overrides, "trainer.eval_interval=0",
-           "trainer.checkpoint_at_end=false", "trainer.checkpoint_interval=0", "trainer.resume=false",
-           "callbacks.progress=false", "data.eval_batches=1", f"hydra.run.dir={run_dir}"]
+    """Run train.py once under torchrun (``measured_overrides``); returns its metrics.jsonl records (raises with
+    the log's tail on failure)."""
+    cmd = [*torchrun_command(nproc, free_port(set())), *measured_overrides(run_dir, overrides)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.with_suffix(".log")
     with log.open("w") as f:
