@@ -110,12 +110,13 @@ def logged_windows_after(steps: int, log_interval: int, warmup_steps: int) -> in
 def check_measured_runs(runs: list[list[str]], warmup_steps: int) -> None:
     """Before any run: each override list's config is valid (``checked_run_configs``) and logs the two windows after
     the warm-up that throughput and its spread are read from (else that is found after the run trained)."""
+    from loka_trainer.cli import fail
+
     for cfg in checked_run_configs([measured_overrides(Path("unused"), overrides) for overrides in runs]):
         t = cfg.trainer
         if (windows := logged_windows_after(t.steps, t.log_interval, warmup_steps)) < 2:
-            raise SystemExit(f"error: trainer.steps={t.steps} logs {windows} window(s) after --warmup-steps "
-                             f"{warmup_steps} (one every trainer.log_interval={t.log_interval} steps); throughput "
-                             f"needs 2: train longer")
+            fail(f"trainer.steps={t.steps} logs {windows} window(s) after --warmup-steps {warmup_steps} (one every "
+                 f"trainer.log_interval={t.log_interval} steps); throughput needs 2: train longer")
 
 
 def train(run_dir: Path, overrides: list[str], nproc: int) -> list[dict]:

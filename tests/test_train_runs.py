@@ -125,3 +125,36 @@ def test_throughput_variants_of_the_command_line_join_the_known_ones_and_bad_nam
                                   (["mine"], [("mine", "  ")], "has no overrides")):
         with pytest.raises(SystemExit, match=re.escape(needle)):
             run_variants(names, custom)
+
+
+@pytest.mark.parametrize("script, args, needle", [
+    ("bench_train_throughput", ["--out", "{file}/out", "--", "model=dlrm"], "argument --out: cannot write to"),
+    ("bench_train_throughput", ["--out", "{tmp}", "--nproc", "0", "--", "model=dlrm"],
+     "argument --nproc: must be >= 1, got 0"),
+    ("bench_train_throughput", ["--out", "{tmp}", "--", "model=nosuch"], "Could not find 'model/nosuch'"),
+    ("bench_train_throughput", ["--out", "{tmp}", "--precisions", "bf16", "--warmup-steps", "500", "--",
+                                "model=dlrm", "trainer.steps=510"], "logs 1 window(s) after --warmup-steps 500"),
+    ("bench_probe_overhead", ["--out", "{tmp}", "--pairs", "0", "--", "model=dlrm"], "argument --pairs: must be >= 1"),
+    ("bench_probe_overhead", ["--out", "{tmp}", "--", "model=dlrm", "trainer.lr=-1"], "trainer.lr"),
+    ("quality_runs", ["--out", "{file}/q", "--precisions", "bf16"], "argument --out: cannot write to"),
+    ("fp8_layer_sensitivity", ["--out", "{file}/s", "--model", "dlrm"], "argument --out: cannot write to"),
+])
+def test_train_py_benchmarks_reject_bad_arguments_before_any_run(tmp_path, script, args, needle):
+    """A bad folder, count or train.py override fails when the command line is read: no run starts, nothing is
+    written (these were tracebacks, or a failed run after the earlier runs had trained)."""
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "out"
+    args = [a.format(file=tmp_path / "a_file", tmp=out) for a in args]
+    proc = subprocess.run([sys.executable, "-m", f"scripts.{script}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not out.exists()
+
+
+def test_logged_windows_after_the_warm_up_count_the_multiples_of_the_log_interval():
+    from scripts.train_runs import logged_windows_after
+
+    assert logged_windows_after(20, 5, 5) == 3  # steps 10, 15, 20
+    assert logged_windows_after(510, 10, 500) == 1
+    assert logged_windows_after(100, 10, 200) == 0

@@ -1,0 +1,25 @@
+"""The command-line tools' shared argparse types (loka_trainer.arg_types)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
+
+
+def test_writable_dir_accepts_a_folder_to_be_made_and_names_what_blocks_one(tmp_path):
+    assert writable_dir(str(tmp_path / "new" / "deeper")) == tmp_path / "new" / "deeper"
+    assert not (tmp_path / "new").exists()  # nothing created while checking
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(argparse.ArgumentTypeError, match="a_file is not a directory"):
+        writable_dir(str(tmp_path / "a_file" / "out"))
+
+
+def test_counts_reject_too_small_values_and_non_integers():
+    assert positive_int("3") == 3 and non_negative_int("0") == 0
+    for parse, value, needle in ((positive_int, "0", "must be >= 1, got 0"),
+                                 (non_negative_int, "-1", "must be >= 0, got -1"),
+                                 (positive_int, "2.5", "not an integer: '2.5'")):
+        with pytest.raises(argparse.ArgumentTypeError, match=needle):
+            parse(value)
