@@ -45,6 +45,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from loka_trainer.atomic_files import atomic_write, atomic_write_text
+
 LATEST = "latest"
 MARKER = "complete.json"
 MARKER_FORMAT = 1
@@ -173,12 +175,12 @@ def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer:
     if rank == 0:  # a directory left by an interrupted save of this step must not look complete mid-rewrite
         (path / MARKER).unlink(missing_ok=True)
     metadata = dcp.save(_app_state(model, dense_optimizer, sparse_optimizer, extra), checkpoint_id=str(path))
-    _atomic_torch_save({**local, "rng": rng_state()}, rank_file(path, rank))
+    atomic_write(rank_file(path, rank), lambda f: torch.save({**local, "rng": rng_state()}, f))
     _barrier()
     if rank == 0:
         _write_marker(path, step=step, world_size=world_size, shard_files=_shard_files(metadata, path),
                       model_identity=model_identity)
-        _atomic_write_text(root / LATEST, path.name)
+        atomic_write_text(root / LATEST, path.name)
     _barrier()
     return path
 
@@ -277,7 +279,7 @@ def _write_marker(path: Path, *, step: int, world_size: int, shard_files: list[s
     record = {"format": MARKER_FORMAT, "step": step, "world_size": world_size, "files": files}
     if model_identity is not None:
         record["model"] = model_identity
-    _atomic_write_text(path / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    atomic_write_text(path / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def _sha256(file: Path) -> str:
@@ -286,18 +288,6 @@ def _sha256(file: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _atomic_write_text(file: Path, text: str) -> None:
-    tmp = file.with_name(f".{file.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, file)
-
-
-def _atomic_torch_save(obj: Any, file: Path) -> None:
-    tmp = file.with_name(f".{file.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, file)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

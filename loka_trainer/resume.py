@@ -34,6 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from loka_trainer.atomic_files import atomic_write_text
 from loka_trainer.checkpoint import LATEST, CheckpointError, checkpoint_dirs, verify_checkpoint
 
 PREVIOUS = "previous"
@@ -177,16 +178,12 @@ def prepare_resumed_run(run_dir: Path, checkpoint_root: Path, plan: StartPlan) -
         if dropped:
             dest = dest or _new_previous_dir(run_dir)
             shutil.copy2(metrics, dest / METRICS_FILE)
-            tmp = metrics.with_name(f".{METRICS_FILE}.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            tmp.replace(metrics)
+            atomic_write_text(metrics, "".join(line + "\n" for line in kept))
             lines.append(f"{METRICS_FILE}: kept the records up to step {plan.step}; the {len(dropped)} after it "
                          f"(this run writes them again) are in {dest / METRICS_FILE}")
     latest = checkpoint_root / LATEST
     if not latest.is_file() or latest.read_text().strip() != plan.checkpoint.name:
-        tmp = latest.with_name(f".{LATEST}.tmp")
-        tmp.write_text(plan.checkpoint.name)
-        tmp.replace(latest)
+        atomic_write_text(latest, plan.checkpoint.name)
     return lines
 
 

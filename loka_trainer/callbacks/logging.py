@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from loka_trainer.atomic_files import atomic_write_text
 from loka_trainer.callbacks.base import Callback, TrainState
 
 
@@ -63,7 +64,7 @@ class MetricsLogger(Callback):
         summary.update(device=torch.cuda.get_device_name(state.device) if state.device.type == "cuda" else "cpu",
                        torch=torch.__version__,
                        finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        self.summary_path.write_text(json.dumps(_finite_or_none(summary), indent=2) + "\n")
+        atomic_write_text(self.summary_path, json.dumps(_finite_or_none(summary), indent=2) + "\n")  # tools read it
 
     def _append(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from loka_trainer.atomic_files import atomic_write_text
 from loka_trainer.callbacks.base import Callback, TrainState
 from loka_trainer.profiling.trace_split import split_steps, summary_line
 
@@ -73,7 +74,7 @@ class ProfilerCallback(Callback):
         for step in steps:
             log.info(summary_line(step))
         if self.summary_path is not None:
-            self.summary_path.write_text(json.dumps({"trace": str(path), "steps": steps}, indent=1))
+            atomic_write_text(self.summary_path, json.dumps({"trace": str(path), "steps": steps}, indent=1))
 
     def on_train_end(self, state: TrainState) -> None:
         if self.profiler is not None:

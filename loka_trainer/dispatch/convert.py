@@ -12,13 +12,13 @@ The FP8 weight operands are cached per optimizer step: attach ``register_weight_
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
+from loka_trainer.atomic_files import atomic_copy
 from loka_trainer.dispatch.broadcast import broadcast_plan, is_rank0, rank0_print
 from loka_trainer.dispatch.build import build_plan
 from loka_trainer.dispatch.config import LoKAConfig
@@ -146,8 +146,5 @@ def record_plan(plan: DispatchPlan, dest: Path, *, source: Optional[str]) -> str
         return f"dispatch plan written to {save_plan(plan, dest)}"
     if dest.exists() and dest.resolve() == Path(source).resolve():
         return f"dispatch plan {dest} reused as it is (not rewritten)"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(dest)
+    atomic_copy(Path(source), dest)
     return f"dispatch plan {source} copied to {dest}"

@@ -35,6 +35,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from loka_trainer.atomic_files import atomic_write_text
 from loka_trainer.dispatch.targets import excluded
 from loka_trainer.kernels.backend_base import GEMMS
 from loka_trainer.kernels.backends import BACKENDS, BASELINE
@@ -225,12 +226,7 @@ def _layer_from_dict(e: Any, *, where: str) -> LayerPlan:
 
 def save_plan(plan: DispatchPlan, path: str | Path) -> Path:
     """Write the plan as indented JSON (atomically: write then rename) and return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(plan.to_dict(), indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(Path(path), json.dumps(plan.to_dict(), indent=2, sort_keys=False) + "\n")
 
 
 def without_excluded(plan: DispatchPlan, exclude: Optional[Sequence[str]]) -> DispatchPlan:

@@ -22,13 +22,12 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
+from loka_trainer.atomic_files import atomic_write
 from loka_trainer.probe.worker import SerialWorker
 
 STATS_VERSION = 2
@@ -79,20 +78,9 @@ def to_cpu(obj: Any) -> Any:
 
 
 def atomic_save(obj: Any, path: Path, *, writer: Callable[[Any, Any], None] = torch.save) -> None:
-    """Write obj to path via temp file + fsync + os.replace. ``writer(obj, file)`` is injectable for tests."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; stats are meant to be read by the team and by Dispatch
-        with os.fdopen(fd, "wb") as f:
-            writer(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write obj to path whole or not at all (``atomic_files.atomic_write``). ``writer(obj, file)`` is injectable
+    for tests."""
+    atomic_write(Path(path), lambda f: writer(obj, f))
 
 
 class AsyncSaver(SerialWorker):
