@@ -54,7 +54,7 @@ from typing import Callable, Optional
 
 from loka_trainer.arg_types import writable_dir
 from scripts.plot_results import plot_quality, plot_quality_curves, quality_table
-from scripts.run_queue import Job, Launcher, adopt_plan, reuse_from, run_jobs, start_order
+from scripts.run_queue import Job, Launcher, adopt_plan, record_problem, reuse_from, run_jobs, start_order
 from scripts.train_runs import (LAUNCHERS, PRECISION_VARIANTS, checked_run_configs, known_variants,
                                 precision_overrides)
 
@@ -193,6 +193,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     for line in filter(None, map(adopt_plan, jobs)):  # measured by a run of an earlier call
         print(line)
     todo = [j for j in jobs if not j.finished()]
+    for job in todo:
+        if (job.run_dir / "summary.json").exists():
+            print(f"{job.name}: not counted ({record_problem(job.run_dir)}); this command trains it again")
     print(f"{len(jobs)} runs: {len(jobs) - len(todo)} finished earlier (reused), {len(todo)} to run, "
           f"up to {args.concurrent} at once ({args.launcher}, {args.nproc} rank(s) each)", flush=True)
     if measured and args.concurrent > 1 and not args.share_plan:

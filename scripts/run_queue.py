@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Optional, Protocol, Sequence
 
+from loka_trainer.atomic_files import atomic_copy
 from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts.provenance import git_state, source_digest
 from scripts.train_runs import LAUNCHERS, ROOT, free_port, run_env
@@ -39,7 +40,7 @@ class Job:
         return self.run_dir.name
 
     def finished(self) -> bool:
-        return (self.run_dir / "summary.json").is_file()
+        return record_problem(self.run_dir) is None
 
     def measuring(self) -> bool:
         """True while this run still has to measure the shared plan (nothing else may use the device then)."""
@@ -50,6 +51,31 @@ class Job:
         if self.shared_plan is None or not self.shared_plan.is_file():
             return list(self.overrides)
         return [*self.overrides, f"precision.plan={self.shared_plan.resolve()}"]
+
+
+SUMMARY_KEYS = ("eval_logloss", "eval_ne", "eval_auc", "examples_per_s")  # what a study reads from summary.json
+
+
+def record_problem(run_dir: Path) -> Optional[str]:
+    """None when ``run_dir`` holds a finished run's readable records (``summary.json`` with ``SUMMARY_KEYS``, every
+    line of ``metrics.jsonl`` JSON); else what is missing or damaged, in a few words. A damaged run is not finished
+    and runs again: train.py moves its outputs aside, nothing is deleted."""
+    summary, metrics = run_dir / "summary.json", run_dir / "metrics.jsonl"
+    if not summary.is_file():
+        return "no summary.json"
+    try:
+        record = json.loads(summary.read_text())
+        missing = [k for k in SUMMARY_KEYS if k not in record] if isinstance(record, dict) else ["a JSON object"]
+        if missing:
+            return f"summary.json lacks {', '.join(missing)}"
+        for number, line in enumerate(metrics.read_text().splitlines(), 1):
+            try:
+                json.loads(line)
+            except ValueError as exc:
+                return f"metrics.jsonl line {number} is damaged ({exc})"
+    except (OSError, ValueError) as exc:
+        return f"{'summary.json is damaged' if isinstance(exc, ValueError) else 'unreadable'} ({exc})"
+    return None
 
 
 def start_order(jobs: list[Job]) -> list[Job]:
@@ -65,10 +91,7 @@ def adopt_plan(job: Job) -> Optional[str]:
     src = job.run_dir / PLAN_FILE
     if not job.builds_plan or job.shared_plan.is_file() or not src.is_file():
         return None
-    job.shared_plan.parent.mkdir(parents=True, exist_ok=True)
-    tmp = job.shared_plan.with_suffix(".tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(job.shared_plan)
+    atomic_copy(src, job.shared_plan)
     return f"shared plan {job.shared_plan} (measured by {job.name})"
 
 
@@ -79,7 +102,7 @@ def reuse_from(jobs: list[Job], out: Path, source: Path, variants: Sequence[str]
     lines = []
     for job in jobs:
         src = source / job.run_dir.relative_to(out)
-        if job.variant in variants and not job.finished() and (src / "summary.json").is_file():
+        if job.variant in variants and not job.finished() and record_problem(src) is None:
             shutil.copytree(src, job.run_dir, dirs_exist_ok=True)
             for suffix in (".launch.json", ".log"):
                 if src.with_suffix(suffix).is_file():

@@ -259,6 +259,26 @@ def test_reuse_from_copies_the_baselines_so_only_the_changed_precision_would_tra
     assert json.loads(summary.read_text())["edited here"]  # a run already in the study is not copied over
 
 
+def test_a_damaged_record_is_named_not_counted_and_its_run_trains_again(tmp_path, monkeypatch, capsys):
+    """A run whose summary.json or metrics.jsonl is damaged (a write cut short) is left out of the table with the
+    reason and is among the runs to train; it was a JSONDecodeError traceback that stopped the whole study."""
+    published = ROOT / "docs" / "results" / "quality_interformer_h200_warmup"
+    shutil.copytree(published / "runs", tmp_path / "runs")
+    (tmp_path / "runs" / "interformer_h200_loka_seed0" / "summary.json").write_text("{bad")
+    with (tmp_path / "runs" / "interformer_h200_bf16_seed1" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "lo')
+    argv = ["--out", str(tmp_path), "--models", "interformer_h200", "--precisions", "bf16", "bf16_mods", "loka",
+            "--seeds", "1", "0", "--no-run"]
+    monkeypatch.setattr(qr.Launcher, "start", lambda *a: pytest.fail("--no-run started a run"))
+    qr.main(argv)
+    out = capsys.readouterr().out
+    assert "interformer_h200_loka_seed0: not counted (summary.json is damaged" in out
+    assert "interformer_h200_bf16_seed1: not counted (metrics.jsonl line 253 is damaged" in out
+    result = json.loads((tmp_path / "quality.json").read_text())
+    assert len(result["runs"]) == 4
+    assert sorted(e["run"] for e in result["not_run"]) == ["interformer_h200_bf16_seed1", "interformer_h200_loka_seed0"]
+
+
 def test_git_keeps_a_finished_runs_record_and_ignores_the_rest_of_its_directory():
     # a study spread over machines or sessions goes on from committed records: read_run's files are not ignored
     root = Path(__file__).resolve().parents[1]

@@ -11,6 +11,7 @@ from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts import quality_runs as qr
 from scripts import run_queue
 from scripts import train_runs
+from scripts.run_queue import SUMMARY_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,8 @@ class FakeRun:
             return None
         if self.code == 0:
             self.job.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.job.run_dir / "summary.json").write_text("{}")
+            (self.job.run_dir / "summary.json").write_text(json.dumps(dict.fromkeys(SUMMARY_KEYS, 0.5)))
+            (self.job.run_dir / "metrics.jsonl").write_text('{"step": 10, "loss": 0.5}\n')
         return self.code
 
     def terminate(self):
