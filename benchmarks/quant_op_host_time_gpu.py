@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from loka_trainer.arg_types import positive_int, writable_dir
+from loka_trainer.arg_types import positive_int, writable_file
 
 
 def custom_op_quantizer():
@@ -55,7 +55,7 @@ def host_us_per_call(fn, xs, calls: int) -> float:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=writable_dir)
+    ap.add_argument("out", type=writable_file)
     ap.add_argument("--calls", type=positive_int, default=40)
     ap.add_argument("--shape", default="8192x1024")
     args = ap.parse_args(argv)

@@ -15,6 +15,15 @@ def writable_dir(value: str) -> Path:
     return Path(value)
 
 
+def writable_file(value: str) -> Path:
+    """An output file: not a folder, in a folder that is writable or can be created (nothing is created now)."""
+    path = Path(value)
+    reason = f"{value} is a directory" if path.is_dir() else unwritable_reason(path.parent)
+    if reason is not None:
+        raise argparse.ArgumentTypeError(f"cannot write to {value} ({reason})")
+    return path
+
+
 def _int_at_least(low: int, value: str) -> int:
     try:
         number = int(value)
@@ -35,4 +44,4 @@ def non_negative_int(value: str) -> int:
     return _int_at_least(0, value)
 
 
-__all__ = ["non_negative_int", "positive_int", "writable_dir"]
+__all__ = ["non_negative_int", "positive_int", "writable_dir", "writable_file"]

@@ -21,13 +21,13 @@ without the probe. Writes ``DIR/probe_overhead.json`` (after every run, so an in
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
 from scripts.plot_results import pyplot, throughput_curves
 from scripts.provenance import provenance
+from scripts.result_files import previous_result, write_result
 from scripts.train_runs import (check_measured_runs, check_profile_step, measured_run, observed_step_overhead,
                                 observes, print_phase_table, profile_overrides)
 
@@ -65,7 +65,7 @@ def main() -> None:
     check_measured_runs([[*args.overrides, *probe_overrides(on, args.interval), *profile_overrides(args.profile_step)]
                          for on in (False, True)], args.warmup_steps)
     out_json = args.out / "probe_overhead.json"
-    done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else []
+    done = (previous_result(out_json, keys=("runs",)) or {"runs": []})["runs"]
     runs = []
     for pair in range(args.pairs):
         for mode in (("off", "on") if pair % 2 == 0 else ("on", "off")):
@@ -81,15 +81,14 @@ def main() -> None:
                 run["in_run"] = observed_step_overhead(run["trajectory"], interval=args.interval,
                                                        warmup_steps=args.warmup_steps)
             runs.append(run)
-            args.out.mkdir(parents=True, exist_ok=True)
-            out_json.write_text(json.dumps({"overrides": args.overrides, "runs": runs}, indent=2) + "\n")
+            write_result(out_json, {"overrides": args.overrides, "runs": runs})
     ratios = [next(r for r in runs if r["pair"] == k and r["probe"] == "off")["examples_per_s"]
               / next(r for r in runs if r["pair"] == k and r["probe"] == "on")["examples_per_s"]
               for k in range(args.pairs)]
     # after the runs: naming the device starts a CUDA context in this process, kept off the GPU while they train
     result = {**provenance(), "overrides": args.overrides, "interval": args.interval, "warmup_steps": args.warmup_steps,
               "runs": runs, "overhead_per_pair": [x - 1 for x in ratios], "overhead": statistics.median(ratios) - 1}
-    out_json.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out_json, result)
     plot(result, args.out / "probe_overhead.png")
     print(" pair  probe  examples/s  window spread")
     for r in runs:

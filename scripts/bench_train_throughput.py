@@ -22,7 +22,6 @@ run's entry and a phase table to the output: where each precision's step goes, t
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
 from scripts.plot_results import pyplot, throughput_curves
 from scripts.provenance import provenance
+from scripts.result_files import previous_result, write_result
 from scripts.train_runs import (check_measured_runs, check_profile_step, known_variants, measured_run,
                                 precision_overrides, print_phase_table, profile_overrides, repeat_orders)
 
@@ -105,7 +105,7 @@ def main() -> None:
     out_json = args.out / "train_throughput.json"
     result = {"overrides": args.overrides, "variants": variants, "warmup_steps": args.warmup_steps,
               "repeats": args.repeats, "runs": {}}
-    done = json.loads(out_json.read_text())["runs"] if out_json.is_file() else {}
+    done = (previous_result(out_json, keys=("runs",)) or {"runs": {}})["runs"]
     for repeat, order in enumerate(repeat_orders(args.precisions, args.repeats)):
         for precision in order:
             key = run_key(precision, repeat)
@@ -115,11 +115,10 @@ def main() -> None:
                                    warmup_steps=args.warmup_steps, profile_step=args.profile_step)
                 done[key] = {"precision": precision, "repeat": repeat, **run}
             result["runs"][key] = done[key]
-            args.out.mkdir(parents=True, exist_ok=True)
-            out_json.write_text(json.dumps(result, indent=2) + "\n")
+            write_result(out_json, result)
     # after the runs: naming the device starts a CUDA context in this process, kept off the GPU while they train
     result = {**provenance(), **result, "precisions": summarize(result["runs"], args.precisions, args.repeats)}
-    out_json.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out_json, result)
     plot(result, args.out / "train_throughput.png")
     first = args.precisions[0]
     print(f"{'precision':>22}  {'examples/s':>10}  {'x ' + first:>10}  {'range':>13}  {'spread':>6}  {'peak GiB':>8}")

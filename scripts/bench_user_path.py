@@ -49,6 +49,7 @@ from loka_trainer.mods.layers import BlockNorm
 from loka_trainer.timing import cuda_graph_timer, wall_clock_timer
 from scripts.plot_results import grouped_bars, pyplot
 from scripts.provenance import provenance, source_digest
+from scripts.result_files import previous_result
 from scripts.mods_layer_variants import BATCH, DEFAULT_MODS_LAYER_VARIANTS, FUSED_VARIANTS, MODS_LAYER_SHAPES
 
 VARIANTS = ("published", "published_compiled", "mods_compiled", "loka_eager", "loka_compiled",
@@ -187,9 +188,9 @@ def resumed_rows(path: Path, batch: int, source: str) -> list[dict]:
     """The rows an interrupted run left at ``path``; [] when there is none. Rows of other code than ``source``
     (``provenance.source_digest``) or of another batch are refused with the reason: a table mixes no two versions
     of the code."""
-    if not path.exists():
+    done = previous_result(path, keys=("rows",))
+    if done is None:
         return []
-    done = json.loads(path.read_text())
     if done.get("source") != source or done.get("batch") != batch:
         raise SystemExit(f"{path}: rows of source {done.get('source')} batch {done.get('batch')}, this run is "
                          f"source {source} batch {batch}; move the file away to start afresh")

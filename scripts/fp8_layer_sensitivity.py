@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from loka_trainer.arg_types import positive_int, writable_dir
+from loka_trainer.arg_types import positive_int, writable_file
 from loka_trainer.data.config import DataConfig
 from loka_trainer.data.schema import data_schema
 from loka_trainer.data.synthetic import SyntheticSource
@@ -114,7 +114,7 @@ def data_config(overrides: list[str], batch: int, num_sequences: int) -> DataCon
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=writable_dir, required=True)
+    ap.add_argument("--out", type=writable_file, required=True)
     ap.add_argument("--model", default="interformer_h200", help="a conf/model preset")
     ap.add_argument("--batch", type=positive_int, default=64)
     ap.add_argument("--batches", type=positive_int, default=4)

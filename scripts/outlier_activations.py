@@ -16,7 +16,7 @@ import json
 import torch
 from omegaconf import OmegaConf
 
-from loka_trainer.arg_types import positive_int, writable_dir
+from loka_trainer.arg_types import positive_int, writable_file
 from loka_trainer.data.config import DataConfig, OutlierConfig
 from loka_trainer.data.schema import data_schema
 from loka_trainer.data.synthetic import SyntheticSource
@@ -72,7 +72,7 @@ def data_config(overrides: list[str]) -> DataConfig:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=writable_dir, required=True)
+    ap.add_argument("--out", type=writable_file, required=True)
     ap.add_argument("--model", default="wukong")
     ap.add_argument("--batches", type=positive_int, default=4)
     ap.add_argument("--min-features", type=positive_int, default=16)

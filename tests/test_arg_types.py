@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
+from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir, writable_file
 
 
 def test_writable_dir_accepts_a_folder_to_be_made_and_names_what_blocks_one(tmp_path):
@@ -14,6 +14,16 @@ def test_writable_dir_accepts_a_folder_to_be_made_and_names_what_blocks_one(tmp_
     (tmp_path / "a_file").write_text("")
     with pytest.raises(argparse.ArgumentTypeError, match="a_file is not a directory"):
         writable_dir(str(tmp_path / "a_file" / "out"))
+
+
+def test_writable_file_accepts_an_existing_file_to_replace_and_rejects_a_folder(tmp_path):
+    (tmp_path / "result.json").write_text("{}")
+    assert writable_file(str(tmp_path / "result.json")) == tmp_path / "result.json"
+    assert writable_file(str(tmp_path / "new" / "result.json")) == tmp_path / "new" / "result.json"
+    with pytest.raises(argparse.ArgumentTypeError, match="is a directory"):
+        writable_file(str(tmp_path))
+    with pytest.raises(argparse.ArgumentTypeError, match="result.json is not a directory"):
+        writable_file(str(tmp_path / "result.json" / "x.json"))
 
 
 def test_counts_reject_too_small_values_and_non_integers():

@@ -22,7 +22,7 @@ def test_every_script_and_benchmark_imports_as_a_module_without_running(module):
     assert callable(getattr(mod, "main", None)) or module in {"scripts.bench_targets", "scripts.bench_timing",
                                                               "scripts.mods_layer_variants", "scripts.train_runs",
                                                               "scripts.run_queue", "scripts.kernel_split",
-                                                              "scripts.provenance"}
+                                                              "scripts.provenance", "scripts.result_files"}
 
 
 @pytest.mark.slow

@@ -158,3 +158,16 @@ def test_logged_windows_after_the_warm_up_count_the_multiples_of_the_log_interva
     assert logged_windows_after(20, 5, 5) == 3  # steps 10, 15, 20
     assert logged_windows_after(510, 10, 500) == 1
     assert logged_windows_after(100, 10, 200) == 0
+
+
+@pytest.mark.parametrize("content", ["{bad", '["a list"]', '{"overrides": []}'])
+def test_a_damaged_result_file_stops_the_benchmark_before_any_run_and_is_kept(tmp_path, content):
+    """The result JSON a call resumes from holds earlier runs: damaged, it is refused in one line and left as it
+    is (it was a traceback, or with a readable file lacking "runs" a KeyError)."""
+    (tmp_path / "train_throughput.json").write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench_train_throughput", "--out", str(tmp_path),
+                           "--precisions", "bf16", "--", "model=dlrm", "trainer.steps=150"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "train_throughput.json is damaged" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and (tmp_path / "train_throughput.json").read_text() == content
+    assert not (tmp_path / "runs").exists()
