@@ -17,7 +17,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from loka_trainer.callbacks.probe_config import ProbeConfig
 from loka_trainer.data.config import DataConfig
 from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan, without_excluded
-from loka_trainer.dispatch.targets import configured_targets
+from loka_trainer.dispatch.targets import configured_targets, dispatch_exclude
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
 from loka_trainer.models.mods import LOKA_MODS, resolve_mods
@@ -200,15 +200,15 @@ def check_probe_stats(run: RunConfig, model: Any) -> None:
         return
     from loka_trainer.dispatch.build import probe_mere_for  # noqa: PLC0415 -- lazy: the kernels
 
-    probe_mere_for(configured_targets(model, p), p)
+    probe_mere_for(configured_targets(model, p, dispatch=True), p)
 
 
 def check_plan_against_model(plan: DispatchPlan, run: RunConfig, model: Any) -> None:
     """``plan`` minus ``precision.exclude``'s layers against ``model`` (`build_small_model`): the target Linears'
     shapes depend on the model's widths and feature counts, not on the tables' row counts."""
     device = resolve_device(run.trainer.device, local_rank=launch_env()[2])
-    linears = configured_targets(model, run.precision)
-    plan = without_excluded(plan, run.precision.exclude)
+    linears = configured_targets(model, run.precision, dispatch=True)
+    plan = without_excluded(plan, dispatch_exclude(model, run.precision))
     validate_plan(plan, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()},
                   list(available_backends(device)), mods_modes={mode: spec.fp8 for mode, spec in FORWARD_MODES.items()},
                   source=f"precision.plan {run.precision.plan!r}")

@@ -66,9 +66,11 @@ GIB = 2**30
 
 
 # Variant suffixes: "<preset>+<suffix>..." is the preset with these changes (e.g. "bf16+mods": BF16 on the model
-# built with the LoKA Mods; "loka+graph_timed": LoKA with Dispatch timing candidates by CUDA-graph replay).
+# built with the LoKA Mods; "loka+graph_timed": LoKA with Dispatch timing candidates by CUDA-graph replay;
+# "loka+all_targets": Dispatch may convert the Linears the model declares BF16 too, as it did before they were).
 VARIANT_SUFFIXES: dict[str, dict[str, object]] = {"mods": {"mods": True}, "graph_timed": {"gpu_timer": "cuda_graph"},
-                                                   "auto_filter": {"fp8_filter": "auto"}}
+                                                   "auto_filter": {"fp8_filter": "auto"},
+                                                   "all_targets": {"keep_declared_bf16": False}}
 
 
 def precision_config(name: str) -> PrecisionConfig:

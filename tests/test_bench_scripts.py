@@ -154,6 +154,7 @@ def test_e2e_precision_variants_apply_their_suffixes_and_reject_unknown_ones():
     assert timed.gpu_timer == "cuda_graph" and timed.dispatch and timed.mods
     both = precision_config("bf16+mods+graph_timed")
     assert both.mods and not both.dispatch and both.gpu_timer == "cuda_graph"
+    assert precision_config("loka").keep_declared_bf16 and not precision_config("loka+all_targets").keep_declared_bf16
     with pytest.raises(SystemExit, match="unknown suffix \\['turbo'\\]"):
         precision_config("loka+turbo")
 

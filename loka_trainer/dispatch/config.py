@@ -36,6 +36,9 @@ class LoKAConfig:
     # fnmatch globs of Linear FQNs that stay BF16: not targets of Dispatch or of a uniform torchao recipe, and a
     # loaded plan's entries for them are dropped; a glob that names no target is an error (a typo)
     exclude: Optional[List[str]] = None
+    # Dispatch keeps BF16 the Linears the model's modules name in their ``loka_keep_bf16`` (``dispatch.targets``;
+    # the zoo's InterFormer: its weight generators, docs/results/quality_interformer_h200_keep_generators_bf16)
+    keep_declared_bf16: bool = True
     backends: Optional[List[str]] = None  # restrict Dispatch candidates to these names (None: all available)
     timing_repeats: int = 5  # wall-clock repeats per GEMM when measuring on CPU
     # independent timing rounds per GEMM candidate, interleaved; a candidate must beat BF16 by min_speedup in every

@@ -25,7 +25,7 @@ from loka_trainer.dispatch.config import LoKAConfig
 from loka_trainer.dispatch.plan import (DispatchPlan, ModsChoice, load_plan, save_plan, validate_plan,
                                         without_excluded)
 from loka_trainer.dispatch.plan_table import format_plan_table
-from loka_trainer.dispatch.targets import ModuleFilter, configured_targets
+from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, dispatch_exclude
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
@@ -121,9 +121,9 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
         plan = DispatchPlan(device=_device_name(device), layers={}, mere_threshold=config.mere_threshold,
                             min_speedup=config.min_speedup, max_flushed_fraction=config.max_flushed_fraction)
     else:
-        linears = configured_targets(model, config, module_filter_fn=module_filter_fn, log=log)
+        linears = configured_targets(model, config, module_filter_fn=module_filter_fn, log=log, dispatch=True)
         if config.plan is not None:
-            plan = without_excluded(load_plan(config.plan), config.exclude)
+            plan = without_excluded(load_plan(config.plan), dispatch_exclude(model, config))
         else:
             plan = build_plan(model, linears, config=config, device=device,
                               calibration_batch=calibration_batch) if is_rank0() else None

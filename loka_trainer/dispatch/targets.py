@@ -5,6 +5,12 @@ accepted by the optional ``module_filter_fn(module, fqn) -> bool``, none whose F
 ``exclude`` globs (``configured_targets``), and for torchao also with a real input row count M % 16 == 0
 (Dispatch checks M per backend and call). Embedding modules are TorchRec modules, not ``nn.Linear``, so they are
 never touched.
+
+A module may name Linears of its own that Dispatch must keep BF16, in a class attribute ``loka_keep_bf16``: a
+tuple of fnmatch globs relative to the module (``declared_bf16``): what its author measured FP8 to harm and no
+per-GEMM error shows (the zoo's InterFormer: its personalised FFN's weight generator). ``keep_declared_bf16`` in
+the config turns this off; torchao's uniform recipes do not read it (they are the baselines as torchao applies
+them).
 """
 from __future__ import annotations
 
@@ -32,6 +38,17 @@ def check_exclude(exclude: Optional[Sequence[str]], targets: Sequence[str], *, w
                          f"targets: {sorted(targets)}")
 
 
+KEEP_BF16_ATTR = "loka_keep_bf16"
+
+
+def declared_bf16(model: nn.Module) -> list[str]:
+    """FQNs of the Linears of ``model`` that a module of it names in its ``loka_keep_bf16`` globs (relative to
+    that module), sorted."""
+    patterns = [f"{prefix}.{pattern}" if prefix else pattern for prefix, module in model.named_modules()
+                for pattern in getattr(module, KEEP_BF16_ATTR, ())]
+    return sorted(fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and excluded(fqn, patterns))
+
+
 def target_linears(model: nn.Module, *, min_features: int,
                    module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, nn.Linear]:
     """FQN -> nn.Linear for every Linear Dispatch / torchao may convert (see module docstring)."""
@@ -48,16 +65,29 @@ def target_linears(model: nn.Module, *, min_features: int,
     return out
 
 
+def dispatch_exclude(model: nn.Module, config) -> list[str]:
+    """What Dispatch keeps BF16 in ``model``: the config's ``exclude`` globs and, with ``keep_declared_bf16``, the
+    Linears the model's modules name (``declared_bf16``). A loaded plan's entries for them are dropped too."""
+    return [*(config.exclude or ()), *(declared_bf16(model) if config.keep_declared_bf16 else ())]
+
+
 def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[ModuleFilter] = None,
-                       log: Optional[Callable[[str], None]] = None) -> dict[str, nn.Linear]:
-    """``target_linears`` under a ``LoKAConfig``'s (or ``PrecisionConfig``'s) ``min_features`` and ``exclude``;
-    ``check_exclude`` first; ``log`` gets a line naming the excluded ones."""
+                       log: Optional[Callable[[str], None]] = None, dispatch: bool = False) -> dict[str, nn.Linear]:
+    """``target_linears`` under a ``LoKAConfig``'s (or ``PrecisionConfig``'s) ``min_features`` and ``exclude``
+    (``check_exclude`` first), and for ``dispatch`` without the Linears the model declares BF16
+    (``dispatch_exclude``); ``log`` gets a line naming the ones left out."""
     every = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
     check_exclude(config.exclude, list(every), where=config.where)
     kept = {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude)}
     dropped = [fqn for fqn in every if fqn not in kept]
     if dropped and log is not None:
         log(f"exclude {list(config.exclude)}: {len(dropped)} target Linear(s) stay BF16: {', '.join(dropped)}")
+    declared = [fqn for fqn in declared_bf16(model) if fqn in kept] if dispatch and config.keep_declared_bf16 else []
+    if declared:
+        kept = {fqn: mod for fqn, mod in kept.items() if fqn not in declared}
+        if log is not None:
+            log(f"{len(declared)} Linear(s) the model keeps BF16 ({KEEP_BF16_ATTR}; "
+                f"{config.where}.keep_declared_bf16=false lets Dispatch choose): {', '.join(declared)}")
     return kept
 
 

@@ -151,6 +151,53 @@ def test_exclude_keeps_layers_out_of_torchao_and_out_of_a_measured_or_loaded_pla
                         calibration_batch=_batch(), log=lambda s: None)
 
 
+class DeclaresBF16(TinyModel):
+    """TinyModel whose ``mlp`` names its second Linear as one Dispatch must keep BF16 (``loka_keep_bf16``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp.loka_keep_bf16 = ("2",)  # relative to the module that declares it: mlp.2
+
+
+def test_a_linear_the_model_declares_bf16_stays_out_of_dispatch_and_of_a_loaded_plan_but_not_torchao(tmp_path,
+                                                                                                      monkeypatch):
+    from torchao.float8.float8_linear import Float8Linear
+
+    from loka_trainer.dispatch.targets import declared_bf16
+    assert declared_bf16(DeclaresBF16()) == ["mlp.2"] and declared_bf16(TinyModel()) == []
+    fp8 = dict(LOKA, min_speedup=1e-6, backends=["bf16", "scaled_mm_tensorwise"])  # every accurate GEMM FP8 on CPU
+    m, logs = DeclaresBF16(), []
+    plan = apply_precision(m, config=PrecisionConfig(**fp8), device="cpu", calibration_batch=_batch(),
+                           run_dir=tmp_path / "kept", log=logs.append)
+    assert set(plan.layers) == {"mlp.0"} and type(m.mlp[2]) is nn.Linear and type(m.mlp[0]) is LoKALinear
+    assert any("1 Linear(s) the model keeps BF16 (loka_keep_bf16" in line and "mlp.2" in line for line in logs)
+    free = apply_precision(DeclaresBF16(), config=PrecisionConfig(**fp8, keep_declared_bf16=False), device="cpu",
+                           calibration_batch=_batch(), run_dir=tmp_path / "free", log=lambda s: None)
+    assert set(free.layers) == {"mlp.0", "mlp.2"}
+    # A plan measured without the declaration (an older plan) loses that layer on load, unless told otherwise.
+    monkeypatch.setattr(convert_mod, "build_plan", lambda *a, **k: pytest.fail("re-measured"))
+    old_plan = str(tmp_path / "free" / PLAN_FILE)
+    m2 = DeclaresBF16()
+    loaded = apply_precision(m2, config=PrecisionConfig(**fp8, plan=old_plan), device="cpu", log=lambda s: None)
+    assert set(loaded.layers) == {"mlp.0"} and type(m2.mlp[2]) is nn.Linear
+    as_saved = apply_precision(DeclaresBF16(), config=PrecisionConfig(**fp8, plan=old_plan, keep_declared_bf16=False),
+                               device="cpu", log=lambda s: None)
+    assert set(as_saved.layers) == {"mlp.0", "mlp.2"}
+    m3 = DeclaresBF16()  # torchao's uniform recipe is the baseline as torchao applies it: the declaration is ours
+    apply_precision(m3, config=PrecisionConfig(name="fp8_rowwise", fp8_recipe="rowwise"), device="cpu",
+                    log=lambda s: None)
+    assert isinstance(m3.mlp[2], Float8Linear)
+
+
+def test_interformer_declares_its_weight_generators_bf16():
+    from loka_trainer.dispatch.targets import declared_bf16
+    from loka_trainer.models.interformer_arches import SequenceArch
+    from loka_trainer.models.mods import LOKA_MODS
+
+    arch = nn.ModuleDict({"seq_arch": SequenceArch(2, 16, 2, [32], LOKA_MODS)})
+    assert declared_bf16(arch) == ["seq_arch.personal_weight"]
+
+
 @pytest.fixture
 def dynamo_config():
     """torch._dynamo.config with its limits restored afterwards (monkeypatch would delete config entries)."""
