@@ -87,7 +87,7 @@ def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[M
         kept = {fqn: mod for fqn, mod in kept.items() if fqn not in declared}
         if log is not None:
             log(f"{len(declared)} Linear(s) the model keeps BF16 ({KEEP_BF16_ATTR}; "
-                f"{config.where}.keep_declared_bf16=false lets Dispatch choose): {', '.join(declared)}")
+                f"keep_declared_bf16=false lets Dispatch choose): {', '.join(declared)}")
     return kept
 
 
