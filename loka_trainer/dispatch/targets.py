@@ -14,6 +14,7 @@ them).
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from typing import Callable, Optional, Sequence
 
@@ -33,9 +34,11 @@ def check_exclude(exclude: Optional[Sequence[str]], targets: Sequence[str], *, w
     """One-line ValueError for an ``exclude`` glob that matches none of ``targets`` (the FQNs of the Linears that
     would be converted without it): a typo would otherwise leave the layer in FP8 silently."""
     unmatched = [p for p in exclude or () if not any(excluded(f, [p]) for f in targets)]
-    if unmatched:
+    if unmatched:  # the closest names, not all of them: a GPU-scale InterFormer has 64 targets
+        near = sorted({t for p in unmatched for t in difflib.get_close_matches(p, targets, n=3, cutoff=0.5)})
         raise ValueError(f"{where}.exclude: {unmatched} name(s) no FP8 target of this model; "
-                         f"targets: {sorted(targets)}")
+                         + (f"closest of its {len(targets)} targets: {near}" if near else
+                            f"none is close among its {len(targets)} targets, e.g. {sorted(targets)[:3]}"))
 
 
 KEEP_BF16_ATTR = "loka_keep_bf16"

@@ -314,3 +314,15 @@ def test_a_model_is_converted_once_a_second_conversion_is_refused_and_changes_no
         convert_to_loka(model, config, calibration_batch=batch(), device="cpu", run_dir=tmp_path,
                         log=lambda s: None)
     assert repr(model) == before and (tmp_path / PLAN_FILE).read_bytes() == plan_bytes
+
+
+def test_an_exclude_typo_names_the_closest_targets_not_every_one():
+    from loka_trainer.dispatch.targets import check_exclude
+    targets = [f"layers.{i}.seq_arch.personal_weight" for i in range(3)] + [f"layers.{i}.out" for i in range(60)]
+    with pytest.raises(ValueError) as typo:
+        check_exclude(["layers.*.seq_arch.personal_weigth"], targets, where="precision")
+    message = str(typo.value)
+    assert "closest of its 63 targets" in message and "layers.0.seq_arch.personal_weight" in message
+    assert "layers.5.out" not in message
+    with pytest.raises(ValueError, match=r"none is close among its 63 targets, e.g. \['layers.0.out'"):
+        check_exclude(["zzz"], targets, where="precision")
