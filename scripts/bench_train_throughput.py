@@ -96,8 +96,8 @@ def main() -> None:
                     help="a variant of your own for --precisions: NAME and its train.py overrides as one string")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = ap.parse_args()
-    if args.repeats < 1:
-        raise SystemExit("error: --repeats must be >= 1")
+    if repeated := sorted({p for p in args.precisions if args.precisions.count(p) > 1}):
+        ap.error(f"--precisions: {', '.join(repeated)} given more than once (--repeats runs a precision again)")
     check_profile_step(args.profile_step, args.warmup_steps)
     variants = run_variants(args.precisions, args.variant)
     check_measured_runs([[*args.overrides, *variants[p], *profile_overrides(args.profile_step)]

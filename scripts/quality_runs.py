@@ -161,6 +161,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args.launcher = args.launcher or ("python" if args.nproc == 1 else "torchrun")
     problems = [f"--precisions: unknown {p!r}; valid: {known_variants()}" for p in args.precisions
                 if p not in known_variants()]
+    for flag, values in (("--models", args.models), ("--precisions", args.precisions), ("--seeds", args.seeds)):
+        if repeated := sorted({str(v) for v in values if values.count(v) > 1}):
+            problems.append(f"{flag}: {', '.join(repeated)} given more than once (one run directory per run)")
     if "bf16" not in args.precisions:
         problems.append("--precisions must include bf16: RLL is relative to the BF16 run")
     if args.launcher == "python" and args.nproc != 1:

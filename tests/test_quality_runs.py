@@ -116,6 +116,8 @@ def test_loka_published_dispatches_on_the_published_layers():
     (["--precisions", "bf16", "--gpus", "-1"], "--gpus >= 0"),
     (["--precisions", "bf16", "--gpus", "3", "--nproc", "2"], "--gpus 3 is not a multiple of --nproc 2"),
     (["--precisions", "bf16", "--reuse-from", "docs"], "--reuse-from docs: not a study folder"),
+    (["--precisions", "bf16", "loka", "--seeds", "0", "1", "0"], "--seeds: 0 given more than once"),
+    (["--precisions", "bf16", "bf16"], "--precisions: bf16 given more than once"),
 ])
 def test_bad_arguments_fail_in_one_line_with_status_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -134,6 +134,8 @@ def test_throughput_variants_of_the_command_line_join_the_known_ones_and_bad_nam
     ("bench_train_throughput", ["--out", "{tmp}", "--", "model=nosuch"], "Could not find 'model/nosuch'"),
     ("bench_train_throughput", ["--out", "{tmp}", "--precisions", "bf16", "--warmup-steps", "500", "--",
                                 "model=dlrm", "trainer.steps=510"], "logs 1 window(s) after --warmup-steps 500"),
+    ("bench_train_throughput", ["--out", "{tmp}", "--precisions", "bf16", "loka", "bf16", "--", "model=dlrm"],
+     "--precisions: bf16 given more than once"),
     ("bench_probe_overhead", ["--out", "{tmp}", "--pairs", "0", "--", "model=dlrm"], "argument --pairs: must be >= 1"),
     ("bench_probe_overhead", ["--out", "{tmp}", "--", "model=dlrm", "trainer.lr=-1"], "trainer.lr"),
     ("quality_runs", ["--out", "{file}/q", "--precisions", "bf16"], "argument --out: cannot write to"),
