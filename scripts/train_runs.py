@@ -109,7 +109,18 @@ def logged_windows_after(steps: int, log_interval: int, warmup_steps: int) -> in
 
 def check_measured_runs(runs: list[list[str]], warmup_steps: int) -> None:
     """Before any run: each override list's config is valid (``checked_run_configs``) and logs the two windows after
-    the warm-up that throughput and its spread are read from (else that is found after the run trained)."""
+    the warm-up that throughput and its spread are read from (else that is found after the run trained). Checked in
+    a child process: a config check that names the device (a plan file's backends) would start a CUDA context in
+    this one, which stays off the GPU while the runs train. A failure exits here with the child's status."""
+    code = ("import json, sys; from scripts.train_runs import check_measured_configs as check; "
+            "check(json.loads(sys.argv[1]), int(sys.argv[2]))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(runs), str(warmup_steps)], cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(proc.returncode)
+
+
+def check_measured_configs(runs: list[list[str]], warmup_steps: int) -> None:
+    """``check_measured_runs`` in this process: one ``error:`` line and exit 2 on the first problem."""
     from loka_trainer.cli import fail
 
     for cfg in checked_run_configs([measured_overrides(Path("unused"), overrides) for overrides in runs]):
