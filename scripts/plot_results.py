@@ -263,7 +263,11 @@ def main() -> None:
     for path in paths:
         if path.name not in PLOTTERS:
             raise SystemExit(f"error: {path}: no plot for a file named {path.name!r}; known: {', '.join(PLOTTERS)}")
-        PLOTTERS[path.name](path)
+        try:
+            PLOTTERS[path.name](path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged or foreign file: name it, draw the rest
+            raise SystemExit(f"error: {path}: not a readable {path.name} ({type(exc).__name__}: {exc}); "
+                             f"the plots before it were drawn") from None
 
 
 if __name__ == "__main__":

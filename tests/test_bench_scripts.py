@@ -105,6 +105,13 @@ def test_plot_results_redraws_from_json_and_rejects_unknown_files(tmp_path):
     bad.write_text("{}")
     proc = subprocess.run([sys.executable, *script, str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "no plot for a file named 'other.json'" in proc.stderr
+    damaged = tmp_path / "d" / "quality.json"  # a write cut short: named in one line, no traceback
+    damaged.parent.mkdir()
+    damaged.write_text('{"runs": [')
+    proc = subprocess.run([sys.executable, *script, str(quality), str(damaged)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0 and f"error: {damaged}: not a readable quality.json (JSONDecodeError" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_e2e_table_shows_the_training_peak_memory_and_n_a_for_rows_without_it():
