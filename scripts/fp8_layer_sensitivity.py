@@ -21,12 +21,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from loka_trainer.arg_types import positive_int, writable_file
 from loka_trainer.data.config import DataConfig
 from loka_trainer.data.schema import data_schema
 from loka_trainer.data.synthetic import SyntheticSource
 from loka_trainer.dispatch.targets import target_linears
+from loka_trainer.kernels.backends import BACKENDS
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.models.configs import preset_config
 from loka_trainer.models.zoo import build_model
@@ -118,16 +120,19 @@ def main() -> None:
     ap.add_argument("--model", default="interformer_h200", help="a conf/model preset")
     ap.add_argument("--batch", type=positive_int, default=64)
     ap.add_argument("--batches", type=positive_int, default=4)
-    ap.add_argument("--backend", default="scaled_mm_rowwise")
+    ap.add_argument("--backend", default="scaled_mm_rowwise", choices=sorted(BACKENDS))
     ap.add_argument("--min-features", type=positive_int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mark", nargs="*", default=[], help="layer globs drawn in red in the plot")
     ap.add_argument("overrides", nargs="*", help="model.* / data.* overrides (after --)")
     args = ap.parse_args()
-    model_cfg = OmegaConf.to_object(OmegaConf.merge(
-        OmegaConf.structured(preset_config(args.model)),
-        OmegaConf.from_dotlist([o.removeprefix("model.") for o in args.overrides if o.startswith("model.")])))
-    data_cfg = data_config(args.overrides, args.batch, getattr(model_cfg, "num_sequences", 0))
+    try:  # a bad preset or override: argparse's one line, before any model is built
+        model_cfg = OmegaConf.to_object(OmegaConf.merge(
+            OmegaConf.structured(preset_config(args.model)),
+            OmegaConf.from_dotlist([o.removeprefix("model.") for o in args.overrides if o.startswith("model.")])))
+        data_cfg = data_config(args.overrides, args.batch, getattr(model_cfg, "num_sequences", 0))
+    except (ValueError, OmegaConfBaseException) as exc:
+        ap.error(" ".join(str(exc).split()))
     torch.manual_seed(args.seed)
     model = build_model(model_cfg, schema=data_schema(data_cfg), loka_mods=True).eval()
     source = SyntheticSource(data_cfg)

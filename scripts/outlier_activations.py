@@ -15,6 +15,7 @@ import json
 
 import torch
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from loka_trainer.arg_types import positive_int, writable_file
 from loka_trainer.data.config import DataConfig, OutlierConfig
@@ -78,9 +79,12 @@ def main() -> None:
     ap.add_argument("--min-features", type=positive_int, default=16)
     ap.add_argument("overrides", nargs="*", help="data.* overrides of the outlier side (after --)")
     args = ap.parse_args()
-    on = data_config(args.overrides)
+    try:  # a bad preset or override: argparse's one line, before any model is built
+        on = data_config(args.overrides)
+        model_cfg = preset_config(args.model)
+    except (ValueError, OmegaConfBaseException) as exc:
+        ap.error(" ".join(str(exc).split()))
     off = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(on), {"outliers": OutlierConfig()}))
-    model_cfg = preset_config(args.model)
     result = {"command": "python -m scripts.outlier_activations " + " ".join(
         [f"--out {args.out}", f"--model {args.model}", "--", *args.overrides]), "sides": {}}
     for side, cfg in (("off", off), ("on", on)):

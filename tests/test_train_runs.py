@@ -140,6 +140,11 @@ def test_throughput_variants_of_the_command_line_join_the_known_ones_and_bad_nam
     ("bench_probe_overhead", ["--out", "{tmp}", "--", "model=dlrm", "trainer.lr=-1"], "trainer.lr"),
     ("quality_runs", ["--out", "{file}/q", "--precisions", "bf16"], "argument --out: cannot write to"),
     ("fp8_layer_sensitivity", ["--out", "{file}/s", "--model", "dlrm"], "argument --out: cannot write to"),
+    ("fp8_layer_sensitivity", ["--out", "{tmp}/s.json", "--model", "nosuch"], "model preset 'nosuch'"),
+    ("fp8_layer_sensitivity", ["--out", "{tmp}/s.json", "--model", "dlrm", "--", "model.nosuch=1"],
+     "Key 'nosuch' not in 'DLRMConfig'"),
+    ("outlier_activations", ["--out", "{tmp}/o.json", "--model", "dlrm", "--", "data.nosuch=1"],
+     "Key 'nosuch' not in 'DataConfig'"),
 ])
 def test_train_py_benchmarks_reject_bad_arguments_before_any_run(tmp_path, script, args, needle):
     """A bad folder, count or train.py override fails when the command line is read: no run starts, nothing is
