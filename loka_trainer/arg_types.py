@@ -24,6 +24,14 @@ def writable_file(value: str) -> Path:
     return path
 
 
+def feature_pair(value: str) -> tuple[int, int]:
+    """A layer's (in, out) features written ``INxOUT`` or ``IN,OUT``, both >= 1."""
+    parts = value.replace(",", "x").split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"not INxOUT (two positive integers): {value!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def _int_at_least(low: int, value: str) -> int:
     try:
         number = int(value)
@@ -44,4 +52,4 @@ def non_negative_int(value: str) -> int:
     return _int_at_least(0, value)
 
 
-__all__ = ["non_negative_int", "positive_int", "writable_dir", "writable_file"]
+__all__ = ["feature_pair", "non_negative_int", "positive_int", "writable_dir", "writable_file"]

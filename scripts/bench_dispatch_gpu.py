@@ -40,7 +40,7 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from loka_trainer.arg_types import positive_int, writable_dir
+from loka_trainer.arg_types import feature_pair, positive_int, writable_dir
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.mods.triton_mods import autotune_picks
 from scripts.bench_targets import target_lines
@@ -243,7 +243,7 @@ def main() -> None:
     p.add_argument("--accumulate-grads", action="store_true",
                    help="(b), (c): keep adding into .grad across timed calls (as the runs recorded before "
                         "2026-11-30 did) instead of resetting it to None before each call as a training step does")
-    p.add_argument("--mods-layer-shapes", nargs="+", default=None, metavar="INxOUT",
+    p.add_argument("--mods-layer-shapes", nargs="+", type=feature_pair, default=None, metavar="INxOUT",
                    help="only these (in, out) shapes in (b), e.g. 7680x256 (default: MODS_LAYER_SHAPES)")
     p.add_argument("--mods-layer-forward-only", action="store_true",
                    help="(b): time the inference forward (torch.no_grad) instead of forward + backward")
@@ -263,7 +263,7 @@ def main() -> None:
     gemm_shapes = (GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES[:args.num_gemm_shapes]) if "a" in suites else []
     layer_shapes = (MODS_LAYER_SHAPES[:2] if args.quick else MODS_LAYER_SHAPES) if "b" in suites else []
     if args.mods_layer_shapes and "b" in suites:
-        layer_shapes = [tuple(int(v) for v in s.split("x")) for s in args.mods_layer_shapes]
+        layer_shapes = list(args.mods_layer_shapes)
     rows = []
     args.out_dir.mkdir(parents=True, exist_ok=True)
     partial = args.out_dir / "bench_dispatch.partial.json"  # survives a run cut short by a time limit

@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from loka_trainer.arg_types import positive_int, writable_dir
+from loka_trainer.arg_types import feature_pair, positive_int, writable_dir
 from loka_trainer import LoKAConfig, convert_to_loka
 from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.mods.layers import BlockNorm
@@ -201,22 +201,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=writable_dir)
     ap.add_argument("--batch", type=positive_int, default=BATCH)
-    ap.add_argument("--shapes", nargs="+", default=[f"{k},{n}" for k, n in MODS_LAYER_SHAPES])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shapes", nargs="+", type=feature_pair, default=list(MODS_LAYER_SHAPES), metavar="INxOUT")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     ap.add_argument("--kernels", action="store_true", help="list each step's GPU kernels (CUDA only)")
     ap.add_argument("--best-of-modes", action="store_true", help="also time the fastest fused kernel choice eager")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows OUT/user_path.json already has (same code and batch) and time only the rest")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: this machine has no CUDA device")
     if args.kernels and device.type != "cuda":
         ap.error("--kernels profiles GPU kernels: it needs --device cuda")
     timer = cuda_graph_timer() if device.type == "cuda" else wall_clock_timer(repeats=3, warmup=1)
     args.out.mkdir(parents=True, exist_ok=True)
     source = source_digest()  # the code these rows are of (a resumed run refuses rows of other code)
     rows = resumed_rows(args.out / "user_path.json", args.batch, source) if args.resume else []
-    for shape in args.shapes:
-        K, N = (int(v) for v in shape.split(","))
+    for K, N in args.shapes:
         if any((r["K"], r["N"]) == (K, N) for r in rows):
             continue
         torch._dynamo.reset()

@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir, writable_file
+from loka_trainer.arg_types import feature_pair, non_negative_int, positive_int, writable_dir, writable_file
 
 
 def test_writable_dir_accepts_a_folder_to_be_made_and_names_what_blocks_one(tmp_path):
@@ -33,3 +33,10 @@ def test_counts_reject_too_small_values_and_non_integers():
                                  (positive_int, "2.5", "not an integer: '2.5'")):
         with pytest.raises(argparse.ArgumentTypeError, match=needle):
             parse(value)
+
+
+def test_feature_pairs_read_in_x_out_or_in_comma_out_and_reject_the_rest():
+    assert feature_pair("4096x2048") == (4096, 2048) and feature_pair("32,64") == (32, 64)
+    for bad in ("12x", "0x16", "16x16x16", "ax16", "-16x16"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not INxOUT"):
+            feature_pair(bad)
