@@ -245,6 +245,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     if hasattr(run.callbacks.probe, "validate"):
         run.callbacks.probe.validate()
     check_model_mods(run.model)
+    check_profiler_window(run)
     if run.data.name == "criteo":  # read a little of the files: each rank's share must make a batch
         from loka_trainer.data.criteo import check_shards  # noqa: PLC0415 -- lazy: imports torch
 
@@ -257,6 +258,15 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     check_exclude_globs(run, model)
     check_probe_stats(run, model)
     return run
+
+
+def check_profiler_window(run: RunConfig) -> None:
+    """An enabled profiler's steps lie inside the run (else it profiles nothing, or stops mid-window, silently)."""
+    p, steps = run.callbacks.profiler, run.trainer.steps
+    if p.enabled and p.start_step + p.num_steps > steps:
+        raise ValueError(f"callbacks.profiler: steps {p.start_step}..{p.start_step + p.num_steps - 1} are not all "
+                         f"inside the run (steps 0..{steps - 1}, trainer.steps={steps}); lower "
+                         f"callbacks.profiler.start_step or num_steps")
 
 
 def check_single_rank_without_fsdp(sharding: ShardingConfig, *, world_size: int) -> None:

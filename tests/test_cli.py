@@ -89,6 +89,8 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["model=interformer", "model.num_heads=3"], ["must be divisible by model.num_heads=3"]),
     (["sharding.embedding=row_wise", "trainer.device=cpu"],
      ["sharding.embedding=row_wise is not offered by TorchRec for embedding tables on cpu", "trainer.device=cuda"]),
+    (["trainer.steps=10", "callbacks.profiler.enabled=true", "callbacks.profiler.start_step=9"],
+     ["callbacks.profiler: steps 9..11 are not all inside the run (steps 0..9, trainer.steps=10)"]),
 ])
 def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, args, needles):
     run_dir = tmp_path / "run"
