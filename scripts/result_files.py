@@ -5,9 +5,21 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from loka_trainer.atomic_files import atomic_write_text
+
+
+def json_object(path: Path, keys: Sequence[str] = ()) -> tuple[Optional[dict], Optional[str]]:
+    """(the JSON object at ``path``, None), or (None, why it is not one with ``keys``, in a few words)."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"not readable JSON ({exc})"
+    if not isinstance(result, dict):
+        return None, "not a JSON object"
+    missing = [k for k in keys if k not in result]
+    return (None, f"without {', '.join(missing)}") if missing else (result, None)
 
 
 def previous_result(path: Path, *, keys: tuple[str, ...] = ()) -> Optional[dict]:
@@ -15,14 +27,10 @@ def previous_result(path: Path, *, keys: tuple[str, ...] = ()) -> Optional[dict]
     an object with ``keys``: one ``error:`` line and exit 2, the file left as it is."""
     if not path.exists():
         return None
-    try:
-        result = json.loads(path.read_text())
-        missing = [k for k in keys if k not in result] if isinstance(result, dict) else ["a JSON object"]
-    except (OSError, ValueError) as exc:
-        missing, result = [f"readable JSON ({exc})"], None
-    if missing:
-        print(f"error: {path} is damaged (not {', '.join(missing)}): it holds earlier results, so it is left as "
-              f"it is; move it away to start afresh", file=sys.stderr)
+    result, why = json_object(path, keys)
+    if why is not None:
+        print(f"error: {path} is damaged ({why}): it holds earlier results, so it is left as it is; move it away "
+              f"to start afresh", file=sys.stderr)
         raise SystemExit(2)
     return result
 
@@ -32,4 +40,4 @@ def write_result(path: Path, result: Any) -> Path:
     return atomic_write_text(path, json.dumps(result, indent=2) + "\n")
 
 
-__all__ = ["previous_result", "write_result"]
+__all__ = ["json_object", "previous_result", "write_result"]

@@ -19,6 +19,7 @@ from typing import IO, Callable, Optional, Protocol, Sequence
 from loka_trainer.atomic_files import atomic_copy
 from loka_trainer.dispatch.convert import PLAN_FILE
 from scripts.provenance import git_state, source_digest
+from scripts.result_files import json_object
 from scripts.train_runs import LAUNCHERS, ROOT, free_port, run_env
 
 
@@ -63,18 +64,17 @@ def record_problem(run_dir: Path) -> Optional[str]:
     summary, metrics = run_dir / "summary.json", run_dir / "metrics.jsonl"
     if not summary.is_file():
         return "no summary.json"
+    if (why := json_object(summary, SUMMARY_KEYS)[1]) is not None:
+        return f"summary.json is damaged ({why})"
     try:
-        record = json.loads(summary.read_text())
-        missing = [k for k in SUMMARY_KEYS if k not in record] if isinstance(record, dict) else ["a JSON object"]
-        if missing:
-            return f"summary.json lacks {', '.join(missing)}"
-        for number, line in enumerate(metrics.read_text().splitlines(), 1):
-            try:
-                json.loads(line)
-            except ValueError as exc:
-                return f"metrics.jsonl line {number} is damaged ({exc})"
-    except (OSError, ValueError) as exc:
-        return f"{'summary.json is damaged' if isinstance(exc, ValueError) else 'unreadable'} ({exc})"
+        lines = metrics.read_text().splitlines()
+    except OSError as exc:
+        return f"metrics.jsonl is unreadable ({exc})"
+    for number, line in enumerate(lines, 1):
+        try:
+            json.loads(line)
+        except ValueError as exc:
+            return f"metrics.jsonl line {number} is damaged ({exc})"
     return None
 
 
