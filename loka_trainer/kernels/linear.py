@@ -115,6 +115,13 @@ class _LoKALinearFn(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
+def linear_on_backends(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], *, forward: str, input_grad: str,
+                       weight_grad: str, cache: WeightCache) -> torch.Tensor:
+    """y = x·Wᵀ (+ b) with each GEMM on its backend: x (M, K), w (N, K), b (N,) or None -> y (M, N) in
+    nn.Linear's output dtype. ``cache`` holds the quantized weight operands (``WeightCache``)."""
+    return _LoKALinearFn.apply(x, w, b, forward, input_grad, weight_grad, cache)
+
+
 class LoKALinear(nn.Linear):
     """Drop-in ``nn.Linear``; ``backends`` maps 'forward' / 'input_grad' / 'weight_grad' -> backend name."""
 
@@ -152,8 +159,8 @@ class LoKALinear(nn.Linear):
         """x (..., K) -> (..., N)."""
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         b = self.backends
-        y = _LoKALinearFn.apply(x2, self.weight, self.bias, b["forward"], b["input_grad"], b["weight_grad"],
-                                self._weight_cache)
+        y = linear_on_backends(x2, self.weight, self.bias, forward=b["forward"], input_grad=b["input_grad"],
+                               weight_grad=b["weight_grad"], cache=self._weight_cache)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -3,11 +3,13 @@ Linear -> BlockNorm -> HardSwish triple.
 
 Notation: M = prod(leading dims of x), K in_features, N out_features, B the BlockNorm block.
 
-On a device without Triton (CPU) the module runs the exact unfused math in x's dtype, so CPU training is
-unchanged; on CUDA it runs ``mods.ops.LinearModsFn`` (fused forward, fused dz backward), eager or compiled (our ops
-are ``triton_op``s: inductor launches their kernels from its own code) — except in mode ``plain``
-(``plain_math_route``), the unfused PyTorch math, which inductor fuses when compiled: the default of a compiled
-BF16 layer without a measured choice (``mods.modes.default_forward_mode``), and Dispatch's plain-Mods candidate.
+On a device without Triton (CPU) the module runs the unfused math in x's dtype: exact for an all-BF16 layer, and a
+layer with FP8 GEMMs runs them as ``LoKALinear`` does (FP8 numerics on the CPU too; its FP8 forward is rowwise
+e4m3, ``FP8_WEIGHT_BACKEND``, as the fused kernel's). On CUDA it runs ``mods.ops.LinearModsFn`` (fused forward,
+fused dz backward), eager or compiled (our ops are ``triton_op``s: inductor launches their kernels from its own
+code) — except in mode ``plain`` (``plain_math_route``), the unfused PyTorch math, which inductor fuses when
+compiled: the default of a compiled BF16 layer without a measured choice (``mods.modes.default_forward_mode``), and
+Dispatch's plain-Mods candidate.
 The FP8 handoff between two fused layers (``emit_fp8``, ``_fp8_source``) is linked by
 ``mods.transform.chain_fp8_handoffs``.
 """
@@ -20,12 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from loka_trainer.kernels.backends import BASELINE, get_backend
-from loka_trainer.kernels.linear import WeightCache
+from loka_trainer.kernels.linear import WeightCache, linear_on_backends
 from loka_trainer.kernels.triton_env import interpreting
 from loka_trainer.mods.config import DEFAULT_KERNEL_CONFIG, ModsKernelConfig
 from loka_trainer.mods.layers import BlockNorm, block_rms_norm
 from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
-from loka_trainer.mods.ops import linear_mods_fp8_out, static_scale_inv
+from loka_trainer.mods.ops import FP8_WEIGHT_BACKEND, linear_mods_fp8_out, static_scale_inv
 
 
 def plain_math_route(*, on_cuda: bool, compiling: bool, interpreting: bool, mode: str) -> bool:
@@ -105,6 +107,15 @@ class FusedLinearMods(nn.Module):
         src._handoff = None  # hand over once; free it with the activation's other consumers
         return q, static_scale_inv(src.block_size)
 
+    def _unfused_linear(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 (M, K) -> z = x2·Wᵀ (M, N) in x2's dtype: ``F.linear`` for an all-BF16 layer, else each GEMM on the
+        layer's backend (the FP8 forward modes' rowwise e4m3 is ``FP8_WEIGHT_BACKEND``)."""
+        forward = FP8_WEIGHT_BACKEND if FORWARD_MODES[self.mode].fp8 else BASELINE
+        if forward == self.dgrad == self.wgrad == BASELINE:
+            return F.linear(x2, self.weight.to(x2.dtype))
+        return linear_on_backends(x2, self.weight, None, forward=forward, input_grad=self.dgrad,
+                                  weight_grad=self.wgrad, cache=self._weight_cache)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., K) -> (..., N)."""
         x2 = x.reshape(-1, self.in_features)  # (M, K)
@@ -112,8 +123,8 @@ class FusedLinearMods(nn.Module):
         # NOTE: interpreting() only outside compiled code: torch.compile never traces its environment lookup.
         if plain_math_route(on_cuda=x2.is_cuda, compiling=compiling, interpreting=not compiling and interpreting(),
                             mode=self.mode):
-            # exact unfused math in x's dtype (CPU training stays as it was; inductor fuses it when compiled)
-            y = F.hardswish(block_rms_norm(F.linear(x2, self.weight.to(x2.dtype)), self.block_size, self.eps))
+            # the unfused math in x's dtype (inductor fuses it when compiled)
+            y = F.hardswish(block_rms_norm(self._unfused_linear(x2), self.block_size, self.eps))
         else:
             eager = not compiling
             x_fp8 = self._take_fp8_input(x) if eager else None

@@ -1,4 +1,4 @@
-"""FusedLinearMods and the Linear -> BlockNorm -> HardSwish transform (CPU: exact unfused math)."""
+"""FusedLinearMods and the Linear -> BlockNorm -> HardSwish transform (CPU: the unfused math, FP8 GEMMs as planned)."""
 from __future__ import annotations
 
 import copy
@@ -99,7 +99,7 @@ def test_loading_a_state_dict_clears_the_cached_fp8_weight():
 
 
 @pytest.mark.parametrize("on_cuda,compiling,interpreting,mode,plain", [
-    (False, False, False, "split_bf16", True),   # CPU: the exact unfused math
+    (False, False, False, "split_bf16", True),   # CPU: the unfused math
     (False, False, True, "split_bf16", False),   # Triton interpreter, eager: the kernels
     (False, True, True, "fused_fp8", True),      # compiled CPU code never runs the interpreter
     (True, False, False, "split_bf16", False),   # CUDA eager: the fused kernels
@@ -111,6 +111,33 @@ def test_loading_a_state_dict_clears_the_cached_fp8_weight():
 def test_plain_math_route(on_cuda, compiling, interpreting, mode, plain):
     from loka_trainer.mods.module import plain_math_route
     assert plain_math_route(on_cuda=on_cuda, compiling=compiling, interpreting=interpreting, mode=mode) is plain
+
+
+@pytest.mark.parametrize("mode,dgrad,wgrad", [("split_fp8", "bf16", "bf16"),
+                                              ("split_bf16", "scaled_mm_rowwise", "bf16"),
+                                              ("fused_fp8", "bf16", "scaled_mm_tensorwise")])
+def test_on_the_cpu_a_fused_layers_fp8_gemms_run_in_fp8_as_lokalinear_runs_them(mode, dgrad, wgrad):
+    from loka_trainer.kernels.linear import LoKALinear
+    from loka_trainer.mods.layers import BlockNorm
+    torch.manual_seed(0)
+    fused = FusedLinearMods(64, 256, mode=mode, dgrad=dgrad, wgrad=wgrad)
+    exact = copy.deepcopy(fused)
+    exact.set_kernels(mode="split_bf16", dgrad="bf16", wgrad="bf16")
+    forward = "scaled_mm_rowwise" if "fp8" in mode else "bf16"
+    lin = LoKALinear(64, 256, bias=False, backends={"forward": forward, "input_grad": dgrad, "weight_grad": wgrad})
+    lin.weight = nn.Parameter(fused.weight.detach().clone())
+    unfused = nn.Sequential(lin, BlockNorm(256, block_size=256), nn.Hardswish())
+    x = torch.randn(32, 64)
+    grads = []
+    for layer in (fused, exact, unfused):
+        xi = x.clone().requires_grad_()
+        y = layer(xi)
+        (y * torch.linspace(-1, 1, 256)).sum().backward()
+        grads.append((y.detach(), xi.grad, next(layer.parameters()).grad))
+    for got, want in zip(grads[0], grads[2]):
+        torch.testing.assert_close(got, want)  # the FP8 GEMMs LoKALinear runs, then BlockNorm and HardSwish
+    planned = [forward, dgrad, wgrad]  # y, dx, dW: each planned FP8 one differs from the exact math's
+    assert all(not torch.equal(f, e) for f, e, b in zip(grads[0], grads[1], planned) if b != "bf16")
 
 
 @pytest.mark.parametrize("dgrad,wgrad", [("scaled_mm_rowwise", "bf16"), ("bf16", "scaled_mm_tensorwise")])
