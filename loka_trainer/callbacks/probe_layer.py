@@ -101,7 +101,7 @@ class LayerProbe:
         weight, private = full_parameter(self.module)
         updates.submit(self.weight, weight, private=private)
         # gathered on every rank (a collective), though only the rank that logs uses it
-        bias = full_parameter(self.module, "bias")[0] if self.module.bias is not None else None
+        bias = full_parameter(self.module, "bias")[0] if getattr(self.module, "bias", None) is not None else None
         if self.log_scalars:
             self.weight_scalars = [p.detach().float().norm() for p in (weight, bias) if p is not None]
 
@@ -125,7 +125,7 @@ class LayerProbe:
 
     def file_entry(self, merged_activation: dict) -> dict:
         return {"in_features": self.module.in_features, "out_features": self.module.out_features,
-                "has_bias": self.module.bias is not None, "activation": merged_activation,
+                "has_bias": getattr(self.module, "bias", None) is not None, "activation": merged_activation,
                 "weight": self.weight.state_dict()}
 
 

@@ -11,10 +11,14 @@ from typing import Callable, Optional, Sequence
 
 from torch import nn
 
+from loka_trainer.mods.module import FusedLinearMods
+
 # Wrapper attribute names that never belong to the user's model structure.
 WRAPPER_COMPONENTS = ("_dmp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
 
 ModuleFilter = Callable[[nn.Module, str], bool]
+
+LINEAR_TYPES = (nn.Linear, FusedLinearMods)  # a module with weight (N, K) applied as x·Wᵀ to its input x (..., K)
 
 
 def clean_fqn(fqn: str) -> str:
@@ -31,18 +35,19 @@ def _class_names(module: nn.Module) -> set[str]:
 
 def select_linears(model: nn.Module, *, include: Optional[Sequence[str]] = None,
                    exclude: Optional[Sequence[str]] = None, module_types: Optional[Sequence[str]] = None,
-                   min_features: int = 1, module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, nn.Linear]:
+                   min_features: int = 1, module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, nn.Module]:
     """Target layers keyed by clean FQN.
 
-    A module qualifies when it is an nn.Linear (any subclass: torchao Float8Linear, LoKALinear), its class or a
+    A module qualifies when it is an nn.Linear (any subclass: torchao Float8Linear, LoKALinear) or a LoKA
+    ``FusedLinearMods`` (the Linear of a fused Mods block, under that Linear's FQN), its class or a
     base class is named in ``module_types`` (if given), its clean FQN matches an ``include`` glob (if given) and
     no ``exclude`` glob, both in_features and out_features are >= ``min_features``, and
     ``module_filter_fn(module, fqn)`` (if given) is true.
     """
-    targets: dict[str, nn.Linear] = {}
+    targets: dict[str, nn.Module] = {}
     for raw_fqn, module in model.named_modules():
         fqn = clean_fqn(raw_fqn)
-        if not isinstance(module, nn.Linear) or fqn in targets:
+        if not isinstance(module, LINEAR_TYPES) or fqn in targets:
             continue
         if module_types and not (_class_names(module) & set(module_types)):
             continue

@@ -115,6 +115,26 @@ def test_filters_by_name_type_and_size():
     assert set(ProbeCallback(tensorboard=False, module_filter_fn=lambda m, fqn: m.bias is None).attach(model)) == {"inner.2"}
 
 
+def test_the_readme_recipe_observes_the_fused_mods_layers_convert_to_loka_made(tmp_path):
+    from loka_trainer import LoKAConfig, apply_mods, convert_to_loka
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.SiLU(), nn.Linear(256, 256), nn.LayerNorm(256),
+                          nn.SiLU(), nn.Linear(256, 1))
+    apply_mods(model)
+    convert_to_loka(model, LoKAConfig(dispatch=False), log=lambda line: None)
+    assert type(model[0]).__name__ == "FusedLinearMods"
+    probe = ProbeCallback(interval=1, save_interval=100, out_dir=str(tmp_path / "probe"), tensorboard=False)
+    state = TrainState(model=model)
+    probe.on_train_start(state)
+    assert set(probe.layers) == {"0", "3", "6"}  # the fused layers under their Linears' names, and the head
+    probe.on_step_start(state)
+    model(torch.randn(ROWS, 64)).sum().backward()
+    probe.on_step_end(state)
+    probe.on_train_end(state)
+    layers = load_stats(tmp_path / "probe")["layers"]
+    assert float(layers["3"]["activation"]["count"]) == ROWS and layers["3"]["has_bias"] is False
+
+
 def test_config_paths_and_errors(tmp_path):
     cfg = OmegaConf.structured(ProbeConfig(enabled=True, interval=7, include=["a.*"]))
     probe = ProbeCallback.from_config(cfg, run_dir=tmp_path)
