@@ -1,5 +1,6 @@
 """Calibration: what each target Linear sees on one real batch (its input, its row counts), read by forward
-pre-hooks that change nothing.
+pre-hooks that change nothing; the model's buffers (BatchNorm's running statistics) and the random number
+generators are as they were after the forward.
 
 Notation: M the input rows of a call (prod of leading dims), K in_features.
 """
@@ -14,18 +15,24 @@ from torch import nn
 @torch.no_grad()
 def _forward_with_pre_hooks(model: nn.Module, linears: dict[str, nn.Linear], batch,
                             on_input: Callable[[str, nn.Linear, torch.Tensor], None]) -> None:
-    """One forward of ``model(batch)`` calling ``on_input(fqn, linear, x)`` before every call of each Linear."""
+    """One forward of ``model(batch)`` calling ``on_input(fqn, linear, x)`` before every call of each Linear; the
+    buffers and RNG states are restored after it."""
     def hook_for(fqn: str):
         def hook(mod, args) -> None:  # returns None: a pre-hook's return value would replace the input
             on_input(fqn, mod, args[0])
         return hook
 
     handles = [m.register_forward_pre_hook(hook_for(fqn)) for fqn, m in linears.items()]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]  # e.g. BatchNorm's running statistics
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     try:
-        model(batch)
+        with torch.random.fork_rng(devices=cuda):  # e.g. Dropout's draws
+            model(batch)
     finally:
         for h in handles:
             h.remove()
+        for b, saved in buffers:
+            b.copy_(saved)
 
 
 def capture_linear_inputs(model: nn.Module, linears: dict[str, nn.Linear], batch) -> dict[str, torch.Tensor]:

@@ -31,6 +31,7 @@ from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
 from loka_trainer.mods.module import FusedLinearMods
 from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
+from loka_trainer.output_dirs import unwritable_reason
 
 PLAN_FILE = "dispatch_plan.json"
 
@@ -110,7 +111,10 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     and the fused triples. ``device``: where Dispatch measures (default: CUDA if available, else CPU). Under
     torch.distributed rank 0 measures and broadcasts its plan (a collective: call it on every rank).
     """
+    if not isinstance(config, LoKAConfig):
+        raise TypeError(f"convert_to_loka: config must be a LoKAConfig, got {type(config).__name__}")
     config.validate()
+    check_convertible(model, config, run_dir)
     converted = [fqn for fqn, m in model.named_modules() if isinstance(m, (LoKALinear, FusedLinearMods))]
     if converted:  # its plan would cover only the layers still plain, and run_dir's plan would be replaced
         raise ValueError(f"the model already holds {len(converted)} LoKA layer(s) ({', '.join(converted[:3])}"
@@ -137,6 +141,21 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     if config.dispatch and run_dir is not None and is_rank0():  # kept as loaded: ``exclude`` applies on each load
         log(record_plan(plan, Path(run_dir) / PLAN_FILE, source=config.plan))
     return plan
+
+
+def check_convertible(model: nn.Module, config: LoKAConfig, run_dir: Optional[Path]) -> None:
+    """One-line ValueError, before anything is measured or changed, for what ``convert_to_loka`` cannot do: a
+    ``model`` that is itself an ``nn.Linear`` (it is replaced in place inside its parent; a bare one has none), a
+    ``run_dir`` its plan cannot be written to, or plan settings set with ``dispatch=False`` (nothing reads them)."""
+    if isinstance(model, nn.Linear):
+        raise ValueError("convert_to_loka converts the Linears inside a model in place; a bare nn.Linear has no "
+                         "parent to hold its replacement: wrap it, e.g. nn.Sequential(linear)")
+    if run_dir is not None and (reason := unwritable_reason(Path(run_dir))) is not None:
+        raise ValueError(f"convert_to_loka: run_dir {str(run_dir)!r} cannot hold the plan: {reason}")
+    unread = [f for f in ("plan", "probe_stats", "exclude", "backends") if getattr(config, f) is not None]
+    if not config.dispatch and unread:
+        raise ValueError(f"{config.where}.dispatch is False, so nothing reads {', '.join(unread)}: "
+                         f"unset {'it' if len(unread) == 1 else 'them'} or set dispatch=True")
 
 
 def record_plan(plan: DispatchPlan, dest: Path, *, source: Optional[str]) -> str:

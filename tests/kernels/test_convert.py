@@ -225,6 +225,17 @@ def test_input_capture_leaves_the_forward_unchanged_for_token_inputs():
     assert plan.layers["mlp.0"].M == 192
 
 
+def test_calibration_leaves_batchnorm_statistics_and_the_random_state_as_they_were():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Dropout(0.5), nn.Linear(64, 64))
+    before, batch = {name: b.clone() for name, b in m.named_buffers()}, torch.randn(32, 64)
+    rng = torch.get_rng_state()
+    captured = calibration.capture_linear_inputs(m, target_linears(m, min_features=64), batch)
+    assert set(captured) == {"0", "3"} and (captured["3"] == 0).any()  # Dropout was on: train mode's inputs
+    assert all(torch.equal(b, before[name]) for name, b in m.named_buffers())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
 def test_compile_step_reserves_one_compiled_graph_per_lokalayer_and_conversion_leaves_dynamo_alone(dynamo_config):
 
     class Deep(TinyModel):  # 12 planned layers: more than dynamo's default 8 graphs per frame
@@ -326,3 +337,26 @@ def test_an_exclude_typo_names_the_closest_targets_not_every_one():
     assert "layers.5.out" not in message
     with pytest.raises(ValueError, match=r"none is close among its 63 targets, e.g. \['layers.0.out'"):
         check_exclude(["zzz"], targets, where="precision")
+
+
+@pytest.mark.parametrize("case, error", [
+    ("bare_linear", r"a bare nn.Linear has no parent.*nn.Sequential\(linear\)"),
+    ("run_dir_is_a_file", r"run_dir '.*plan.txt' cannot hold the plan: .*plan.txt is not a directory"),
+    ("plan_settings_without_dispatch", r"LoKAConfig.dispatch is False, so nothing reads exclude, backends"),
+    ("no_config", r"config must be a LoKAConfig, got NoneType"),
+])
+def test_what_convert_to_loka_cannot_do_is_refused_in_one_line_before_the_model_changes(tmp_path, case, error):
+    from loka_trainer import LoKAConfig, convert_to_loka
+
+    (tmp_path / "plan.txt").write_text("mine")
+    model = nn.Linear(64, 64) if case == "bare_linear" else TinyModel()
+    config = LoKAConfig(compute_dtype="float32", timing_repeats=1, timing_rounds=1, min_speedup=0.001,
+                        dispatch=case != "plan_settings_without_dispatch")
+    if case == "plan_settings_without_dispatch":
+        config.exclude, config.backends = ["mlp.0"], ["scaled_mm_rowwise"]
+    before = repr(model)
+    with pytest.raises((ValueError, TypeError), match=error):
+        convert_to_loka(model, None if case == "no_config" else config, calibration_batch=_batch(), device="cpu",
+                        run_dir=tmp_path / "plan.txt" if case == "run_dir_is_a_file" else tmp_path,
+                        log=lambda s: None)
+    assert repr(model) == before and (tmp_path / "plan.txt").read_text() == "mine"
