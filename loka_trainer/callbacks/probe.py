@@ -82,6 +82,7 @@ class ProbeCallback(Callback):
         self.writer = writer
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.layers: dict[str, LayerProbe] = {}
+        self.attached = False  # attach() ran (on_train_start runs it)
         self.rank, self.world_size = 0, 1
         self._handles: list = []  # the layers' input hooks, one per layer for the whole run
         self._weights_due: dict[int, list[LayerProbe]] = {}
@@ -128,7 +129,7 @@ class ProbeCallback(Callback):
         self._weights_due = {}  # step % interval -> the layers whose weights are observed then
         for index, layer in enumerate(self.layers.values()):
             self._weights_due.setdefault(index * cfg.interval // len(self.layers), []).append(layer)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.attached = rank, world_size, True
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
             self._pending_state = None
@@ -161,6 +162,8 @@ class ProbeCallback(Callback):
 
     # ----- observing -------------------------------------------------------------------------------------
     def on_step_start(self, state: TrainState) -> None:
+        if not self.attached:  # else every step would pass unobserved and no file would be written
+            raise RuntimeError("ProbeCallback: call on_train_start(state) (or attach(model)) before the first step")
         phase = state.step % self.config.interval
         arming = phase == 0 and not self._observing
         due = self._weights_due.get(phase, [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional
 
+from loka_trainer.field_types import field_type_problem
 from loka_trainer.probe.activation import STATS_DTYPES
 
 
@@ -36,7 +37,9 @@ class ProbeConfig:
 
 
 def validate_config(cfg: ProbeConfig) -> None:
-    """One-line ValueError naming the field for anything out of range."""
+    """One-line ValueError naming the field for anything of the wrong type or out of range."""
+    if (problem := field_type_problem(cfg, "callbacks.probe")) is not None:
+        raise ValueError(problem)
     for name in ("interval", "save_interval", "min_features", "max_full_covariance", "max_full_weight_factor",
                  "covariance_block"):
         if getattr(cfg, name) < 1:

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar, List, Optional
 
+from loka_trainer.field_types import field_type_problem
 from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
 from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR
 
@@ -57,10 +58,13 @@ class LoKAConfig:
     def validate(self) -> "LoKAConfig":
         """Raise a one-line ValueError naming the field and the valid values; returns self."""
         at = self.where
+        if (problem := field_type_problem(self, at)) is not None:
+            raise ValueError(problem)
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"{at}.compute_dtype: unknown {self.compute_dtype!r}; valid: {list(COMPUTE_DTYPES)}")
         if self.plan is not None and not Path(self.plan).is_file():
-            raise ValueError(f"{at}.plan: file {self.plan!r} does not exist")
+            what = "is not a file" if Path(self.plan).exists() else "does not exist"
+            raise ValueError(f"{at}.plan: {str(self.plan)!r} {what}")
         if self.probe_stats is not None:  # its content is read and checked against the model where Dispatch reads it
             from loka_trainer.dispatch.probe_report import existing_report
             try:

@@ -46,10 +46,22 @@ KEEP_BF16_ATTR = "loka_keep_bf16"
 
 def declared_bf16(model: nn.Module) -> list[str]:
     """FQNs of the Linears of ``model`` that a module of it names in its ``loka_keep_bf16`` globs (relative to
-    that module), sorted."""
-    patterns = [f"{prefix}.{pattern}" if prefix else pattern for prefix, module in model.named_modules()
-                for pattern in getattr(module, KEEP_BF16_ATTR, ())]
-    return sorted(fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and excluded(fqn, patterns))
+    that module), sorted. A ``loka_keep_bf16`` that is not a tuple of strings, or a glob of it that names none of
+    its module's Linears (a typo would leave the layer to Dispatch silently) -> one-line ValueError."""
+    linears = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
+    patterns = []
+    for prefix, module in model.named_modules():
+        globs = getattr(module, KEEP_BF16_ATTR, ())
+        where = f"{type(module).__name__}.{KEEP_BF16_ATTR}"
+        if isinstance(globs, str) or not all(isinstance(g, str) for g in globs):
+            raise ValueError(f"{where}: must be a tuple of globs, got {globs!r} (a one-glob tuple needs its comma: "
+                             f"('name',))")
+        for glob in globs:
+            pattern = f"{prefix}.{glob}" if prefix else glob
+            if not any(excluded(fqn, [pattern]) for fqn in linears):
+                raise ValueError(f"{where}: {glob!r} names no Linear of {prefix or 'the model'}")
+            patterns.append(pattern)
+    return sorted(fqn for fqn in linears if excluded(fqn, patterns))
 
 
 def target_linears(model: nn.Module, *, min_features: int,

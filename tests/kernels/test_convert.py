@@ -189,6 +189,37 @@ def test_a_linear_the_model_declares_bf16_stays_out_of_dispatch_and_of_a_loaded_
     assert isinstance(m3.mlp[2], Float8Linear)
 
 
+@pytest.mark.parametrize("globs, error", [
+    ("2", r"DeclaresBF16.loka_keep_bf16: must be a tuple of globs, got '2' \(a one-glob tuple needs its comma"),
+    (("mlp.7",), r"DeclaresBF16.loka_keep_bf16: 'mlp.7' names no Linear of the model"),
+])
+def test_a_loka_keep_bf16_typo_is_refused_in_one_line(monkeypatch, globs, error):
+    from loka_trainer.dispatch.targets import declared_bf16
+    monkeypatch.setattr(DeclaresBF16, "loka_keep_bf16", globs, raising=False)
+    with pytest.raises(ValueError, match=error):
+        declared_bf16(DeclaresBF16())
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("exclude", "2*", r"LoKAConfig.exclude: must be a list of strings or None, got str '2\*'"),
+    ("backends", ["bf16", 8], r"LoKAConfig.backends: must be a list of strings or None, got list"),
+    ("mere_threshold", "0.1", r"LoKAConfig.mere_threshold: must be a number, got str '0.1'"),
+    ("timing_rounds", 2.0, r"LoKAConfig.timing_rounds: must be an integer, got float 2.0"),
+    ("plan", 123, r"LoKAConfig.plan: must be a path or None, got int 123"),
+    ("mods", "yes", r"LoKAConfig.mods: must be True or False, got str 'yes'"),
+])
+def test_a_loka_config_field_of_the_wrong_type_is_named_in_one_line(field, value, error):
+    from loka_trainer import LoKAConfig
+    with pytest.raises(ValueError, match=error):
+        LoKAConfig(**{field: value}).validate()
+
+
+def test_a_plan_path_that_is_a_directory_says_so(tmp_path):
+    from loka_trainer import LoKAConfig
+    with pytest.raises(ValueError, match=r"LoKAConfig.plan: '.*' is not a file"):
+        LoKAConfig(plan=tmp_path).validate()
+
+
 def test_interformer_declares_its_weight_generators_bf16():
     from loka_trainer.dispatch.targets import declared_bf16
     from loka_trainer.models.interformer_arches import SequenceArch

@@ -149,6 +149,16 @@ def test_config_paths_and_errors(tmp_path):
         ProbeCallback(stats_dtype="float16")
     with pytest.raises(ValueError, match="callbacks.probe.momentum"):  # m = 0 keeps no deviation at all
         ProbeCallback(momentum=0.0)
+    with pytest.raises(ValueError, match="callbacks.probe.interval: must be an integer, got float 2.5"):
+        ProbeCallback(interval=2.5)
+    with pytest.raises(ValueError, match="callbacks.probe.module_types: must be a list of strings or None, got str"):
+        ProbeCallback(module_types="Linear")  # would be the class names 'L', 'i', ...: nothing observed
+
+
+def test_a_step_before_on_train_start_is_refused_not_left_unobserved():
+    probe = ProbeCallback(tensorboard=False, out_dir="unused")
+    with pytest.raises(RuntimeError, match=r"call on_train_start\(state\) \(or attach\(model\)\) before"):
+        probe.on_step_start(TrainState(model=Tower()))
 
 
 def test_an_out_dir_that_cannot_be_written_fails_at_the_start_not_at_the_first_save(tmp_path):
