@@ -127,7 +127,8 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     else:
         linears = configured_targets(model, config, module_filter_fn=module_filter_fn, log=log, dispatch=True)
         if config.plan is not None:
-            plan = without_excluded(load_plan(config.plan), dispatch_exclude(model, config))
+            plan = without_excluded(load_plan(config.plan, where=f"{config.where}.plan"),
+                                    dispatch_exclude(model, config))
         else:
             plan = build_plan(model, linears, config=config, device=device,
                               calibration_batch=calibration_batch) if is_rank0() else None

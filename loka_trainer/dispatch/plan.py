@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -158,7 +159,24 @@ class DispatchPlan:
         settings = {key: _number(d.get(key, default), where=f"{source}: {key!r}")
                     for key, default in (("mere_threshold", 0.2), ("min_speedup", 1.05),
                                          ("max_flushed_fraction", DEFAULT_MAX_FLUSHED_FRACTION))}
+        for key, (valid, what) in PLAN_SETTINGS.items():
+            if not valid(settings[key]):
+                raise ValueError(f"{source}: {key!r} must be {what}, got {settings[key]!r}")
+        for fqn, lp in layers.items():
+            for g in GEMMS:
+                choice = getattr(lp, g)
+                if choice.backend != BASELINE and choice.mere is not None and not math.isfinite(choice.mere):
+                    raise ValueError(f"{source}: layer {fqn!r}: {g!r} runs {choice.backend} with MERE "
+                                     f"{choice.mere}: a damaged plan (no FP8 choice passes a non-finite error)")
         return cls(device=str(d.get("device", "unknown")), layers=layers, **settings)
+
+
+# a plan's selection settings -> (valid, what they must be): the ranges LoKAConfig.validate accepts
+PLAN_SETTINGS = {
+    "mere_threshold": (lambda v: 0.0 < v < math.inf, "a finite number > 0"),
+    "min_speedup": (lambda v: 0.0 < v < math.inf, "a finite number > 0"),
+    "max_flushed_fraction": (lambda v: 0.0 <= v <= 1.0, "within [0, 1]"),
+}
 
 
 def _number(v: Any, *, where: str, optional: bool = False) -> Optional[float]:
@@ -234,21 +252,22 @@ def without_excluded(plan: DispatchPlan, exclude: Optional[Sequence[str]]) -> Di
     return dataclasses.replace(plan, layers={fqn: lp for fqn, lp in plan.layers.items() if not excluded(fqn, exclude)})
 
 
-def load_plan(path: str | Path) -> DispatchPlan:
-    """Read a plan file; a missing file or malformed content -> one-line ValueError naming the file."""
+def load_plan(path: str | Path, *, where: str = "precision.plan") -> DispatchPlan:
+    """Read a plan file; a missing file or malformed content -> one-line ValueError naming ``where`` (the setting
+    that named the file) and the file."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"precision.plan: file {str(path)!r} does not exist")
+        raise ValueError(f"{where}: file {str(path)!r} does not exist")
     try:
         d = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise ValueError(f"precision.plan: {str(path)!r} is not UTF-8 text, so not a plan file ({e.reason} at "
+        raise ValueError(f"{where}: {str(path)!r} is not UTF-8 text, so not a plan file ({e.reason} at "
                          f"byte {e.start})") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"precision.plan: {str(path)!r} is not valid JSON ({e})") from None
+        raise ValueError(f"{where}: {str(path)!r} is not valid JSON ({e})") from None
     except OSError as e:
-        raise ValueError(f"precision.plan: cannot read {str(path)!r} ({e.strerror})") from None
-    return DispatchPlan.from_dict(d, source=f"precision.plan {str(path)!r}")
+        raise ValueError(f"{where}: cannot read {str(path)!r} ({e.strerror})") from None
+    return DispatchPlan.from_dict(d, source=f"{where} {str(path)!r}")
 
 
 def validate_plan(plan: DispatchPlan, layer_shapes: dict[str, tuple[int, int]], valid_backends: list[str],

@@ -77,6 +77,8 @@ def test_malformed_plan_file(tmp_path, content, match):
 def test_missing_file_message(tmp_path):
     with pytest.raises(ValueError, match="precision.plan: file .* does not exist"):
         load_plan(tmp_path / "nope.json")
+    with pytest.raises(ValueError, match="^LoKAConfig.plan: file .* does not exist"):  # as the API user named it
+        load_plan(tmp_path / "nope.json", where="LoKAConfig.plan")
 
 
 def test_table_lists_every_gemm():
@@ -224,6 +226,15 @@ def test_a_mods_input_grad_that_flushes_too_much_is_rejected():
      "'mods_forward' times_us must be an object of numbers"),
     (json.dumps({"version": 1, "mere_threshold": "strict", "layers": {}}).encode(),
      "'mere_threshold' must be a number, got 'strict'"),
+    (json.dumps({"version": 1, "mere_threshold": -1, "layers": {}}).encode(),
+     "'mere_threshold' must be a finite number > 0, got -1.0"),
+    (json.dumps({"version": 1, "min_speedup": float("nan"), "layers": {}}).encode(),
+     "'min_speedup' must be a finite number > 0, got nan"),
+    (json.dumps({"version": 1, "max_flushed_fraction": 2, "layers": {}}).encode(),
+     "'max_flushed_fraction' must be within \\[0, 1\\], got 2.0"),
+    (json.dumps({"version": 1, "layers": {"a": {"shape": {"M": 8, "K": 64, "N": 32}, "forward": {
+        "backend": "scaled_mm_rowwise", "mere": float("nan")}}}}).encode(),
+     "layer 'a': 'forward' runs scaled_mm_rowwise with MERE nan: a damaged plan"),
 ])
 def test_plan_file_of_the_wrong_kind_is_one_value_error_naming_the_file(tmp_path, content, match):
     path = tmp_path / "bad.json"
