@@ -67,7 +67,7 @@ def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: LoKAC
     layers = {}
     # disable=None: a bar on a terminal only (building a large model's plan on a GPU takes minutes)
     for fqn, lin in tqdm(linears.items(), desc="LoKA Dispatch: measuring layers", unit="layer", disable=None):
-        if fqn not in inputs:  # not reached by this batch's forward: leave it BF16 and say so in the plan
+        if fqn not in inputs:  # not reached by this batch's forward: left out of the plan (BF16), and logged
             continue
         x = inputs[fqn].to(device=device, dtype=dtype)
         w = lin.weight.detach().to(device=device, dtype=dtype)

@@ -12,6 +12,15 @@ import torch
 from torch import nn
 
 
+def check_linear_input(fqn: str, linear: nn.Linear, x) -> None:
+    """One-line ValueError when the calibration batch gives Linear ``fqn`` something other than a tensor
+    (..., K): the batch does not fit the model (before this, the hook's reshape failed inside the forward)."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != linear.in_features:
+        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
+        raise ValueError(f"calibration_batch: Linear {fqn!r} got {got}, expected a tensor (..., "
+                         f"{linear.in_features}): is it an input model(batch) takes?")
+
+
 @torch.no_grad()
 def _forward_with_pre_hooks(model: nn.Module, linears: dict[str, nn.Linear], batch,
                             on_input: Callable[[str, nn.Linear, torch.Tensor], None]) -> None:
@@ -19,6 +28,7 @@ def _forward_with_pre_hooks(model: nn.Module, linears: dict[str, nn.Linear], bat
     buffers and RNG states are restored after it."""
     def hook_for(fqn: str):
         def hook(mod, args) -> None:  # returns None: a pre-hook's return value would replace the input
+            check_linear_input(fqn, mod, args[0] if args else None)
             on_input(fqn, mod, args[0])
         return hook
 

@@ -64,6 +64,16 @@ def declared_bf16(model: nn.Module) -> list[str]:
     return sorted(fqn for fqn in linears if excluded(fqn, patterns))
 
 
+def shared_linears(model: nn.Module) -> dict[str, list[str]]:
+    """First FQN -> every FQN of each ``nn.Linear`` module that sits at several places of ``model`` (one module
+    object, tied weights): a module swap replaces it at its first place only."""
+    places: dict[int, list[str]] = {}
+    for fqn, mod in model.named_modules(remove_duplicate=False):
+        if isinstance(mod, nn.Linear):
+            places.setdefault(id(mod), []).append(fqn)
+    return {fqns[0]: fqns for fqns in places.values() if len(fqns) > 1}
+
+
 def target_linears(model: nn.Module, *, min_features: int,
                    module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, nn.Linear]:
     """FQN -> nn.Linear for every Linear Dispatch / torchao may convert (see module docstring)."""
@@ -89,12 +99,17 @@ def dispatch_exclude(model: nn.Module, config) -> list[str]:
 def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[ModuleFilter] = None,
                        log: Optional[Callable[[str], None]] = None, dispatch: bool = False) -> dict[str, nn.Linear]:
     """``target_linears`` under a ``LoKAConfig``'s (or ``PrecisionConfig``'s) ``min_features`` and ``exclude``
-    (``check_exclude`` first), and for ``dispatch`` without the Linears the model declares BF16
-    (``dispatch_exclude``); ``log`` gets a line naming the ones left out."""
+    (``check_exclude`` first), without a Linear module used at several places (``shared_linears``), and for
+    ``dispatch`` without the Linears the model declares BF16 (``dispatch_exclude``); ``log`` gets a line naming
+    the ones left out."""
     every = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
     check_exclude(config.exclude, list(every), where=config.where)
-    kept = {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude)}
-    dropped = [fqn for fqn in every if fqn not in kept]
+    shared = {fqn: places for fqn, places in shared_linears(model).items() if fqn in every}
+    if shared and log is not None:
+        log(f"{len(shared)} Linear module(s) used at several places stay BF16 (a swap would convert the first "
+            f"place only): " + "; ".join(" = ".join(places) for places in shared.values()))
+    kept = {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude) and fqn not in shared}
+    dropped = [fqn for fqn in every if fqn not in kept and fqn not in shared]
     if dropped and log is not None:
         log(f"exclude {list(config.exclude)}: {len(dropped)} target Linear(s) stay BF16: {', '.join(dropped)}")
     declared = [fqn for fqn in declared_bf16(model) if fqn in kept] if dispatch and config.keep_declared_bf16 else []

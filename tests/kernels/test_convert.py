@@ -391,3 +391,37 @@ def test_what_convert_to_loka_cannot_do_is_refused_in_one_line_before_the_model_
                         run_dir=tmp_path / "plan.txt" if case == "run_dir_is_a_file" else tmp_path,
                         log=lambda s: None)
     assert repr(model) == before and (tmp_path / "plan.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("batch, got", [(torch.randn(16, 31), r"shape \(16, 31\)"),
+                                        ({"x": torch.randn(16, 64)}, "a dict")])
+def test_a_calibration_batch_the_model_does_not_take_is_named_in_one_line(batch, got):
+    from loka_trainer import LoKAConfig, convert_to_loka
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    with pytest.raises(ValueError, match=rf"calibration_batch: Linear '0' got {got}, expected a tensor \(\.\.\., 64\)"):
+        convert_to_loka(model, LoKAConfig(timing_repeats=1, timing_rounds=1), calibration_batch=batch, device="cpu",
+                        log=lambda s: None)
+    assert all(type(m) is nn.Linear for m in model if isinstance(m, nn.Linear))
+
+
+def test_a_shared_linear_and_a_linear_the_batch_never_reaches_stay_bf16_and_are_named():
+    from loka_trainer import LoKAConfig, convert_to_loka
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            tied = nn.Linear(64, 64)
+            self.a, self.b, self.c, self.unused = tied, nn.Linear(64, 64), tied, nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+    model, logs = Model(), []
+    config = LoKAConfig(compute_dtype="float32", timing_repeats=1, timing_rounds=1, min_features=16,
+                        min_speedup=1e-6, backends=["scaled_mm_tensorwise"])
+    plan = convert_to_loka(model, config, calibration_batch=torch.randn(32, 64), device="cpu", log=logs.append)
+    assert set(plan.layers) == {"b"} and type(model.b) is LoKALinear
+    assert type(model.a) is nn.Linear and model.a is model.c  # not converted at one place and kept at the other
+    assert any("1 Linear module(s) used at several places stay BF16" in line and "a = c" in line for line in logs)
+    assert any("1 target Linear(s) the calibration batch's forward did not reach stay BF16: unused" in line
+               for line in logs)
