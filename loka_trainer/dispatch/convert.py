@@ -30,7 +30,7 @@ from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear
 from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
 from loka_trainer.mods.module import FusedLinearMods
-from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
+from loka_trainer.mods.transform import chain_fp8_handoffs, find_unfusable, fuse_linear_mods
 from loka_trainer.output_dirs import unwritable_reason
 
 PLAN_FILE = "dispatch_plan.json"
@@ -89,11 +89,15 @@ def fuse_with_plan(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Op
     FQNs."""
     kernels = {fqn: kernels_from_plan_backends(lp.backends(), lp.mods_forward, lp.mods_input_grad, compiled=compiled)
                for fqn, lp in plan.layers.items()}
+    unfusable = find_unfusable(model, module_filter_fn=module_filter_fn)
     fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn,
                              default_mode=default_forward_mode(compiled=compiled))
     chained = chain_fp8_handoffs(model)
     log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods, "
-        f"{len(chained)} of them read their input in FP8 from the previous one's epilogue")
+        f"{len(chained)} of them read their input in FP8 from the previous one's epilogue"
+        + (f"; {len(unfusable)} stay unfused, as the kernels need: " + ", ".join(
+            f"{f} ({why})" for f, why in list(unfusable.items())[:4]) + (", ..." if len(unfusable) > 4 else "")
+           if unfusable else ""))
     return fused
 
 

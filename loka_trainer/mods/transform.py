@@ -58,6 +58,8 @@ def apply_mods(model: nn.Module, *, block_size: int = 256, module_filter_fn: Opt
     statistics): apply it before training (and before building the optimizer), not to a trained model. The
     Linear keeps its weight Parameter object.
     """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"apply_mods: block_size must be an integer >= 1, got {block_size!r}")
     changed = []
     for seq_fqn, seq in model.named_modules():
         if not isinstance(seq, nn.Sequential):
@@ -78,16 +80,17 @@ def apply_mods(model: nn.Module, *, block_size: int = 256, module_filter_fn: Opt
     return changed
 
 
-def _is_fusable(lin: nn.Module, norm: nn.Module, act: nn.Module) -> bool:
-    """Linear (no bias) -> BlockNorm (no affine, over the Linear's output) -> HardSwish, kernel-supported."""
+def _is_mods_triple(lin: nn.Module, norm: nn.Module, act: nn.Module) -> bool:
+    """Linear (no bias) -> BlockNorm (no affine, over the Linear's output) -> HardSwish."""
     return (isinstance(lin, nn.Linear) and lin.bias is None and isinstance(norm, BlockNorm)
             and norm.weight is None and norm.num_features == lin.out_features
-            and isinstance(act, nn.Hardswish)
-            and triton_mods.supports(lin.in_features, lin.out_features, norm.block_size))
+            and isinstance(act, nn.Hardswish))
 
 
-def find_fusable(model: nn.Module, *, module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, tuple]:
-    """Linear FQN -> (parent Sequential, index) for each fusable Linear -> BlockNorm -> HardSwish triple."""
+def _mods_triples(model: nn.Module, module_filter_fn: Optional[ModuleFilter]
+                  ) -> dict[str, tuple[nn.Sequential, int, Optional[str]]]:
+    """Linear FQN -> (parent Sequential, index, why the kernels cannot run it or None) for each Linear ->
+    BlockNorm -> HardSwish triple that ``module_filter_fn`` (if given) accepts."""
     out = {}
     for seq_fqn, seq in model.named_modules():
         if not isinstance(seq, nn.Sequential):
@@ -95,9 +98,21 @@ def find_fusable(model: nn.Module, *, module_filter_fn: Optional[ModuleFilter] =
         children = list(seq)
         for i in range(len(children) - 2):
             fqn = f"{seq_fqn}.{i}" if seq_fqn else str(i)
-            if _is_fusable(*children[i:i + 3]) and (module_filter_fn is None or module_filter_fn(children[i], fqn)):
-                out[fqn] = (seq, i)
+            lin, norm = children[i], children[i + 1]
+            if _is_mods_triple(*children[i:i + 3]) and (module_filter_fn is None or module_filter_fn(lin, fqn)):
+                out[fqn] = (seq, i, triton_mods.unsupported_reason(lin.in_features, lin.out_features,
+                                                                  norm.block_size))
     return out
+
+
+def find_fusable(model: nn.Module, *, module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, tuple]:
+    """Linear FQN -> (parent Sequential, index) for each fusable Linear -> BlockNorm -> HardSwish triple."""
+    return {fqn: (seq, i) for fqn, (seq, i, why) in _mods_triples(model, module_filter_fn).items() if why is None}
+
+
+def find_unfusable(model: nn.Module, *, module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, str]:
+    """Linear FQN -> why the fused kernels cannot run it, for each Mods triple that stays three modules."""
+    return {fqn: why for fqn, (_, _, why) in _mods_triples(model, module_filter_fn).items() if why is not None}
 
 
 def fuse_linear_mods(model: nn.Module, *, kernels: Optional[dict[str, dict[str, str]]] = None,

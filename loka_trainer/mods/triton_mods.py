@@ -47,10 +47,20 @@ from loka_trainer.mods.wgrad_fold import DZ_DTYPE, fold_dz_with_amax
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
 
+def unsupported_reason(K: int, N: int, block: int = DEFAULT_BLOCK) -> Optional[str]:
+    """Why the Triton kernels cannot run a (K -> N) layer with this norm block, in a few words; None if they can."""
+    if block & (block - 1) or not 16 <= block <= 256:
+        return f"block {block} is not a power of 2 in [16, 256]"
+    if N % block:
+        return f"N={N} is not a multiple of the block {block}"
+    if K % 16:
+        return f"K={K} is not a multiple of 16"
+    return None
+
+
 def supports(K: int, N: int, block: int = DEFAULT_BLOCK) -> bool:
     """True if the Triton kernels can run a (K -> N) layer with this norm block."""
-    pow2 = block & (block - 1) == 0
-    return pow2 and 16 <= block <= 256 and N % block == 0 and K % 16 == 0
+    return unsupported_reason(K, N, block) is None
 
 
 @functools.lru_cache(maxsize=1)

@@ -372,3 +372,23 @@ def test_a_plan_with_plain_mods_and_an_fp8_backward_is_rejected(dgrad, wgrad, ok
     else:
         with pytest.raises(ValueError, match="mode 'plain' runs bf16 backward GEMMs"):
             check()
+
+
+def test_mods_triples_the_kernels_cannot_run_are_named_with_the_reason():
+    from loka_trainer.dispatch.convert import fuse_with_plan
+    from loka_trainer.dispatch.plan import DispatchPlan
+    model = nn.Sequential(nn.Sequential(mlp(64, [512, 192], bias=False, norm="blocknorm", activation="hardswish",
+                                            block_size=256)), nn.Linear(192, 1))
+    logs = []
+    assert fuse_with_plan(model, DispatchPlan(device="cpu", layers={}), module_filter_fn=None,
+                          log=logs.append) == ["0.0.0"]
+    assert logs[-1].endswith("1 stay unfused, as the kernels need: 0.0.3 (N=192 is not a multiple of the block 256)")
+
+
+@pytest.mark.parametrize("block_size", [256.0, 0, True])
+def test_apply_mods_refuses_a_block_size_that_is_not_a_positive_integer(block_size):
+    from loka_trainer.mods.transform import apply_mods
+    model = nn.Sequential(nn.Linear(64, 256), nn.LayerNorm(256), nn.SiLU())
+    with pytest.raises(ValueError, match=r"apply_mods: block_size must be an integer >= 1"):
+        apply_mods(model, block_size=block_size)
+    assert isinstance(model[1], nn.LayerNorm)
