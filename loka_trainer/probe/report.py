@@ -1,13 +1,14 @@
 """Offline LoKA Probe analysis: per-layer MERE and speedup of every available GEMM backend.
 
-    python -m loka_trainer.probe.report STATS_DIR [--num-samples 50] [--threshold 0.2] [--min-speedup 1.05]
-                                                  [--device cuda|cpu] [--rows M] [--seed 0] [--zero-floor 0.01]
-                                                  [--operand-dtype bfloat16|float32] [--out-dir DIR]
-                                                  [--kernel module:function ...]
+    python -m loka_trainer.probe.report STATS [--num-samples 50] [--threshold 0.2] [--min-speedup 1.05]
+                                              [--device cuda|cpu] [--rows M] [--seed 0] [--zero-floor 0.01]
+                                              [--operand-dtype bfloat16|float32] [--out-dir DIR]
+                                              [--kernel module:function ...]
 
-For each layer in STATS_DIR/stats.pt and each backend of ``loka_trainer.kernels.backends.available_backends``
-that supports the layer's shape (M rows per call, K in, N out), and each user kernel ``--kernel module:function``
-(a callable ``(x (M, K), w (N, K)) -> y (M, N)`` computing y ~ x @ w.T, imported like ``module.function``):
+For each layer in STATS (a statistics directory holding stats.pt, or the stats file itself) and each backend
+of ``loka_trainer.kernels.backends.available_backends`` that supports the layer's shape (M rows per call, K in,
+N out), and each user kernel ``--kernel module:function`` (a callable ``(x (M, K), w (N, K)) -> y (M, N)``
+computing y ~ x @ w.T, imported like ``module.function``):
   mere         MERE of backend.forward(x, w) vs the fp32 reference over N pairs sampled from the learned
                statistics (x ~ N(mu, Sigma) row-wise, w ~ MN(M, U, V)), both cast to --operand-dtype (the
                training's compute dtype) before the kernel and the reference see them (see mere.py);
@@ -21,9 +22,9 @@ that supports the layer's shape (M rows per call, K in, N out), and each user ke
   unsafe       mere >= threshold;  not_worth_it   speedup is null or <= min_speedup.
 A kernel that is fine on normal inputs but not on learned ones (the paper's Table V) shows a learned/normal
 MERE ratio well above the built-in backends'; each user kernel's ratio is printed per layer. Writes
-report.json (the file Dispatch reads), report.md and report.png to --out-dir (default STATS_DIR; created when
-missing). See mere.py for how MERE treats reference values near zero. Timings on a CPU say nothing about GPU
-speed. Bad input (stats file, --kernel, options) -> one ``error:`` line, exit status 2.
+report.json (the file Dispatch reads), report.md and report.png to --out-dir (default: the statistics'
+directory; created when missing). See mere.py for how MERE treats reference values near zero. Timings on a CPU
+say nothing about GPU speed. Bad input (stats file, --kernel, options) -> one ``error:`` line, exit status 2.
 """
 from __future__ import annotations
 
@@ -216,7 +217,7 @@ def write_report(report: dict, out_dir: Path) -> list[Path]:
 
 def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m loka_trainer.probe.report", description=__doc__.split("\n")[0])
-    parser.add_argument("stats_dir", type=Path, help="directory holding stats.pt (e.g. RUN_DIR/probe)")
+    parser.add_argument("stats_dir", type=Path, help="directory holding stats.pt (e.g. RUN_DIR/probe), or the file")
     parser.add_argument("--num-samples", type=int, default=50, help="sampled input-weight pairs per layer")
     parser.add_argument("--threshold", type=float, default=0.2, help="MERE at or above this is unsafe")
     parser.add_argument("--min-speedup", type=float, default=1.05, help="speedup at or below this is not worth it")
@@ -230,7 +231,8 @@ def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--kernel", action="append", default=[], metavar="MODULE:FUNCTION",
                         help="also test this (x, w) -> y GEMM (y ~ x @ w.T); repeatable")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out-dir", type=Path, default=None, help="default: STATS_DIR (created when missing)")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="default: the statistics' directory (created when missing)")
     return parser.parse_args(argv)
 
 
@@ -262,9 +264,18 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ReportInputError(f"--rows must be >= 1, got {args.rows}")
     if not 0.0 <= args.zero_floor < float("inf"):
         raise ReportInputError(f"--zero-floor must be a finite number >= 0, got {args.zero_floor}")
-    out_dir = args.out_dir if args.out_dir is not None else args.stats_dir
+    out_dir = report_dir(args)
     if (reason := unwritable_reason(out_dir)) is not None:  # else it fails after the whole report was computed
-        raise ReportInputError(f"--out-dir {out_dir}: cannot write there ({reason})")
+        named = f"--out-dir {out_dir}" if args.out_dir is not None else f"the statistics' directory {out_dir}"
+        raise ReportInputError(f"{named}: cannot write there ({reason})")
+
+
+def report_dir(args: argparse.Namespace) -> Path:
+    """Where the report goes: ``--out-dir``, else the statistics directory (a stats file's own directory)."""
+    if args.out_dir is not None:
+        return Path(args.out_dir)
+    stats = Path(args.stats_dir)
+    return stats.parent if stats.is_file() else stats
 
 
 def user_kernel_lines(report: dict) -> list[str]:
@@ -293,7 +304,7 @@ def _run(args: argparse.Namespace) -> tuple[dict, list[Path]]:
                           min_speedup=args.min_speedup, rows=args.rows, seed=args.seed, zero_floor=args.zero_floor,
                           operand_dtype=OPERAND_DTYPES[args.operand_dtype])
     try:
-        paths = write_report(report, args.out_dir or args.stats_dir)
+        paths = write_report(report, report_dir(args))
     except OSError as exc:  # e.g. --out-dir not writable
         raise ReportInputError(f"cannot write the report: {type(exc).__name__}: {exc}") from None
     return report, paths

@@ -65,6 +65,11 @@ def test_out_dir_is_created_with_its_parents(stats_dir, tmp_path, capsys):
     assert (out / "report.md").is_file() and (out / "report.png").is_file()
 
 
+def test_a_stats_file_given_itself_writes_the_report_next_to_it(stats_dir, capsys):
+    assert main([str(stats_dir / "stats.pt"), "--num-samples", "1", "--backends", "bf16"]) == 0
+    assert json.loads((stats_dir / "report.json").read_text())["layers"]
+
+
 def test_zero_floor_option_reaches_the_numbers(outlier_stats_dir, tmp_path):
     meres = {}
     for floor in ("0", "0.5"):
