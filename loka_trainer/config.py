@@ -192,6 +192,14 @@ def check_exclude_globs(run: RunConfig, model: Any) -> None:
         configured_targets(model, p)
 
 
+def check_backends(run: RunConfig, device: torch.device) -> None:
+    """``precision.backends`` that Dispatch will measure with all run on this rank's ``device``."""
+    if run.precision.dispatch and run.precision.backends is not None and run.precision.plan is None:
+        from loka_trainer.dispatch.build import candidate_backends  # noqa: PLC0415 -- lazy: the timers
+
+        candidate_backends(run.precision, device)
+
+
 def check_probe_stats(run: RunConfig, model: Any) -> None:
     """``precision.probe_stats`` (a report Dispatch will measure with) fits ``model`` (`build_small_model`), checked
     as Dispatch checks it (`dispatch.build.probe_mere_for`), before anything starts."""
@@ -257,6 +265,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     check_plan_file(run, model)
     check_exclude_globs(run, model)
     check_probe_stats(run, model)
+    check_backends(run, device)
     return run
 
 

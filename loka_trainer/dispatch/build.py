@@ -51,14 +51,26 @@ def probe_mere_for(linears: dict[str, nn.Linear], config: LoKAConfig) -> dict[st
     return {fqn: layer.mere for fqn, layer in reported.items()}
 
 
+def candidate_backends(config: LoKAConfig, device) -> dict:
+    """The backends Dispatch measures on ``device``: the available ones, or ``config.backends`` of them (and BF16);
+    a named one ``device`` cannot run -> one-line ValueError (else the plan is all BF16, each layer "not
+    measured")."""
+    backends = available_backends(device)
+    if config.backends is None:
+        return backends
+    missing = sorted(set(config.backends) - set(backends))
+    if missing:
+        raise ValueError(f"{config.where}.backends: {missing} not available on {torch.device(device).type} here; "
+                         f"available: {sorted(backends)}")
+    return {k: v for k, v in backends.items() if k in config.backends or k == "bf16"}
+
+
 def build_plan(model: nn.Module, linears: dict[str, nn.Linear], *, config: LoKAConfig, device,
                calibration_batch) -> DispatchPlan:
     """Measure every target Linear at its real calibration input on ``device`` and choose per GEMM."""
     if calibration_batch is None:
         raise ValueError(f"{config.where}.dispatch: needs a calibration batch or a plan file ({config.where}.plan=PATH)")
-    backends = available_backends(device)
-    if config.backends is not None:
-        backends = {k: v for k, v in backends.items() if k in config.backends or k == "bf16"}
+    backends = candidate_backends(config, device)
     timer, layer_timer = plan_timers(config, device)
     dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
     inputs = capture_linear_inputs(model, linears, calibration_batch)

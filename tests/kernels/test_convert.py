@@ -425,3 +425,16 @@ def test_a_shared_linear_and_a_linear_the_batch_never_reaches_stay_bf16_and_are_
     assert any("1 Linear module(s) used at several places stay BF16" in line and "a = c" in line for line in logs)
     assert any("1 target Linear(s) the calibration batch's forward did not reach stay BF16: unused" in line
                for line in logs)
+
+
+def test_a_backend_named_that_this_device_lacks_is_refused_not_planned_as_bf16():
+    from loka_trainer import LoKAConfig, convert_to_loka
+    from loka_trainer.kernels.backends import BACKENDS, available_backends
+    missing = sorted(set(BACKENDS) - set(available_backends(torch.device("cpu"))))
+    if not missing:
+        pytest.skip("every backend runs on this CPU")
+    model = TinyModel()
+    with pytest.raises(ValueError, match=rf"LoKAConfig.backends: \['{missing[0]}'\] not available on cpu here"):
+        convert_to_loka(model, LoKAConfig(backends=[missing[0]], timing_repeats=1, timing_rounds=1),
+                        calibration_batch=_batch(), device="cpu", log=lambda s: None)
+    assert type(model.mlp[0]) is nn.Linear
