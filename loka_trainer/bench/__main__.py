@@ -3,33 +3,52 @@ module of yours: ``python -m loka_trainer.bench bench.provider=factory bench.fac
 
 Composes ``conf/bench.yaml`` (same ``model=`` / ``data=`` groups as the trainer), profiles every submodule
 with a progress bar, and writes the table (CSV/JSON/Markdown) and the offline icicle HTML into DIR.
+Hydra's own flags work as for ``train.py`` (``--help``, ``--cfg job``, ``--config-dir``); every setting is checked
+before anything is written or measured.
 """
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from loka_trainer.bench import BenchOptions, ExampleProvider, FactoryProvider, ZooProvider, run_bench, write_results
-from loka_trainer.bench.plugins import Provider
-from loka_trainer.bench.runner import resolve_device
-from loka_trainer.output_dirs import unwritable_reason
+from loka_trainer.bench.plugins import Component, Provider
+from loka_trainer.bench.runner import check_filters, resolve_device
 
 PROVIDER_KEYS = ("provider", "example", "factory", "loka_mods")
+# Hydra flags that print something (usage, the config, a completion script) and start no benchmark
+SHOW_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion")
+HELP_NAME = "hydra.help.app_name=loka_trainer.bench"  # --help's first line names this module, not Hydra's caller
 
 
-def compose(argv: list[str]) -> tuple[DictConfig, Path]:
-    """The one place that knows how configs are composed (the trainer's CLI; schemas registered first)."""
+def register_schemas() -> None:
+    """The trainer's structured configs (model / data groups), when the model zoo is installed."""
+    try:
+        from loka_trainer.config import register_schemas as register  # noqa: PLC0415 -- needs the model zoo
+    except ImportError:
+        return
+    register()
+
+
+def compose(args: argparse.Namespace) -> tuple[DictConfig, Path]:
+    """The composed config and run dir of a parsed command line (``--config-dir`` / ``--config-name`` included)."""
     from loka_trainer.cli import compose_config  # noqa: PLC0415
 
-    try:
-        from loka_trainer.config import register_schemas  # noqa: PLC0415 -- needs the model zoo
-    except ImportError:
-        register_schemas = None
-    if register_schemas is not None:
-        register_schemas()
-    return compose_config("bench", argv)
+    search = [f"hydra.searchpath=[file://{os.path.abspath(args.config_dir)}]"] if args.config_dir else []
+    return compose_config(args.config_name or "bench", [*search, *args.overrides])
+
+
+def bench_options(cfg: DictConfig) -> BenchOptions:
+    """The checked options of ``cfg.bench`` (every field, and that ``bench.device`` exists here); a ValueError
+    names the field and its valid values."""
+    bench = OmegaConf.to_container(cfg.bench, resolve=True)
+    opts = BenchOptions.from_mapping({k: v for k, v in bench.items() if k not in PROVIDER_KEYS})
+    resolve_device(opts.device)
+    return opts
 
 
 def _typed(node: Any, cls: Optional[type] = None) -> Any:
@@ -72,22 +91,50 @@ def build_provider(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
     return PROVIDER_BUILDERS[kind](cfg, bench)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    from loka_trainer.cli import fail, parse_argv, write_run_config  # noqa: PLC0415
+def _shows_only(args: argparse.Namespace) -> bool:
+    return any(getattr(args, flag) for flag in SHOW_FLAGS)
 
-    argv = parse_argv(argv)
-    cfg, run_dir = compose(argv)
+
+def _no_run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None:
+    """The job handed to Hydra for ``--help`` / ``--cfg`` / ``--info``: Hydra prints and never calls it."""
+
+
+def prepare(args: argparse.Namespace) -> tuple[DictConfig, Path, BenchOptions, Component, str]:
+    """The config, run dir, options, model with its input, and output name of a run, nothing written yet; a bad
+    provider, device or include/exclude glob is one ``error:`` line and exit status 2."""
+    from loka_trainer.cli import fail  # noqa: PLC0415
+
+    cfg, run_dir = compose(args)
     bench = OmegaConf.to_container(cfg.bench, resolve=True)
     try:
+        opts = bench_options(cfg)
         provider, name = build_provider(cfg, bench)
-        opts = BenchOptions.from_mapping({k: v for k, v in bench.items() if k not in PROVIDER_KEYS})
+        component = provider.get_component(resolve_device(opts.device))
+        check_filters(component.model, opts)
     except (ValueError, TypeError) as err:
         fail(err)
-    if (reason := unwritable_reason(run_dir)) is not None:
-        fail(f"hydra.run.dir: cannot write to {run_dir} ({reason})")
+    return cfg, run_dir, opts, component, name
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Hydra's command line (``--help``, ``--cfg job``, ``--config-dir``...). Every setting, the provider, the
+    device, the include/exclude globs and the run dir are checked before anything is written: a bad one is one
+    ``error:`` line on stderr and exit status 2."""
+    from loka_trainer.cli import (fail, parse_argv, parse_hydra_args, preflight, run_app,  # noqa: PLC0415
+                                  write_run_config)
+
+    argv = parse_argv(argv)
+    register_schemas()
+    _, args = parse_hydra_args(argv)
+    if _shows_only(args):
+        run_app("bench", [*argv, HELP_NAME], _no_run, validate=bench_options)
+        return 0
+    if args.multirun:
+        fail("-m/--multirun is not supported by the Component Benchmark: run one configuration per command")
+    preflight("bench", args, bench_options)
+    cfg, run_dir, opts, component, name = prepare(args)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_run_config(run_dir, cfg, argv, rank=0)
-    component = provider.get_component(resolve_device(opts.device))
     result = run_bench(component, opts, out_dir=run_dir)
     paths = write_results(result, run_dir, opts.results, stem=f"bench_{name}",
                           title=f"Component Benchmark: {name}", color_by=opts.color_by)

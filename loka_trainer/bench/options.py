@@ -1,13 +1,56 @@
-"""Typed options of a Component Benchmark run (the ``bench:`` section of ``conf/bench.yaml``)."""
+"""Typed options of a Component Benchmark run (the ``bench:`` section of ``conf/bench.yaml``).
+
+Every option is checked when the options are built: a wrong type or an unknown name is one ValueError naming the
+field and its valid values, before any model is built or any file written.
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+import re
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from loka_trainer.bench.profilers import PROFILERS
+from loka_trainer.bench.results import RESULTS
+from loka_trainer.timing import BENCH_TIMERS
+
 COLOR_BY = ("auto", "mfu", "bandwidth", "tflops")
 PRECISIONS = ("auto", "fp32", "bf16", "fp8")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEVICE_SPELLINGS = "auto, cpu, cuda, cuda:N"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+
+
+# a field's annotation -> (does a value have that type, how to say it)
+TYPE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (_is_int, "an integer"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "tuple[str, ...]": (_is_names, "a list of strings"),
+}
+# smallest valid value of the integer fields
+MINIMUMS = {"depth": 0, "batch_size": 0, "replicate": 1, "warmup": 0, "repeats": 1}
+
+
+def choices() -> dict[str, Sequence[str]]:
+    """Field -> its valid names (each element's, for a list field), from the plugin and timer registries."""
+    return {"color_by": COLOR_BY, "precision": PRECISIONS, "timer": ("auto", *sorted(BENCH_TIMERS)),
+            "profilers": sorted(PROFILERS), "results": sorted(RESULTS)}
+
+
+def _type_error(name: str, value: Any, annotation: str) -> str:
+    """Why ``value`` does not fit the field's annotation (a string where a list belongs gets an example)."""
+    if annotation == "tuple[str, ...]" and isinstance(value, str):
+        return f"bench.{name}={value!r} must be a list, e.g. bench.{name}=[{value}]"
+    return f"bench.{name}={value!r} must be {TYPE_CHECKS[annotation][1]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,6 +58,7 @@ class BenchOptions:
     """depth: deepest module level profiled (root = 0); include/exclude: fnmatch globs on paths
     (``model.dense_arch*``), exclude drops a subtree, include limits which nodes are measured (others are
     estimated from children); replicate: batch replication factor; precision: auto = bf16 on CUDA, fp32 on CPU.
+    List fields take a list or tuple of strings (a plain string is refused: ``results="csv"`` is not ``["csv"]``).
     """
 
     depth: int = 3
@@ -36,14 +80,22 @@ class BenchOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.depth < 0:
-            raise ValueError(f"bench.depth must be >= 0, got {self.depth}")
-        if self.color_by not in COLOR_BY:
-            raise ValueError(f"bench.color_by={self.color_by!r} is unknown; valid values: {list(COLOR_BY)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"bench.precision={self.precision!r} is unknown; valid values: {list(PRECISIONS)}")
-        if self.warmup < 0 or self.repeats < 1:
-            raise ValueError(f"bench.warmup must be >= 0 and bench.repeats >= 1, got {self.warmup}, {self.repeats}")
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not TYPE_CHECKS[field.type][0](value):
+                raise ValueError(_type_error(field.name, value, field.type))
+            if isinstance(value, list):
+                object.__setattr__(self, field.name, tuple(value))
+        for name, low in MINIMUMS.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"bench.{name} must be >= {low}, got {getattr(self, name)}")
+        for name, valid in choices().items():
+            value = getattr(self, name)
+            for item in value if isinstance(value, tuple) else (value,):
+                if item not in valid:
+                    raise ValueError(f"bench.{name}={item!r} is unknown; valid values: {list(valid)}")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ValueError(f"bench.device={self.device!r} is unknown; valid values: {DEVICE_SPELLINGS}")
 
     def resolved_precision(self, device: torch.device) -> str:
         if self.precision != "auto":
@@ -57,5 +109,4 @@ class BenchOptions:
         unknown = sorted(set(cfg) - fields)
         if unknown:
             raise ValueError(f"bench has unknown keys {unknown}; valid keys: {sorted(fields)}")
-        kw = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in cfg.items()}
-        return cls(**kw)
+        return cls(**cfg)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from loka_trainer.bench.metrics import derive, lookup_peak, sum_children
@@ -13,22 +14,43 @@ from loka_trainer.bench.options import BenchOptions
 from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, RunContext, make
 from loka_trainer.bench.preprocessors import BatchReplicate, Precision, compute_dtype
 from loka_trainer.bench.profilers import PROFILERS, judge
-from loka_trainer.bench.tree import BenchResult, Node, build_nodes, capture_inputs, walk
-from loka_trainer.timing import BENCH_TIMERS, default_bench_timer
+from loka_trainer.bench.tree import BenchResult, Node, build_nodes, capture_inputs, check_globs, module_paths, walk
+from loka_trainer.timing import default_bench_timer
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu."""
+    """``auto`` -> cuda when available, else cpu; a CUDA device this machine lacks is a one-line ValueError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"bench.device={name!r}: CUDA is not available on this machine; use bench.device=cpu "
+                         "or auto")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"bench.device={name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def check_filters(model: nn.Module, opts: BenchOptions) -> None:
+    """A ``bench.include`` glob that selects no profiled submodule, or a ``bench.exclude`` glob that names no
+    submodule at all, is a ValueError naming the closest paths (else the run would measure nothing it was asked
+    to, or everything it was asked not to)."""
+    walked = [path for path, _, _ in walk(model, max_depth=opts.depth, root_name=opts.root_name,
+                                          exclude=opts.exclude)]
+    check_globs("bench.include", opts.include, walked,
+                scope=f"down to bench.depth={opts.depth}" + (" outside bench.exclude" if opts.exclude else ""))
+    check_globs("bench.exclude", opts.exclude, module_paths(model, opts.root_name), scope="of the model")
+
+
+def model_device(model: nn.Module, opts: BenchOptions) -> torch.device:
+    """Where the model's parameters are; ``opts.device`` for a model without any."""
+    first = next((p.device for p in model.parameters()), None)
+    return first if first is not None else resolve_device(opts.device)
 
 
 def make_context(opts: BenchOptions, device: torch.device, out_dir: Optional[Path]) -> RunContext:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     dtype = compute_dtype(opts.resolved_precision(device), device)
-    if opts.timer != "auto" and opts.timer not in BENCH_TIMERS:
-        raise ValueError(f"bench.timer={opts.timer!r} is unknown; valid values: {['auto', *sorted(BENCH_TIMERS)]}")
     return RunContext(device=device, device_name=device_name, compute_dtype=dtype,
                       peak=lookup_peak(device_name), warmup=opts.warmup, repeats=opts.repeats,
                       timer=default_bench_timer(device) if opts.timer == "auto" else opts.timer, out_dir=out_dir)
@@ -77,8 +99,10 @@ def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Pat
     """Profile every submodule of ``component.model`` down to ``opts.depth``; returns the result tree.
 
     ``preprocessors`` / ``profilers`` default to those named in ``opts``; pass instances to add your own.
+    A ``bench.include`` / ``bench.exclude`` glob that names no submodule is a ValueError (``check_filters``).
     """
-    device = next((p.device for p in component.model.parameters()), resolve_device(opts.device))
+    check_filters(component.model, opts)
+    device = model_device(component.model, opts)
     ctx = make_context(opts, device, out_dir)
     default_pre, default_prof = default_plugins(opts, device)
     pre = default_pre if preprocessors is None else list(preprocessors)

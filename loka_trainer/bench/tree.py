@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import difflib
 import fnmatch
 from typing import Any, Optional, Sequence
 
@@ -102,6 +103,26 @@ def walk(model: nn.Module, *, max_depth: int, root_name: str = "model",
             child_depth = depth if isinstance(module, CONTAINERS) else depth + 1
             queue.extend((f"{path}.{name}", child, child_depth) for name, child in module.named_children())
     return out
+
+
+def check_globs(option: str, patterns: Sequence[str], paths: Sequence[str], *, scope: str) -> None:
+    """A ValueError when a glob of ``patterns`` matches none of ``paths``, naming the closest paths (difflib).
+
+    option: the setting the globs came from (``bench.include``); scope: which paths were searched, for the message.
+    """
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(path, p) for path in paths)]
+    if not unmatched:
+        return
+    near = sorted({m for p in unmatched for m in difflib.get_close_matches(p, paths, n=3, cutoff=0.5)})
+    raise ValueError(f"{option}: {unmatched} match(es) no submodule {scope}; "
+                     + (f"closest of its {len(paths)} paths: {near}" if near else
+                        f"none is close among its {len(paths)} paths, e.g. {list(paths)[:3]}"))
+
+
+def module_paths(model: nn.Module, root_name: str = "model") -> list[str]:
+    """Every submodule's path at any depth (``root_name`` + FQN), each path of a shared module included."""
+    return [f"{root_name}.{name}" if name else root_name
+            for name, _ in model.named_modules(remove_duplicate=False)]
 
 
 def build_nodes(entries: list[tuple[str, nn.Module, int]], *, include: Sequence[str]) -> dict[str, Node]:

@@ -40,10 +40,32 @@ def test_cli_writes_table_and_icicle(conf_dir, tmp_path):
     assert "bench:" in proc.stderr  # tqdm progress bar over submodules
 
 
-def test_cli_bad_option_is_one_line_exit_2(conf_dir, tmp_path):
-    proc = _run(conf_dir, "bench.provider=example", "bench.color_by=rainbow", f"hydra.run.dir={tmp_path}/r")
-    assert proc.returncode == 2
-    assert "bench.color_by" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+@pytest.mark.parametrize("override, needle", [
+    ("bench.color_by=rainbow", "bench.color_by='rainbow' is unknown"),
+    ("bench.results=[pdf]", "bench.results='pdf' is unknown; valid values: ['csv', 'icicle'"),
+    ("bench.depth=abc", "bench.depth='abc' must be an integer"),
+    ("bench.include=[nomatch*]", "bench.include: ['nomatch*'] match(es) no submodule"),
+])
+def test_cli_bad_option_is_one_line_exit_2_and_writes_nothing(conf_dir, tmp_path, override, needle):
+    out = tmp_path / "r"
+    proc = _run(conf_dir, "bench.provider=example", "bench.example=mlp_tree", override, f"hydra.run.dir={out}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and needle in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--help"], "loka_trainer.bench is powered by Hydra."),
+    (["-h"], "== Config =="),
+    (["--cfg", "job", "bench.depth=5"], "  depth: 5\n"),
+])
+def test_cli_hydra_flags_print_and_run_nothing(conf_dir, tmp_path, flags, needle):
+    out = tmp_path / "r"
+    proc = _run(conf_dir, *flags, f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert needle in proc.stdout and "bench:" in proc.stdout
+    assert not out.exists()
 
 
 def test_cli_benchmarks_a_users_module_named_by_its_factory(conf_dir, tmp_path):

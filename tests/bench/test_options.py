@@ -1,0 +1,83 @@
+"""Bad benchmark settings are refused when the options are built, before any model runs or file is written:
+one ValueError naming the field and its valid values (the command line turns it into one ``error:`` line)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from loka_trainer.bench import BenchOptions, ExampleProvider, ModuleProvider, run_bench, write_results
+from loka_trainer.bench.examples import MLPTree
+from loka_trainer.bench import runner
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("results", ("pdf",), "bench.results='pdf' is unknown; valid values: ['csv', 'icicle', 'json', 'markdown'"),
+    ("results", "csv", "bench.results='csv' must be a list, e.g. bench.results=[csv]"),
+    ("timer", "bogus", "bench.timer='bogus' is unknown; valid values: ['auto', 'cuda_events', 'do_bench', 'wall']"),
+    ("profilers", ("bogus",), "bench.profilers='bogus' is unknown; valid values: ['bandwidth', 'flops'"),
+    ("replicate", 0, "bench.replicate must be >= 1, got 0"),
+    ("device", "gpu", "bench.device='gpu' is unknown; valid values: auto, cpu, cuda, cuda:N"),
+    ("batch_size", -3, "bench.batch_size must be >= 0, got -3"),
+    ("depth", "abc", "bench.depth='abc' must be an integer"),
+    ("include", "model.left*", "bench.include='model.left*' must be a list"),
+    ("trace", "yes", "bench.trace='yes' must be true or false"),
+])
+def test_a_bad_setting_is_one_value_error_naming_the_field(field, value, needle):
+    with pytest.raises(ValueError) as err:
+        BenchOptions(**{field: value})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_list_settings_take_a_list_or_a_tuple():
+    assert BenchOptions(results=["csv"], include=["model.a*"]).results == ("csv",)
+    assert BenchOptions.from_mapping({"profilers": ["params"]}).profilers == ("params",)
+
+
+def test_cuda_on_a_machine_without_it_is_a_value_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="bench.device='cuda': CUDA is not available on this machine"):
+        runner.resolve_device("cuda")
+    assert runner.resolve_device("auto") == torch.device("cpu")
+
+
+def test_an_include_glob_matching_nothing_names_the_closest_paths():
+    with pytest.raises(ValueError, match=r"bench.include: \['model.lfet\*'\] match\(es\) no submodule down to "
+                                         r"bench.depth=3; closest of its 9 paths: \['model.left'"):
+        runner.check_filters(MLPTree(), BenchOptions(include=("model.lfet*",)))
+    with pytest.raises(ValueError, match=r"bench.exclude: \['model.rigth'\].*closest.*'model.right'"):
+        runner.check_filters(MLPTree(), BenchOptions(exclude=("model.rigth",)))
+    runner.check_filters(MLPTree(), BenchOptions(include=("model.left*",), exclude=("model.right",)))
+
+
+def test_run_bench_refuses_an_include_that_selects_nothing(cpu):
+    component = ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu)
+    opts = BenchOptions(include=("nomatch*",), warmup=0, repeats=1, progress=False)
+    with pytest.raises(ValueError, match="none is close among its 2 paths, e.g. \\['model', 'model.0'\\]"):
+        run_bench(component, opts)
+
+
+@pytest.fixture(scope="module")
+def small_result():
+    opts = BenchOptions(depth=1, warmup=0, repeats=1, progress=False, profilers=("params",))
+    return run_bench(ExampleProvider("mlp_tree", batch_size=2).get_component(torch.device("cpu")), opts)
+
+
+def test_write_results_takes_a_str_folder(small_result, tmp_path):
+    paths = write_results(small_result, str(tmp_path / "out"), ["csv"], stem="t")
+    assert paths == [tmp_path / "out" / "t.csv"] and paths[0].is_file()
+
+
+@pytest.mark.parametrize("out, names, needle", [
+    ("file", ["csv"], "write_results: cannot write to {tmp}/file ({tmp}/file is not a directory)"),
+    ("out", "csv", "write_results: names must be a list of result names, e.g. ['csv'], not the string 'csv'"),
+    ("out", ["csv", "pdf"], "bench.results='pdf' is unknown"),
+])
+def test_write_results_refuses_bad_input_and_writes_nothing(small_result, tmp_path: Path, out, names, needle):
+    (tmp_path / "file").write_text("keep")
+    with pytest.raises(ValueError) as err:
+        write_results(small_result, tmp_path / out, names)
+    assert needle.format(tmp=tmp_path) in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep"
