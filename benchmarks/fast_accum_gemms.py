@@ -7,13 +7,15 @@ other's output (relative Frobenius), on random normal operands.
 
     python -m benchmarks.fast_accum_gemms OUT.json
 """
+import argparse
 import datetime
 import json
-import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
+from loka_trainer.arg_types import writable_file
 from loka_trainer.timing import cuda_graph_us
 from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
@@ -42,7 +44,20 @@ def gemms(K, N):
     return out
 
 
-def main(out_json: str) -> None:
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line; a path that cannot be written is argparse's error, a machine without CUDA one
+    ``error:`` line (exit status 2 for both), before anything runs."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.fast_accum_gemms", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_json", type=writable_file, help="the JSON file of per-shape timings and errors")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.exit(2, "error: this benchmark needs a CUDA GPU and none is available on this machine\n")
+    return args
+
+
+def run(out_json: Path) -> None:
+    """Time every GEMM at every shape, write ``out_json`` and print the table."""
     rows = []
     for K, N in SHAPES:
         res = {"K": K, "N": N}
@@ -72,5 +87,9 @@ def main(out_json: str) -> None:
         print(f"({r['K']}, {r['N']})".ljust(13) + "  ".join(f"{c:>16s}" for c in cells))
 
 
+def main(argv: Optional[list[str]] = None) -> None:
+    run(parse_args(argv).out_json)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

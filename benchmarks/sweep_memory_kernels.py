@@ -6,12 +6,14 @@ and the rowwise cast of dz (quant_rows_kernel). The launch shapes the layer ship
 
     python -m benchmarks.sweep_memory_kernels OUT.json
 """
+import argparse
 import itertools
 import json
-import sys
+from typing import Optional
 
 import torch
 
+from loka_trainer.arg_types import writable_file
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS
 from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel
@@ -39,7 +41,20 @@ def sweep(name, launch, grid_rows, warps, default):
     return {"kernel": name, "default": d, "default_us": ok.get(d), "best": best, "best_us": ok[best], "all": out}
 
 
-def main(out_json: str) -> None:
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line; a path that cannot be written is argparse's error, a machine without CUDA one
+    ``error:`` line (exit status 2 for both), before anything runs."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sweep_memory_kernels", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_json", type=writable_file, help="the JSON file of the sweep (OUT.json.partial meanwhile)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.exit(2, "error: this benchmark needs a CUDA GPU and none is available on this machine\n")
+    return args
+
+
+def run(out_json: str) -> None:
+    """Sweep every kernel's launch shapes at every layer shape, write ``out_json`` and print the summary."""
     rows_out = []
     for K, N in SHAPES:
         dev = "cuda"
@@ -126,5 +141,9 @@ def main(out_json: str) -> None:
                   f"{k['best_us']:.2f}")
 
 
+def main(argv: Optional[list[str]] = None) -> None:
+    run(str(parse_args(argv).out_json))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -17,6 +17,7 @@ import dataclasses
 import fnmatch
 import json
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -114,18 +115,35 @@ def data_config(overrides: list[str], batch: int, num_sequences: int) -> DataCon
     return cfg
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def unaligned_batch(batch: int, backend: str) -> Optional[str]:
+    """Why ``batch`` cannot measure ``backend``, or None. The zoo models' Linears see M = batch x (rows per
+    example) input rows, the dense and MLP layers one row per example, and an FP8 backend runs a GEMM only when M
+    is a multiple of its ``min_multiple``: at any other batch those layers fall back to BF16 and report 0 error."""
+    multiple = BACKENDS[backend].min_multiple
+    if batch % multiple == 0:
+        return None
+    return (f"--batch {batch}: --backend {backend} runs a GEMM in FP8 only when its input rows (batch x rows per "
+            f"example) are a multiple of {multiple}; at this batch the per-example layers would fall back to BF16 "
+            f"and report 0 error; use a multiple of {multiple}, e.g. {-(-batch // multiple) * multiple}")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, Any, DataConfig]:
+    """(the command line, the model config, the data config); a bad value, preset or override, or a batch the
+    backend cannot run in FP8, is argparse's error before any model is built."""
+    ap = argparse.ArgumentParser(prog="python -m scripts.fp8_layer_sensitivity", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=writable_file, required=True)
     ap.add_argument("--model", default="interformer_h200", help="a conf/model preset")
-    ap.add_argument("--batch", type=positive_int, default=64)
+    ap.add_argument("--batch", type=positive_int, default=64, help="a multiple of 16 (of 128 for 128-tile backends)")
     ap.add_argument("--batches", type=positive_int, default=4)
     ap.add_argument("--backend", default="scaled_mm_rowwise", choices=sorted(BACKENDS))
     ap.add_argument("--min-features", type=positive_int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mark", nargs="*", default=[], help="layer globs drawn in red in the plot")
     ap.add_argument("overrides", nargs="*", help="model.* / data.* overrides (after --)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if (reason := unaligned_batch(args.batch, args.backend)) is not None:
+        ap.error(reason)
     try:  # a bad preset or override: argparse's one line, before any model is built
         model_cfg = OmegaConf.to_object(OmegaConf.merge(
             OmegaConf.structured(preset_config(args.model)),
@@ -133,6 +151,11 @@ def main() -> None:
         data_cfg = data_config(args.overrides, args.batch, getattr(model_cfg, "num_sequences", 0))
     except (ValueError, OmegaConfBaseException) as exc:
         ap.error(" ".join(str(exc).split()))
+    return args, model_cfg, data_cfg
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    args, model_cfg, data_cfg = parse_args(argv)
     torch.manual_seed(args.seed)
     model = build_model(model_cfg, schema=data_schema(data_cfg), loka_mods=True).eval()
     source = SyntheticSource(data_cfg)

@@ -5,15 +5,17 @@
 Each sub-folder is one `python -m scripts.quality_runs --precisions bf16` run set (its `quality.json` holds the command
 and the overrides); the reference is the published-model BF16 run of the same seed in docs/results/quality_cpu.
 Writes ablation.json and ablation_rll.png into docs/results/interformer_mods_cpu.
-NOTE: since the fix, InterFormer's default is `model.mods.keep_bias=[input_arch.merge]
-model.mods.keep_bias_init=linear`; re-running a variant without a `keep_bias` override (all_mods, no_bias) now
-needs `model.mods.keep_bias=[]` to get the fully bias-free model those runs measured.
+InterFormer's default is `model.mods.keep_bias=[input_arch.merge] model.mods.keep_bias_init=linear`; re-running a
+variant without a `keep_bias` override (all_mods, no_bias) needs `model.mods.keep_bias=[]` to get the fully
+bias-free model those runs measured.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parents[1] / "docs" / "results" / "interformer_mods_cpu"
 REFERENCE = HERE.parent / "quality_cpu" / "quality.json"
@@ -37,7 +39,15 @@ def summarize() -> list[dict]:
     return rows
 
 
-def main() -> None:
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line: no arguments; ``--help`` prints the usage and writes nothing."""
+    ap = argparse.ArgumentParser(prog="python -m scripts.plot_ablation", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    return ap.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parse_args(argv)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -10,6 +10,7 @@ missing or stale still says what ran: ``python -m scripts.provenance`` prints it
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import hashlib
 import importlib.metadata
@@ -80,5 +81,12 @@ def provenance(argv: Optional[list[str]] = None) -> dict:
             "command": command_line(sys.argv if argv is None else argv)}
 
 
-if __name__ == "__main__":
+def main(argv: Optional[list[str]] = None) -> None:
+    """Print ``source_digest()`` of this checkout (``--help``: the usage, nothing else)."""
+    argparse.ArgumentParser(prog="python -m scripts.provenance", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     print(source_digest())
+
+
+if __name__ == "__main__":
+    main()
