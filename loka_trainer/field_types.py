@@ -1,6 +1,7 @@
-"""Type checks for the fields of the public config dataclasses (``LoKAConfig``, ``ProbeConfig``), which a user's
-Python code fills in directly: Hydra checks its own, but ``exclude="2*"`` from Python would be read as the globs
-'2' and '*', and ``mere_threshold="0.1"`` would fail later in a comparison that does not name the field.
+"""Type checks for the fields of the public config dataclasses (``LoKAConfig``, ``ProbeConfig``,
+``BenchOptions``), which a user's Python code fills in directly: Hydra checks its own, but ``exclude="2*"`` from
+Python would be read as the globs '2' and '*', and ``mere_threshold="0.1"`` would fail later in a comparison that
+does not name the field.
 
 Annotations are read as the dataclass declares them (strings, under ``from __future__ import annotations``).
 """
@@ -27,16 +28,19 @@ FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "str": (lambda v: isinstance(v, str), "a string"),
     "Optional[str]": (lambda v: v is None or isinstance(v, (str, os.PathLike)), "a path or None"),
     "Optional[List[str]]": (lambda v: v is None or _is_str_list(v), "a list of strings or None"),
+    "tuple[str, ...]": (_is_str_list, "a list of strings"),
 }
+LIST_TYPES = ("Optional[List[str]]", "tuple[str, ...]")
 
 
 def field_type_problem(config: Any, where: str) -> Optional[str]:
     """The first field of dataclass ``config`` whose value does not fit its annotation, as one line
-    ('LoKAConfig.exclude: must be a list of strings or None, got str '2*''), else None. Fields of other
-    annotations are not checked."""
+    ('LoKAConfig.exclude: must be a list of strings or None, got str '2*' (a list: ['2*'])'), else None. Fields
+    of other annotations are not checked."""
     for field in dataclasses.fields(config):
         check = FIELD_TYPES.get(str(field.type))
         value = getattr(config, field.name)
         if check is not None and not check[0](value):
-            return f"{where}.{field.name}: must be {check[1]}, got {type(value).__name__} {value!r}"
+            hint = f" (a list: [{value!r}])" if isinstance(value, str) and str(field.type) in LIST_TYPES else ""
+            return f"{where}.{field.name}: must be {check[1]}, got {type(value).__name__} {value!r}{hint}"
     return None

@@ -7,35 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from loka_trainer.bench.profilers import PROFILERS
 from loka_trainer.bench.results import RESULTS
+from loka_trainer.field_types import field_type_problem
 from loka_trainer.timing import BENCH_TIMERS
 
 COLOR_BY = ("auto", "mfu", "bandwidth", "tflops")
 PRECISIONS = ("auto", "fp32", "bf16", "fp8")
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 DEVICE_SPELLINGS = "auto, cpu, cuda, cuda:N"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_names(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
-
-
-# a field's annotation -> (does a value have that type, how to say it)
-TYPE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "int": (_is_int, "an integer"),
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "tuple[str, ...]": (_is_names, "a list of strings"),
-}
 # smallest valid value of the integer fields
 MINIMUMS = {"depth": 0, "batch_size": 0, "replicate": 1, "warmup": 0, "repeats": 1}
 
@@ -44,13 +28,6 @@ def choices() -> dict[str, Sequence[str]]:
     """Field -> its valid names (each element's, for a list field), from the plugin and timer registries."""
     return {"color_by": COLOR_BY, "precision": PRECISIONS, "timer": ("auto", *sorted(BENCH_TIMERS)),
             "profilers": sorted(PROFILERS), "results": sorted(RESULTS)}
-
-
-def _type_error(name: str, value: Any, annotation: str) -> str:
-    """Why ``value`` does not fit the field's annotation (a string where a list belongs gets an example)."""
-    if annotation == "tuple[str, ...]" and isinstance(value, str):
-        return f"bench.{name}={value!r} must be a list, e.g. bench.{name}=[{value}]"
-    return f"bench.{name}={value!r} must be {TYPE_CHECKS[annotation][1]}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +57,10 @@ class BenchOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if (problem := field_type_problem(self, "bench")) is not None:
+            raise ValueError(problem)
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if not TYPE_CHECKS[field.type][0](value):
-                raise ValueError(_type_error(field.name, value, field.type))
-            if isinstance(value, list):
+            if isinstance(value := getattr(self, field.name), list):
                 object.__setattr__(self, field.name, tuple(value))
         for name, low in MINIMUMS.items():
             if getattr(self, name) < low:

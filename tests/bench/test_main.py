@@ -43,7 +43,7 @@ def test_cli_writes_table_and_icicle(conf_dir, tmp_path):
 @pytest.mark.parametrize("override, needle", [
     ("bench.color_by=rainbow", "bench.color_by='rainbow' is unknown"),
     ("bench.results=[pdf]", "bench.results='pdf' is unknown; valid values: ['csv', 'icicle'"),
-    ("bench.depth=abc", "bench.depth='abc' must be an integer"),
+    ("bench.depth=abc", "bench.depth: must be an integer, got str 'abc'"),
     ("bench.include=[nomatch*]", "bench.include: ['nomatch*'] match(es) no submodule"),
 ])
 def test_cli_bad_option_is_one_line_exit_2_and_writes_nothing(conf_dir, tmp_path, override, needle):

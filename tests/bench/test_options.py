@@ -15,15 +15,15 @@ from loka_trainer.bench import runner
 
 @pytest.mark.parametrize("field, value, needle", [
     ("results", ("pdf",), "bench.results='pdf' is unknown; valid values: ['csv', 'icicle', 'json', 'markdown'"),
-    ("results", "csv", "bench.results='csv' must be a list, e.g. bench.results=[csv]"),
+    ("results", "csv", "bench.results: must be a list of strings, got str 'csv' (a list: ['csv'])"),
     ("timer", "bogus", "bench.timer='bogus' is unknown; valid values: ['auto', 'cuda_events', 'do_bench', 'wall']"),
     ("profilers", ("bogus",), "bench.profilers='bogus' is unknown; valid values: ['bandwidth', 'flops'"),
     ("replicate", 0, "bench.replicate must be >= 1, got 0"),
     ("device", "gpu", "bench.device='gpu' is unknown; valid values: auto, cpu, cuda, cuda:N"),
     ("batch_size", -3, "bench.batch_size must be >= 0, got -3"),
-    ("depth", "abc", "bench.depth='abc' must be an integer"),
-    ("include", "model.left*", "bench.include='model.left*' must be a list"),
-    ("trace", "yes", "bench.trace='yes' must be true or false"),
+    ("depth", "abc", "bench.depth: must be an integer, got str 'abc'"),
+    ("include", "model.left*", "bench.include: must be a list of strings, got str 'model.left*'"),
+    ("trace", "yes", "bench.trace: must be True or False, got str 'yes'"),
 ])
 def test_a_bad_setting_is_one_value_error_naming_the_field(field, value, needle):
     with pytest.raises(ValueError) as err:
