@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from loka_trainer.checkpoint import CheckpointError
 from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_config
-from loka_trainer.config import register_schemas, to_run_config
+from loka_trainer.config import build_small_model, check_plan_file, register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.output_dirs import unwritable_reason
 from loka_trainer.resume import (checkpoint_root, model_identity, nothing_left, plan_start, prepare_resumed_run,
@@ -120,9 +120,11 @@ def _with_resumed_plan(run, run_dir: Path, checkpoint: Path):
 
     try:
         path, note = resumed_plan_file(run_dir, run.precision.plan, checkpoint=checkpoint)
+        resumed = dataclasses.replace(run, precision=dataclasses.replace(run.precision, plan=path))
+        check_plan_file(resumed, build_small_model(resumed))  # a damaged or foreign plan, before any process group
     except ValueError as exc:
         fail(exc)
-    return dataclasses.replace(run, precision=dataclasses.replace(run.precision, plan=path)), note
+    return resumed, note
 
 
 def _stop(exc: Exception, *, status: int, rank: int) -> None:

@@ -176,3 +176,28 @@ def test_two_ranks_resume_past_a_deleted_rank_file_step_for_step(tmp_path):
     assert [s for s, _ in got] == list(range(1, 9))
     for step, loss in got[:6]:
         assert loss == pytest.approx(first[step], rel=1e-6, abs=1e-7), step
+
+
+def _another_models(text: str) -> str:
+    plan = json.loads(text)
+    return json.dumps({**plan, "layers": {"ghost.0": next(iter(plan["layers"].values()))}})
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda text: text[:100], "is not valid JSON"),
+    (_another_models, "unknown layer 'ghost.0'"),
+], ids=["truncated", "another_models"])
+@pytest.mark.slow
+def test_a_resumed_loka_run_whose_plan_is_damaged_stops_in_one_line_before_anything_starts(tmp_path, damage, needle):
+    run_dir = tmp_path / "loka"
+    loka = [*COMMON, "precision=loka", "precision.timing_rounds=1", "precision.min_speedup=0.001",
+            "precision.min_features=16", "trainer.steps=4", f"hydra.run.dir={run_dir}"]
+    run_train([*loka, "trainer.stop_after=2"])
+    plan = run_dir / "dispatch_plan.json"
+    plan.write_text(damage(plan.read_text()))
+    before = _tree(run_dir)
+    proc = run_train(loka, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = _error_lines(proc.stderr)
+    assert line.startswith("error: precision.plan") and needle in line and "Traceback" not in proc.stderr
+    assert _tree(run_dir) == before
