@@ -26,6 +26,7 @@ from loka_trainer.builders import (
 )
 from loka_trainer.callbacks.base import Callback, CallbackList, TrainState
 from loka_trainer.config import RunConfig
+from loka_trainer.data.base import peek
 from loka_trainer.data.batch import Batch
 from loka_trainer.dense_update import build_warmup, clip_gradients
 from loka_trainer.metrics import CTRMetrics
@@ -47,7 +48,7 @@ class Trainer:
         torch.manual_seed(run.trainer.seed)
         self.streams = build_streams(run, dist_info)
         self.train_iter = iter(self.streams.train)
-        sample = next(iter(self.streams.eval)) if run.data.eval_batches > 0 else next(iter(self.streams.train))
+        sample = next(iter(self.streams.eval)) if run.data.eval_batches > 0 else peek(self.streams.train)
         self.parallel = build_parallel_model(run, dist_info, sample_batch=sample, run_dir=self.run_dir, log=self.log)
         self.model = self.parallel.model
         self.dense_optimizer = build_dense_optimizer(self.model.module, run)

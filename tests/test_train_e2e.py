@@ -154,3 +154,16 @@ def test_compiled_dense_units_train_like_eager(tmp_path):
     assert len(losses[True]) == len(losses[False]) >= 4
     for eager_loss, compiled_loss in zip(losses[False], losses[True]):
         assert abs(compiled_loss - eager_loss) <= 0.02 * eager_loss  # inductor reorders float math, no more
+
+
+def test_the_training_batches_do_not_depend_on_whether_there_are_eval_batches(tmp_path):
+    """The calibration sample comes from the train stream when there is no eval batch; it must not shift the data
+    (it did by one batch: another step-1 loss)."""
+    losses = {}
+    for eval_batches in (0, 1):
+        run_dir = tmp_path / f"eval{eval_batches}"
+        run_train(["model=dlrm", "trainer.steps=2", "trainer.log_interval=1", "trainer.eval_interval=0",
+                   "callbacks.tensorboard=false", "data.batch_size=64", "data.max_vocab_size=2000",
+                   f"data.eval_batches={eval_batches}", f"hydra.run.dir={run_dir}"])
+        losses[eval_batches] = [r["loss"] for r in _records(run_dir) if "loss" in r]
+    assert len(losses[0]) == 2 and losses[0] == losses[1]

@@ -69,6 +69,15 @@ class IndexedStream(BatchStream):
         self.position = int(state["position"])
 
 
+def peek(stream: BatchStream) -> Batch:
+    """The next batch of ``stream``, which stays where it was: its next batch is that one again (the trainer's
+    calibration sample must not shift the training data)."""
+    position = stream.state_dict()
+    batch = next(iter(stream))
+    stream.load_state_dict(position)
+    return batch
+
+
 def check_identity(identity: dict, state: dict) -> None:
     """Refuse a state saved by a different stream (other seed, split, rank layout or source)."""
     for key, value in identity.items():

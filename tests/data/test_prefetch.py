@@ -92,3 +92,16 @@ def test_abandoned_stream_stops_its_thread():
     gc.collect()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_peek_returns_the_next_batch_and_leaves_the_stream_where_it_was(prefetch):
+    from loka_trainer.data.base import peek
+    stream = build_stream(dataclasses.replace(CFG, prefetch=prefetch), split="train", rank=0, world_size=1)
+    plain = _plain()
+    expected = [next(plain), next(plain)]
+    assert_batches_equal(peek(stream), expected[0])
+    assert_batches_equal(next(stream), expected[0])
+    assert_batches_equal(next(stream), expected[1])
+    if prefetch:
+        stream.close()
