@@ -58,6 +58,10 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     ckpt_root = checkpoint_root(run.trainer.checkpoint_dir, run_dir)
     if (reason := unwritable_reason(ckpt_root)) is not None:  # else it fails at the first save, after training
         fail(f"trainer.checkpoint_dir: cannot write to {ckpt_root} ({reason})")
+    probe = run.callbacks.probe
+    probe_dir = Path(probe.out_dir) if probe.out_dir is not None else run_dir / "probe"
+    if probe.enabled and (reason := unwritable_reason(probe_dir)) is not None:  # else it fails once training started
+        fail(f"callbacks.probe.out_dir: cannot write to {probe_dir} ({reason})")
     try:
         start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size,
                            identity=model_identity(run.model, loka_mods=run.precision.mods))

@@ -105,11 +105,12 @@ def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, ar
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("option", ["hydra.run.dir", "trainer.checkpoint_dir"])
+@pytest.mark.parametrize("option", ["hydra.run.dir", "trainer.checkpoint_dir", "callbacks.probe.out_dir"])
 def test_an_output_dir_that_cannot_be_written_is_one_line_before_training(tmp_path, option):
     (tmp_path / "a_file").write_text("")
     target = tmp_path / "a_file" / "out"
     args = [*TINY, f"{option}={target}"] + ([] if option == "hydra.run.dir" else [f"hydra.run.dir={tmp_path}/run"])
+    args += ["callbacks.probe.enabled=true"] if option.startswith("callbacks.probe") else []
     line = _one_error_line(run_train(args, check=False, timeout=120), f"{option}: cannot write to {target}",
                            "a_file is not a directory")
     assert line.startswith("error:")
