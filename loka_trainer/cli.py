@@ -20,8 +20,9 @@ from typing import Callable, NoReturn, Optional, TypeVar
 
 import hydra
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra._internal.utils import get_args_parser
+from hydra._internal.utils import create_config_search_path, get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -85,10 +86,15 @@ def typed_config(cfg: DictConfig, convert: Callable[[DictConfig], T]) -> T:
         fail(exc)
 
 
-def sweep_points(overrides: list[str]) -> list[list[str]]:
-    """The override list of every run of ``-m`` (Hydra's basic sweeper: the cross product of ``a=x,y`` values)."""
+def sweep_points(overrides: list[str], config_dir: Optional[str] = None) -> list[list[str]]:
+    """The override list of every run of ``-m`` (Hydra's basic sweeper: the cross product of ``a=x,y`` values;
+    ``glob(...)`` lists the config groups of conf/ and ``config_dir``)."""
+    search = create_config_search_path(str(CONF_DIR))
+    if config_dir is not None:
+        search.append("command-line", f"file://{os.path.abspath(config_dir)}")
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        loader = ConfigLoaderImpl(config_search_path=search)
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
         return [point for batch in BasicSweeper.split_arguments(parsed, None) for point in batch]
     except Exception as exc:  # grammar errors, unsupported sweep types
         fail(exc)
@@ -101,8 +107,15 @@ def parse_hydra_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse
     return parser, parser.parse_args(argv)
 
 
+EXCLUSIVE_FLAGS = ("run", "multirun", "cfg", "info", "shell_completion")  # Hydra's: one at a time
+
+
 def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[DictConfig], object]) -> None:
     """Compose (and, for a run, validate) every run the command line asks for; fail in one line otherwise."""
+    modes = [flag for flag in EXCLUSIVE_FLAGS if getattr(args, flag)]
+    if len(modes) > 1:  # Hydra raises this in a traceback
+        fail(f"only one of --run, --multirun, --cfg, --info and --shell-completion can be given, got "
+             f"{', '.join('--' + m.replace('_', '-') for m in modes)}")
     if args.hydra_help or args.shell_completion:
         return
     if args.config_path is not None:
@@ -113,12 +126,19 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[Di
             fail(f"--config-dir {args.config_dir!r} is not a directory")
         search = [f"hydra.searchpath=[file://{os.path.abspath(args.config_dir)}]"]
     showing = any(getattr(args, flag) for flag in SHOW_FLAGS)
-    for point in sweep_points(args.overrides) if args.multirun else [args.overrides]:
+    checkpoint_dirs: dict[str, list[str]] = {}  # an explicit trainer.checkpoint_dir -> the sweep point naming it
+    for point in sweep_points(args.overrides, args.config_dir) if args.multirun else [args.overrides]:
         cfg, out_dir = compose_config(args.config_name or config_name, [*search, *point], multirun=args.multirun)
         if not showing:
             typed_config(cfg, validate)
             if (reason := unwritable_reason(out_dir)) is not None:  # Hydra would fail creating it, in a traceback
                 fail(f"hydra.{'sweep' if args.multirun else 'run'}.dir: cannot write to {out_dir} ({reason})")
+        if (ckpt := OmegaConf.select(cfg, "trainer.checkpoint_dir")) is not None and args.multirun:
+            if (other := checkpoint_dirs.setdefault(os.path.abspath(ckpt), point)) is not point:
+                first, second = ([o for o in a if o not in b] for a, b in ((other, point), (point, other)))
+                fail(f"trainer.checkpoint_dir={ckpt} is shared by the sweep points {' '.join(first)} and "
+                     f"{' '.join(second)}: the second would resume from the first's checkpoints (or skip as done); "
+                     f"leave it unset (each point's <run dir>/checkpoints) or sweep it too")
     GlobalHydra.instance().clear()
 
 

@@ -76,6 +76,9 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["precision=bf16,loka"], ["--multirun"]),
     (["-m", "precision=bf16,no_such_precision"], ["Could not find 'precision/no_such_precision'"]),
     (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
+    (["--cfg", "job", "-m", "precision=bf16,fp32"], ["only one of --run, --multirun", "got --multirun, --cfg"]),
+    (["-m", "precision=bf16,fp32", "trainer.checkpoint_dir=shared_ck"],
+     ["trainer.checkpoint_dir=shared_ck is shared by the sweep points precision=bf16 and precision=fp32"]),
     (["model.mods.block_size=0"], ["model.mods.block_size must be a positive int, got 0"]),
     (["model.mods.block_size=-8", "precision=loka"], ["model.mods.block_size must be a positive int, got -8"]),
     (["precision=loka", "precision.max_flushed_fraction=1.5"],
@@ -235,3 +238,14 @@ def test_malformed_rows_are_totalled_over_ranks_and_splits(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["malformed_rows"] == 5
     assert "malformed data rows skipped: 5 (train 3, eval 2; all ranks)" in (run_dir / "train.log").read_text()
+
+
+def test_a_glob_sweep_lists_the_config_groups_options_those_of_config_dir_too(tmp_path):
+    from loka_trainer.cli import sweep_points
+    assert sweep_points(["model=glob(dlrm_*paper)", "trainer.steps=1,2"]) == [
+        ["model=dlrm_dcnv2_paper", "trainer.steps=1"], ["model=dlrm_dcnv2_paper", "trainer.steps=2"],
+        ["model=dlrm_paper", "trainer.steps=1"], ["model=dlrm_paper", "trainer.steps=2"]]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "dlrm_mine_paper.yaml").write_text("defaults:\n  - dlrm\n")
+    assert sweep_points(["model=glob(dlrm_*paper)"], str(tmp_path)) == [
+        ["model=dlrm_dcnv2_paper"], ["model=dlrm_mine_paper"], ["model=dlrm_paper"]]
