@@ -86,6 +86,15 @@ def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear],
     convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in targets)
 
 
+def unread_by_preset(config: PrecisionConfig) -> list[str]:
+    """The Dispatch settings set on a preset without Dispatch (nothing reads them); a shared override list (a
+    benchmark's runs) may set them for every precision, so they are named, not refused."""
+    unread = [f"precision.{f}" for f in ("plan", "probe_stats", "backends") if getattr(config, f) is not None]
+    if config.exclude is not None and config.fp8_recipe is None:  # torchao's recipes read exclude
+        unread.append("precision.exclude")
+    return unread
+
+
 def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,
                     run_dir: Optional[Path] = None, module_filter_fn: Optional[ModuleFilter] = None,
                     compile: bool = False, log: Callable[[str], None] = rank0_print) -> Optional[DispatchPlan]:
@@ -103,6 +112,9 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
             f"(fp8_filter={config.fp8_filter})")
         return None
     if not config.dispatch:
+        unread = unread_by_preset(config)
+        if unread:
+            log(f"precision={config.name}: ignores {', '.join(unread)} (read by Dispatch only: precision=loka)")
         return None
     return convert_to_loka(model, config.loka_config(compile=compile), calibration_batch=calibration_batch,
                            module_filter_fn=module_filter_fn, device=device, run_dir=run_dir, log=log)

@@ -49,6 +49,15 @@ def test_fp32_and_bf16_do_nothing():
     assert [type(x) for x in m.modules()] == before
 
 
+def test_dispatch_settings_on_a_preset_without_dispatch_are_named_as_ignored(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    logs, m = [], TinyModel()
+    config = PrecisionConfig(name="bf16", compute_dtype="bfloat16", plan=str(plan), exclude=["mlp.0"])
+    assert apply_precision(m, config=config, device="cpu", log=logs.append) is None
+    assert logs == ["precision=bf16: ignores precision.plan, precision.exclude (read by Dispatch only: precision=loka)"]
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
 def test_uniform_torchao_converts_targets_only(recipe):
     from torchao.float8.float8_linear import Float8Linear
