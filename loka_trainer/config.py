@@ -7,6 +7,7 @@ DictConfig into typed objects and validates them, raising a one-line `ValueError
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from typing import Any, Callable, List, Optional
 
@@ -192,6 +193,24 @@ def check_exclude_globs(run: RunConfig, model: Any) -> None:
         configured_targets(model, p)
 
 
+def check_probe_targets(run: RunConfig, model: Any) -> None:
+    """``callbacks.probe``'s filters select at least one layer of ``model`` (`build_small_model`): else the Probe
+    would observe nothing and write no statistics, silently."""
+    probe = run.callbacks.probe
+    if not probe.enabled:
+        return
+    from loka_trainer.probe.targets import LINEAR_TYPES, clean_fqn, select_linears  # noqa: PLC0415 -- lazy
+
+    if not select_linears(model, include=probe.include, exclude=probe.exclude, module_types=probe.module_types,
+                          min_features=probe.min_features):
+        names = [clean_fqn(f) for f, m in model.named_modules() if isinstance(m, LINEAR_TYPES)]
+        wanted = list(probe.include or ()) + list(probe.module_types or ())
+        near = sorted({n for w in wanted for n in difflib.get_close_matches(w, names, n=3, cutoff=0.5)})
+        raise ValueError(f"callbacks.probe: include={probe.include}, exclude={probe.exclude}, module_types="
+                         f"{probe.module_types}, min_features={probe.min_features} select none of the model's "
+                         f"{len(names)} Linears" + (f"; closest: {near}" if near else f", e.g. {names[:3]}"))
+
+
 def check_backends(run: RunConfig, device: torch.device) -> None:
     """``precision.backends`` that Dispatch will measure with all run on this rank's ``device``."""
     if run.precision.dispatch and run.precision.backends is not None and run.precision.plan is None:
@@ -266,6 +285,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     check_exclude_globs(run, model)
     check_probe_stats(run, model)
     check_backends(run, device)
+    check_probe_targets(run, model)
     return run
 
 

@@ -101,9 +101,10 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
                 logger.info(line)
             write_run_config(run_dir, cfg, argv, rank=rank)
         trainer.fit(first_step)
+        board = f", TensorBoard: tensorboard --logdir {run_dir.resolve() / 'tensorboard'}" \
+            if run.callbacks.tensorboard else ""
         logger.info(f"done: metrics {run_dir.resolve() / 'metrics.jsonl'}, summary "
-                    f"{run_dir.resolve() / 'summary.json'}, TensorBoard: tensorboard --logdir "
-                    f"{run_dir.resolve() / 'tensorboard'}")
+                    f"{run_dir.resolve() / 'summary.json'}{board}")
         finished = True
     except CheckpointError as exc:
         _stop(exc, status=2, rank=rank)
