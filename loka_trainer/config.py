@@ -70,14 +70,20 @@ class TrainerConfig:
         for field in ("steps", "log_interval"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"trainer.{field} must be > 0, got {getattr(self, field)}")
-        for field in ("eval_interval", "checkpoint_interval"):
+        for field in ("eval_interval", "checkpoint_interval", "warmup_steps"):
             if getattr(self, field) < 0:
                 raise ValueError(f"trainer.{field} must be >= 0, got {getattr(self, field)}")
-        if self.warmup_steps < 0 or self.grad_clip_norm < 0:
-            raise ValueError(f"trainer.warmup_steps and trainer.grad_clip_norm must be >= 0, got "
-                             f"{self.warmup_steps}, {self.grad_clip_norm}")
-        if self.lr <= 0 or self.embedding_lr <= 0:
-            raise ValueError(f"trainer.lr and trainer.embedding_lr must be > 0, got {self.lr}, {self.embedding_lr}")
+        inf = float("inf")
+        # every float field -> (holds, what it must be); written so that NaN, failing every comparison, fails each
+        number_rules = {
+            "lr": (lambda v: 0 < v < inf, "a finite number > 0"),
+            "embedding_lr": (lambda v: 0 < v < inf, "a finite number > 0"),
+            "weight_decay": (lambda v: 0 <= v < inf, "a finite number >= 0"),
+            "grad_clip_norm": (lambda v: v >= 0, "a number >= 0 (0: no clipping, inf: only log the norm)"),
+        }
+        for field, (holds, what) in number_rules.items():
+            if not holds(getattr(self, field)):
+                raise ValueError(f"trainer.{field} must be {what}, got {getattr(self, field)}")
         if self.dense_optimizer not in DENSE_OPTIMIZERS:
             raise ValueError(f"trainer.dense_optimizer={self.dense_optimizer!r} is not one of "
                              f"{', '.join(DENSE_OPTIMIZERS)}")

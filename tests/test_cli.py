@@ -1,6 +1,7 @@
 """train.py's command line: Hydra's own flags, one-line failures before anything starts, edge configs, counts."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from loka_trainer.config import TrainerConfig
 from tests.launch import run_train
 
 TINY = ["trainer.steps=2", "data.batch_size=64", "data.max_vocab_size=2000", "data.eval_batches=2",
@@ -100,6 +102,7 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
      ["sharding.embedding=row_wise is not offered by TorchRec for embedding tables on cpu", "trainer.device=cuda"]),
     (["trainer.steps=10", "callbacks.profiler.enabled=true", "callbacks.profiler.start_step=9"],
      ["callbacks.profiler: steps 9..11 are not all inside the run (steps 0..9, trainer.steps=10)"]),
+    (["trainer.lr=nan"], ["trainer.lr must be a finite number > 0, got nan"]),
 ])
 def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, args, needles):
     run_dir = tmp_path / "run"
@@ -108,6 +111,38 @@ def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, ar
     if "Available options" in line:
         assert "_schema" not in line.split("Available options")[1]  # options offered never include a schema
     assert not run_dir.exists()
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"lr": NAN}, "trainer.lr must be a finite number > 0, got nan"),
+    ({"lr": INF}, "trainer.lr must be a finite number > 0, got inf"),
+    ({"embedding_lr": NAN}, "trainer.embedding_lr must be a finite number > 0, got nan"),
+    ({"embedding_lr": 0.0}, "trainer.embedding_lr must be a finite number > 0, got 0.0"),
+    ({"weight_decay": -1.0}, "trainer.weight_decay must be a finite number >= 0, got -1.0"),
+    ({"weight_decay": NAN}, "trainer.weight_decay must be a finite number >= 0, got nan"),
+    ({"weight_decay": INF}, "trainer.weight_decay must be a finite number >= 0, got inf"),
+    ({"grad_clip_norm": NAN}, "trainer.grad_clip_norm must be a number >= 0 (0: no clipping, inf: only log the "
+                              "norm), got nan"),
+    ({"grad_clip_norm": -1.0}, "trainer.grad_clip_norm must be a number >= 0"),
+    ({"warmup_steps": -1}, "trainer.warmup_steps must be >= 0, got -1"),
+])
+def test_trainer_numbers_out_of_range_are_one_line_naming_the_field(changes, message):
+    with pytest.raises(ValueError) as err:
+        TrainerConfig(**changes).validate()
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_every_float_trainer_field_refuses_nan_and_inf_only_logs_the_gradient_norm():
+    floats = [f.name for f in dataclasses.fields(TrainerConfig) if f.type == "float"]
+    assert len(floats) == 4
+    for field in floats:
+        with pytest.raises(ValueError, match=f"trainer.{field} must be"):
+            TrainerConfig(**{field: NAN}).validate()
+    TrainerConfig(grad_clip_norm=INF).validate()
+    TrainerConfig(grad_clip_norm=0.0, weight_decay=0.0).validate()
 
 
 @pytest.mark.parametrize("option", ["hydra.run.dir", "trainer.checkpoint_dir", "callbacks.probe.out_dir"])
