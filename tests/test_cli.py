@@ -103,6 +103,9 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["trainer.steps=10", "callbacks.profiler.enabled=true", "callbacks.profiler.start_step=9"],
      ["callbacks.profiler: steps 9..11 are not all inside the run (steps 0..9, trainer.steps=10)"]),
     (["trainer.lr=nan"], ["trainer.lr must be a finite number > 0, got nan"]),
+    (["sharding=column_wise", "model.embedding_dim=6", "model.dense_arch_widths=[64,6]"],
+     ["model.embedding_dim=6 must be a multiple of 4"]),
+    (["model=interformer", "model.num_heads=0"], ["model.num_heads must be >= 1, got 0"]),
 ])
 def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, args, needles):
     run_dir = tmp_path / "run"

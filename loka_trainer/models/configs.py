@@ -5,11 +5,39 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 from omegaconf import DictConfig, OmegaConf
 
 from loka_trainer.models.mods import ModsConfig
+from loka_trainer.sharding.config import check_embedding_columns
+
+# Size fields of the zoo's configs that may be 0 (a model without that part); every other int field is a count or
+# width that must be >= 1, and so must each entry of a list of widths (a zero-sized weight breaks FSDP2 and
+# the embedding kernels, a negative one torch).
+ZERO_ALLOWED = ("cross_layers",)
+
+
+def check_sizes(config: Any) -> None:
+    """A one-line ``ValueError`` naming the first int field of the model ``config`` (a dataclass) below its least
+    value, or a list of widths with an entry below 1."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            least = 0 if field.name in ZERO_ALLOWED else 1
+            if value < least:
+                raise ValueError(f"model.{field.name} must be >= {least}, got {value}")
+        elif isinstance(value, list) and any(isinstance(w, int) and w < 1 for w in value):
+            raise ValueError(f"model.{field.name} must list widths >= 1, got {list(value)}")
+
+
+def check_model_config(config: Any) -> None:
+    """The checks of a model config that need no data schema: sizes, then the embedding width the sharded tables
+    take (the builders check what depends on the data, e.g. InterFormer's recent tokens)."""
+    check_sizes(config)
+    check_embedding_columns(config.embedding_dim)
 
 
 @dataclasses.dataclass
@@ -21,6 +49,9 @@ class DLRMConfig:
     dense_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 256, 128])
     over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [1024, 1024, 512, 256])
     mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
+
+    def validate(self) -> None:
+        check_model_config(self)
 
 
 @dataclasses.dataclass
@@ -47,6 +78,9 @@ class WukongConfig:
     fmb_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 512])
     over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 512])
     mods: ModsConfig = dataclasses.field(default_factory=ModsConfig)
+
+    def validate(self) -> None:
+        check_model_config(self)
 
 
 def interformer_mods() -> ModsConfig:
@@ -88,6 +122,9 @@ class InterFormerConfig:
     pffn_widths: List[int] = dataclasses.field(default_factory=lambda: [256])
     over_arch_widths: List[int] = dataclasses.field(default_factory=lambda: [512, 256])
     mods: ModsConfig = dataclasses.field(default_factory=interformer_mods)
+
+    def validate(self) -> None:
+        check_model_config(self)
 
 
 MODEL_CONFIGS: dict[str, type] = {

@@ -39,3 +39,31 @@ class ShardingConfig:
 def _check_choice(field: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ValueError(f"{field}={value!r} is not one of {', '.join(valid)}")
+
+
+# TorchRec's planner cuts a column-wise table into blocks of the smallest multiple of 4 in [MIN_COLUMN_BLOCK, dim)
+# that divides dim, else one block of dim (torchrec.distributed.sharding_plan._get_block_size_for_cw_shard with
+# its MIN_CW_DIM; `parallelize` sets no min_partition). FBGEMM's embedding kernels need every shard's column count
+# to be a multiple of COLUMN_MULTIPLE (TorchRec asserts it after the process group started).
+MIN_COLUMN_BLOCK = 128
+COLUMN_MULTIPLE = 4
+
+
+def shard_columns(embedding_dim: int, sharding_type: str) -> list[int]:
+    """The column counts of one table's shards under ``sharding_type`` (every shard holds all of a row's columns
+    but under column_wise)."""
+    if sharding_type != "column_wise":
+        return [embedding_dim]
+    block = next((width for width in range(MIN_COLUMN_BLOCK, embedding_dim)
+                  if embedding_dim % width == 0 and width % COLUMN_MULTIPLE == 0), embedding_dim)
+    return [block] * (embedding_dim // block)
+
+
+def check_embedding_columns(embedding_dim: int) -> None:
+    """``model.embedding_dim`` gives every table shard a column count FBGEMM's kernels take, under each sharding
+    type (``sharding.embedding=auto`` lets the planner pick any of them)."""
+    shards = {t: shard_columns(embedding_dim, t) for t in EMBEDDING_SHARDING_TYPES if t != "auto"}
+    if any(c % COLUMN_MULTIPLE for columns in shards.values() for c in columns):
+        described = ", ".join(f"{t} {columns}" for t, columns in shards.items())
+        raise ValueError(f"model.embedding_dim={embedding_dim} must be a multiple of {COLUMN_MULTIPLE}: TorchRec's "
+                         f"embedding kernels need the column count of each table shard to be one (shards: {described})")
