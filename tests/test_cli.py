@@ -106,6 +106,7 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["sharding=column_wise", "model.embedding_dim=6", "model.dense_arch_widths=[64,6]"],
      ["model.embedding_dim=6 must be a multiple of 4"]),
     (["model=interformer", "model.num_heads=0"], ["model.num_heads must be >= 1, got 0"]),
+    (["data.drift=nan"], ["data.drift must be a finite number, got nan"]),
 ])
 def test_bad_command_line_is_one_line_exit_2_before_anything_starts(tmp_path, args, needles):
     run_dir = tmp_path / "run"

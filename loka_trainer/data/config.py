@@ -6,14 +6,25 @@ ConfigStore as group ``data``, name ``data_schema``; ``conf/data/*.yaml`` fill i
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-from typing import Optional
+from typing import Any, Optional
 
 # NOTE: must equal ``loka_trainer.data.stream.DATA_SOURCES.keys()`` (checked by a test); kept here so that
 # validating a config does not import the sources.
 SOURCE_NAMES = ("synthetic", "criteo")
 CRITEO_NUM_DENSE = 13
 CRITEO_NUM_SPARSE = 26
+
+
+def check_finite(config: Any, prefix: str) -> None:
+    """Every float field of the dataclass ``config`` holds a finite number (a one-line ``ValueError`` naming the
+    field): NaN fails every comparison, so it slips past range checks, inf past one-sided ones, and either breaks
+    the generated batches."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.type == "float" and not math.isfinite(value):
+            raise ValueError(f"{prefix}.{field.name} must be a finite number, got {value}")
 
 
 @dataclasses.dataclass
@@ -37,6 +48,7 @@ class OutlierConfig:
 
     def validate(self, num_dense: int) -> None:
         """Raise a one-line ``ValueError`` naming the first bad field."""
+        check_finite(self, "data.outliers")
         if not 0.0 <= self.spike_rate <= 1.0:
             raise ValueError(f"data.outliers.spike_rate must be in [0, 1], got {self.spike_rate}")
         if not 1.0 <= self.spike_min <= self.spike_max:
@@ -87,6 +99,7 @@ class DataConfig:
         """Raise a one-line ``ValueError`` naming the first bad field; never reads data files."""
         if self.name not in SOURCE_NAMES:
             raise ValueError(f"data.name must be one of {list(SOURCE_NAMES)}, got {self.name!r}")
+        check_finite(self, "data")
         for field, (bound, strict) in _LOWER_BOUNDS.items():
             value = getattr(self, field)
             if value < bound or (strict and value == bound):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from loka_trainer.data.config import DataConfig
+from loka_trainer.data.config import DataConfig, OutlierConfig
 
 CONF_DATA = Path(__file__).resolve().parents[2] / "conf" / "data"
 
@@ -37,6 +38,36 @@ def test_validate_rejects_with_one_line_message(changes, message):
         cfg.validate()
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"drift": NAN}, "data.drift must be a finite number, got nan"),
+    ({"drift": INF}, "data.drift must be a finite number, got inf"),
+    ({"teacher_logit_std": NAN}, "data.teacher_logit_std must be a finite number, got nan"),
+    ({"zipf_alpha": INF}, "data.zipf_alpha must be a finite number, got inf"),
+    ({"target_ctr": NAN}, "data.target_ctr must be a finite number, got nan"),
+    ({"outliers": OutlierConfig(hot_scale=INF, hot_features=2)}, "data.outliers.hot_scale must be a finite number"),
+    ({"outliers": OutlierConfig(spike_max=INF, spike_rate=0.1)}, "data.outliers.spike_max must be a finite number"),
+    ({"outliers": OutlierConfig(spike_rate=NAN)}, "data.outliers.spike_rate must be a finite number, got nan"),
+])
+def test_non_finite_numbers_are_rejected_naming_the_field(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dataclasses.replace(DataConfig(), **changes).validate()
+
+
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_every_float_field_must_be_finite(value):
+    floats = [(f.name, None) for f in dataclasses.fields(DataConfig) if f.type == "float"]
+    floats += [("outliers", f.name) for f in dataclasses.fields(OutlierConfig) if f.type == "float"]
+    assert len(floats) == 9
+    for field, sub in floats:
+        changes = {field: value} if sub is None else {"outliers": OutlierConfig(**{sub: value})}
+        name = field if sub is None else f"outliers.{sub}"
+        with pytest.raises(ValueError, match=re.escape(f"data.{name} must be a finite number")):
+            dataclasses.replace(DataConfig(), **changes).validate()
 
 
 @pytest.mark.parametrize("field, value", [("multi_hot", 2), ("num_sequences", 1), ("num_sparse", 8)])
