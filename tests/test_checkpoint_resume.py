@@ -114,6 +114,23 @@ def test_a_checkpoint_of_another_model_is_refused_with_one_line_and_left_as_it_w
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("override, named", [
+    ("data.outliers.spike_rate=0.01", "outliers.spike_rate=0.0 but this stream has outliers.spike_rate=0.01"),
+    ("data.target_ctr=0.3", "target_ctr=0.25 but this stream has target_ctr=0.3"),
+], ids=["outliers", "target_ctr"])
+def test_a_checkpoint_of_other_synthetic_data_is_refused_and_left_as_it_was(stopped_run, tmp_path, override, named):
+    run_dir = _copy(stopped_run, tmp_path)
+    before = {name: tree for name, tree in _tree(run_dir).items() if name != "train.log"}
+    proc = run_train([*COMMON, "trainer.steps=8", override, f"hydra.run.dir={run_dir}"], check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = _error_lines(proc.stderr)
+    assert "step_000006 does not fit this run" in line and named in line, line
+    assert "Traceback" not in proc.stderr
+    after = {name: tree for name, tree in _tree(run_dir).items() if name != "train.log"}  # the log tells of it
+    assert after == before  # metrics.jsonl keeps one series, the checkpoints and config stay
+
+
+@pytest.mark.slow
 def test_a_run_its_checkpoint_already_ends_does_nothing_and_one_past_its_steps_is_refused(stopped_run, tmp_path):
     """The stopped run (checkpoint at step 6 = trainer.stop_after) started again: nothing is written, exit 0; with
     trainer.steps=4 the checkpoint lies past the run's end: one line, exit 2 (it used to evaluate and record a

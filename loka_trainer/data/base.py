@@ -79,8 +79,12 @@ def peek(stream: BatchStream) -> Batch:
 
 
 def check_identity(identity: dict, state: dict) -> None:
-    """Refuse a state saved by a different stream (other seed, split, rank layout or source)."""
+    """Refuse a state saved by a different stream (other seed, split, rank layout, source or data settings), or
+    by one whose state does not record a setting this stream has."""
     for key, value in identity.items():
-        if state.get(key) != value:
-            raise ValueError(f"data stream state has {key}={state.get(key)!r} but this stream has {key}={value!r}; "
+        if key not in state:
+            raise ValueError(f"data stream state does not record {key} (this stream has {key}={value!r}), so it "
+                             f"may come from other data; resume from a checkpoint that records it, or start over")
+        if state[key] != value:
+            raise ValueError(f"data stream state has {key}={state[key]!r} but this stream has {key}={value!r}; "
                              f"resume with the same data config and world size")

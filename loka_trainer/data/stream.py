@@ -1,7 +1,8 @@
 """``build_stream`` and the ``DATA_SOURCES`` registry behind it (name -> stream builder)."""
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from typing import Any, Callable
 
 import torch
 
@@ -12,13 +13,30 @@ from loka_trainer.data.prefetch import PrefetchStream
 from loka_trainer.data.synthetic import SyntheticSource
 
 SPLITS = ("train", "eval")
+# ``DataConfig`` fields that leave the synthetic batches as they are; every other one, ``outliers``' included, is
+# part of a synthetic stream's identity, so that a resume with other data is refused rather than continuing one
+# metrics series over two datasets.
+SYNTHETIC_BATCH_INDEPENDENT = ("name", "eval_batches", "path", "eval_path", "eval_fraction", "prefetch", "pin_memory")
+
+
+def synthetic_identity(cfg: DataConfig) -> dict[str, Any]:
+    """The settings that decide the synthetic batches, flat: ``{"seed": 0, ..., "outliers.spike_rate": 0.0}``."""
+    return {key: value for key, value in _flatten(dataclasses.asdict(cfg)).items()
+            if key.split(".")[0] not in SYNTHETIC_BATCH_INDEPENDENT}
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
 
 
 def build_synthetic_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> BatchStream:
     """Synthetic planted-teacher batches; train is infinite, eval has ``cfg.eval_batches`` batches per rank."""
     source = SyntheticSource(cfg)
-    identity = {"source": "synthetic", "seed": cfg.seed, "split": split, "rank": rank, "world_size": world_size,
-                "batch_size": cfg.batch_size}
+    identity = {"source": "synthetic", "split": split, "rank": rank, "world_size": world_size,
+                **synthetic_identity(cfg)}
     return IndexedStream(
         lambda index: source.batch_at(split, index, rank=rank, world_size=world_size),
         identity=identity,

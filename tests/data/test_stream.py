@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from loka_trainer.data import DATA_SOURCES, DataConfig, build_stream, data_schema
-from loka_trainer.data.config import SOURCE_NAMES
+from loka_trainer.data.config import SOURCE_NAMES, OutlierConfig
 
 from .helpers import assert_batches_equal
 
@@ -70,3 +70,62 @@ def test_state_from_another_stream_is_refused():
     reseeded = build_stream(dataclasses.replace(CFG, seed=3), split="train", rank=0, world_size=2)
     with pytest.raises(ValueError, match="seed"):
         reseeded.load_state_dict(state)
+
+
+# A value other than CFG's for every DataConfig setting that decides the synthetic batches
+OTHER_DATA = {"seed": 1, "batch_size": 32, "num_dense": 12, "num_sparse": 25, "max_vocab_size": 4_000,
+              "zipf_alpha": 1.2, "multi_hot": 2, "num_sequences": 2, "max_sequence_length": 6,
+              "sequence_vocab_size": 50_000, "target_ctr": 0.3, "teacher_logit_std": 1.0, "teacher_latent_dim": 4,
+              "drift": 0.1, "batches_per_day": 100}
+OTHER_OUTLIERS = {"spike_rate": 0.01, "spike_min": 10.0, "spike_max": 1_000.0, "hot_features": 2, "hot_scale": 10.0}
+
+
+def test_every_setting_outside_the_batch_independent_ones_is_in_the_synthetic_identity():
+    from loka_trainer.data.stream import SYNTHETIC_BATCH_INDEPENDENT, synthetic_identity
+
+    batch_deciding = {f.name for f in dataclasses.fields(DataConfig)} - set(SYNTHETIC_BATCH_INDEPENDENT)
+    assert batch_deciding == set(OTHER_DATA) | {"outliers"}
+    assert {f.name for f in dataclasses.fields(OutlierConfig)} == set(OTHER_OUTLIERS)
+    base = synthetic_identity(CFG)
+    for field, value in OTHER_DATA.items():
+        changed = synthetic_identity(dataclasses.replace(CFG, **{field: value}))
+        assert {k for k in base if base[k] != changed[k]} == {field}
+    for field, value in OTHER_OUTLIERS.items():
+        changed = synthetic_identity(dataclasses.replace(CFG, outliers=OutlierConfig(**{field: value})))
+        assert {k for k in base if base[k] != changed[k]} == {f"outliers.{field}"}
+
+
+@pytest.mark.parametrize("changes", [{"eval_batches": 7}, {"prefetch": 0}, {"pin_memory": False},
+                                     {"eval_fraction": 0.5}])
+def test_batch_independent_settings_leave_the_synthetic_batches_as_they_are(changes):
+    a = build_stream(CFG, split="train", rank=0, world_size=1)
+    b = build_stream(dataclasses.replace(CFG, **changes), split="train", rank=0, world_size=1)
+    assert_batches_equal(next(a), next(b))
+    b.load_state_dict(a.state_dict())  # a resume with them changed goes on
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"outliers": OutlierConfig(spike_rate=0.01)}, "outliers.spike_rate=0.0 but this stream has "
+                                                   "outliers.spike_rate=0.01"),
+    ({"target_ctr": 0.3}, "target_ctr=0.25 but this stream has target_ctr=0.3"),
+    ({"teacher_logit_std": 1.0}, "teacher_logit_std=1.35 but this stream has teacher_logit_std=1.0"),
+    ({"zipf_alpha": 1.3}, "zipf_alpha=1.1 but this stream has zipf_alpha=1.3"),
+    ({"drift": 0.5}, "drift=0.0 but this stream has drift=0.5"),
+])
+def test_state_of_other_synthetic_data_is_refused(changes, message):
+    state = build_stream(CFG, split="train", rank=0, world_size=1).state_dict()
+    other = build_stream(dataclasses.replace(CFG, **changes), split="train", rank=0, world_size=1)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        other.load_state_dict(state)
+
+
+def test_state_that_does_not_record_a_setting_is_refused_naming_it():
+    stream = build_stream(CFG, split="train", rank=0, world_size=1)
+    state = {key: value for key, value in stream.state_dict().items() if key != "outliers.spike_rate"}
+    with pytest.raises(ValueError, match=re.escape("data stream state does not record outliers.spike_rate (this "
+                                                   "stream has outliers.spike_rate=0.0)")):
+        stream.load_state_dict(state)
+    next(stream)
+    resumed = build_stream(CFG, split="train", rank=0, world_size=1)
+    resumed.load_state_dict(stream.state_dict())  # the same config resumes where it was
+    assert_batches_equal(next(resumed), next(stream))
