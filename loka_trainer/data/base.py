@@ -5,6 +5,7 @@ so each evaluation sees the same batches.
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable, Iterator, Optional
 
 from loka_trainer.data.batch import Batch
@@ -79,12 +80,15 @@ def peek(stream: BatchStream) -> Batch:
 
 
 def check_identity(identity: dict, state: dict) -> None:
-    """Refuse a state saved by a different stream (other seed, split, rank layout, source or data settings), or
-    by one whose state does not record a setting this stream has."""
+    """Refuse a state saved by a different stream (other seed, split, rank layout, source or data settings). A
+    state that records fewer settings (a checkpoint written before they were recorded) resumes, with one warning
+    naming what cannot be checked."""
+    unrecorded = [key for key in identity if key not in state]
+    if unrecorded:
+        logging.getLogger("loka_trainer").warning(
+            "data stream state records no %s (written before these were recorded): resuming without checking them",
+            ", ".join(unrecorded))
     for key, value in identity.items():
-        if key not in state:
-            raise ValueError(f"data stream state does not record {key} (this stream has {key}={value!r}), so it "
-                             f"may come from other data; resume from a checkpoint that records it, or start over")
-        if state[key] != value:
+        if key in state and state[key] != value:
             raise ValueError(f"data stream state has {key}={state[key]!r} but this stream has {key}={value!r}; "
                              f"resume with the same data config and world size")
