@@ -20,7 +20,7 @@ from typing import Callable, ClassVar, Optional
 from torch import nn
 
 from loka_trainer.dispatch.broadcast import rank0_print
-from loka_trainer.dispatch.config import LoKAConfig
+from loka_trainer.dispatch.config import DISPATCH_ONLY_FIELDS, LoKAConfig
 from loka_trainer.dispatch.convert import convert_to_loka
 from loka_trainer.dispatch.plan import DispatchPlan
 from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, drop_unaligned_rows
@@ -89,10 +89,8 @@ def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear],
 def unread_by_preset(config: PrecisionConfig) -> list[str]:
     """The Dispatch settings set on a preset without Dispatch (nothing reads them); a shared override list (a
     benchmark's runs) may set them for every precision, so they are named, not refused."""
-    unread = [f"precision.{f}" for f in ("plan", "probe_stats", "backends") if getattr(config, f) is not None]
-    if config.exclude is not None and config.fp8_recipe is None:  # torchao's recipes read exclude
-        unread.append("precision.exclude")
-    return unread
+    torchao_reads = ("exclude",) if config.fp8_recipe is not None else ()
+    return [f"precision.{f}" for f in DISPATCH_ONLY_FIELDS if getattr(config, f) is not None and f not in torchao_reads]
 
 
 def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,

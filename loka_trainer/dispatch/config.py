@@ -13,6 +13,7 @@ from loka_trainer.probe.flush import DEFAULT_MAX_FLUSHED_FRACTION
 from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
+DISPATCH_ONLY_FIELDS = ("plan", "probe_stats", "exclude", "backends")  # read by Dispatch alone (torchao: exclude)
 
 
 @dataclasses.dataclass

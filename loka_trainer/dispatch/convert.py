@@ -21,7 +21,7 @@ from torch import nn
 from loka_trainer.atomic_files import atomic_copy
 from loka_trainer.dispatch.broadcast import broadcast_plan, is_rank0, rank0_print
 from loka_trainer.dispatch.build import build_plan
-from loka_trainer.dispatch.config import LoKAConfig
+from loka_trainer.dispatch.config import DISPATCH_ONLY_FIELDS, LoKAConfig
 from loka_trainer.dispatch.plan import (DispatchPlan, ModsChoice, load_plan, save_plan, validate_plan,
                                         without_excluded)
 from loka_trainer.dispatch.plan_table import format_plan_table
@@ -161,7 +161,7 @@ def check_convertible(model: nn.Module, config: LoKAConfig, run_dir: Optional[Pa
                          "parent to hold its replacement: wrap it, e.g. nn.Sequential(linear)")
     if run_dir is not None and (reason := unwritable_reason(Path(run_dir))) is not None:
         raise ValueError(f"convert_to_loka: run_dir {str(run_dir)!r} cannot hold the plan: {reason}")
-    unread = [f for f in ("plan", "probe_stats", "exclude", "backends") if getattr(config, f) is not None]
+    unread = [f for f in DISPATCH_ONLY_FIELDS if getattr(config, f) is not None]
     if not config.dispatch and unread:
         raise ValueError(f"{config.where}.dispatch is False, so nothing reads {', '.join(unread)}: "
                          f"unset {'it' if len(unread) == 1 else 'them'} or set dispatch=True")
