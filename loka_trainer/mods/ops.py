@@ -45,7 +45,7 @@ from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.linear import WeightCache
 from loka_trainer.kernels.triton_env import use_triton
 from loka_trainer.kernels.triton_quant import quant_rowwise
-from loka_trainer.mods import triton_grads, triton_mods
+from loka_trainer.mods import shapes, triton_grads, triton_mods
 from loka_trainer.mods.config import DEFAULT_KERNEL_CONFIG, ModsKernelConfig
 from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.mods.ops_fp8 import FOLDED_WGRAD, FUSED_DGRAD
@@ -81,7 +81,7 @@ def mods_fwd(x: Tensor, w: Tensor, sx: Optional[Tensor], sw: Optional[Tensor], b
     """
     N = w.shape[0]
     save_z = save_z and split and save
-    if use_triton(x) and triton_mods.supports(x.shape[1], N, block):
+    if use_triton(x) and shapes.supports(x.shape[1], N, block):
         if split:
             k_slices = triton_mods.cublas_split_k_for(x, N, block) if sx is None else 1
             if k_slices > 1:  # (k_slices, M, N) fp32 partials; the epilogue kernel adds them
@@ -277,7 +277,7 @@ def linear_mods_fp8_out(x: Tensor, w: Tensor, *, block: int = 256, eps: float = 
     if mode not in FORWARD_MODES or not FORWARD_MODES[mode].triton:
         raise ValueError(f"linear_mods mode: {mode!r} is not a kernel mode (``plain`` is FusedLinearMods' PyTorch "
                          f"math); valid: {sorted(m for m, f in FORWARD_MODES.items() if f.triton)}")
-    if not triton_mods.supports(x.shape[-1], w.shape[0], block):
+    if not shapes.supports(x.shape[-1], w.shape[0], block):
         return hard_swish(block_norm(x.float() @ w.float().t(), block, eps)).to(torch.bfloat16), None
     if cache is None:
         cache = WeightCache()

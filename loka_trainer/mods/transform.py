@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from loka_trainer.mods import triton_mods
+from loka_trainer.mods import shapes
 from loka_trainer.mods.layers import BlockNorm, HardSwish
 from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
 from loka_trainer.mods.module import FusedLinearMods
@@ -100,7 +100,7 @@ def _mods_triples(model: nn.Module, module_filter_fn: Optional[ModuleFilter]
             fqn = f"{seq_fqn}.{i}" if seq_fqn else str(i)
             lin, norm = children[i], children[i + 1]
             if _is_mods_triple(*children[i:i + 3]) and (module_filter_fn is None or module_filter_fn(lin, fqn)):
-                out[fqn] = (seq, i, triton_mods.unsupported_reason(lin.in_features, lin.out_features,
+                out[fqn] = (seq, i, shapes.unsupported_reason(lin.in_features, lin.out_features,
                                                                   norm.block_size))
     return out
 

@@ -42,25 +42,10 @@ from loka_trainer.kernels.quant import EPS
 from loka_trainer.kernels.triton_env import launcher
 from loka_trainer.kernels.triton_quant import fixed_or_autotuned, rows_contiguous, scale_vector
 from loka_trainer.mods.reference import DEFAULT_BLOCK, DEFAULT_EPS, static_fp8_scale
+from loka_trainer.mods.shapes import supports
 from loka_trainer.mods.wgrad_fold import DZ_DTYPE, fold_dz_with_amax
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
-
-
-def unsupported_reason(K: int, N: int, block: int = DEFAULT_BLOCK) -> Optional[str]:
-    """Why the Triton kernels cannot run a (K -> N) layer with this norm block, in a few words; None if they can."""
-    if block & (block - 1) or not 16 <= block <= 256:
-        return f"block {block} is not a power of 2 in [16, 256]"
-    if N % block:
-        return f"N={N} is not a multiple of the block {block}"
-    if K % 16:
-        return f"K={K} is not a multiple of 16"
-    return None
-
-
-def supports(K: int, N: int, block: int = DEFAULT_BLOCK) -> bool:
-    """True if the Triton kernels can run a (K -> N) layer with this norm block."""
-    return unsupported_reason(K, N, block) is None
 
 
 @functools.lru_cache(maxsize=1)

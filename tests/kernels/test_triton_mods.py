@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from loka_trainer.mods import triton_mods
+from loka_trainer.mods import shapes, triton_mods
 
 
 @pytest.mark.parametrize("K,N,block,ok", [(32, 512, 256, True), (30, 512, 256, False), (32, 500, 256, False),
                                           (32, 96, 48, False), (32, 512, 512, False)])
 def test_supports(K, N, block, ok):
-    assert triton_mods.supports(K, N, block) is ok
+    assert shapes.supports(K, N, block) is ok
 
 
 @pytest.mark.parametrize("M, N, K, num_sms, split", [
