@@ -64,7 +64,8 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
         fail(f"callbacks.probe.out_dir: cannot write to {probe_dir} ({reason})")
     try:
         start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size,
-                           identity=model_identity(run.model, loka_mods=run.precision.mods))
+                           identity=model_identity(run.model, loka_mods=run.precision.mods,
+                                                    dense_optimizer=run.trainer.dense_optimizer))
         complete = nothing_left(start, steps=run.trainer.steps, stop_after=run.trainer.stop_after)
     except CheckpointError as exc:
         fail(exc)

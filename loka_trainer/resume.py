@@ -60,16 +60,19 @@ def checkpoint_root(checkpoint_dir: Optional[str], run_dir: Path) -> Path:
     return Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / "checkpoints"
 
 
-def model_identity(model_config: Any, *, loka_mods: bool) -> dict[str, Any]:
-    """The settings that decide a run's model function, as JSON: every ``model.*`` field and whether the LoKA Mods
-    replace the published blocks (``precision.mods``). A checkpoint records it; a resume must match it."""
-    return {"model": json.loads(json.dumps(dataclasses.asdict(model_config))), "precision.mods": bool(loka_mods)}
+def model_identity(model_config: Any, *, loka_mods: bool, dense_optimizer: str) -> dict[str, Any]:
+    """The settings that decide a run's model function and the layout of its saved state, as JSON: every
+    ``model.*`` field, whether the LoKA Mods replace the published blocks (``precision.mods``) and the dense
+    optimizer (Adam's state loads into AdamW without a word). A checkpoint records it; a resume must match it."""
+    return {"model": json.loads(json.dumps(dataclasses.asdict(model_config))), "precision.mods": bool(loka_mods),
+            "trainer.dense_optimizer": dense_optimizer}
 
 
 def identity_difference(saved: dict[str, Any], current: dict[str, Any], *, shown: int = 3) -> str:
-    """'' when equal; else the differing settings, 'key: saved there, current here', at most `shown` of them."""
+    """'' when equal; else the differing settings, 'key: saved there, current here', at most `shown` of them. A
+    setting ``saved`` does not record (a checkpoint written before it was recorded) is not compared."""
     a, b = _flatten(saved), _flatten(current)
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "(unset)") != b.get(k, "(unset)"))
+    keys = sorted(k for k in a.keys() | b.keys() if k in a and a[k] != b.get(k, "(unset)"))
     parts = [f"{k}={json.dumps(a.get(k, '(unset)'))} there, {json.dumps(b.get(k, '(unset)'))} here"
              for k in keys[:shown]]
     return "; ".join(parts) + (f"; and {len(keys) - shown} more" if len(keys) > shown else "")

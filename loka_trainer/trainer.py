@@ -238,7 +238,9 @@ class Trainer:
                                     dense_optimizer=self.dense_optimizer, sparse_optimizer=self.sparse_optimizer,
                                     extra={"step": done_steps, "skipped_steps": self.nonfinite.skipped_steps},
                                     local=local, rank=self.dist.rank, world_size=self.dist.world_size,
-                                    model_identity=model_identity(self.run.model, loka_mods=self.run.precision.mods))
+                                    model_identity=model_identity(
+                                        self.run.model, loka_mods=self.run.precision.mods,
+                                        dense_optimizer=self.run.trainer.dense_optimizer))
         self.state.checkpoint_dir = path
         self.log(f"checkpoint: {path}")
         self.callbacks.fire("on_checkpoint_save", self.state)

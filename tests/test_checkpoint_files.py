@@ -243,16 +243,19 @@ def test_plan_start_refuses_a_checkpoint_written_for_another_model_and_accepts_o
     assert plan_start(root, resume=True, world_size=1, identity={"anything": 1}).step == 2
     model = nn.Linear(4, 2)
     opt = torch.optim.Adam(model.parameters())
-    saved = model_identity(WukongConfig(num_layers=2), loka_mods=False)
+    saved = model_identity(WukongConfig(num_layers=2), loka_mods=False, dense_optimizer="adam")
     ckpt.save_checkpoint(root, 4, model=model, dense_optimizer=opt, sparse_optimizer=None, extra={"step": 4},
                          local={}, rank=0, world_size=1, model_identity=saved)
     assert ckpt.verify_checkpoint(root / "step_000004")["model"] == saved
     assert plan_start(root, resume=True, world_size=1, identity=saved).step == 4
     with pytest.raises(ckpt.CheckpointError) as info:
         plan_start(root, resume=True, world_size=1,
-                   identity=model_identity(WukongConfig(num_layers=3), loka_mods=True))
+                   identity=model_identity(WukongConfig(num_layers=3), loka_mods=True, dense_optimizer="adam"))
     assert str(info.value).startswith(f"checkpoint {root / 'step_000004'} was written for another model "
                                       f"(model.num_layers=2 there, 3 here; precision.mods=false there, true here)")
+    with pytest.raises(ckpt.CheckpointError, match='trainer.dense_optimizer="adam" there, "adamw" here'):
+        plan_start(root, resume=True, world_size=1,  # Adam's state would load into AdamW without a word
+                   identity=model_identity(WukongConfig(num_layers=2), loka_mods=False, dense_optimizer="adamw"))
 
 
 def test_identity_difference_names_the_first_settings_and_counts_the_rest():
@@ -262,7 +265,10 @@ def test_identity_difference_names_the_first_settings_and_counts_the_rest():
     assert identity_difference(saved, saved) == ""
     now = {"model": {"a": 2, "b": [1, 3], "mods": {"norm": "layernorm"}, "c": 0}, "x": True}
     assert identity_difference(saved, now, shown=2) == ('model.a=1 there, 2 here; model.b=[1, 2] there, [1, 3] here; '
-                                                       'and 2 more')
+                                                       'and 1 more')
+    # a setting the checkpoint does not record (written before it was recorded) is not compared; a dropped one is
+    assert identity_difference(saved, {**saved, "y": 1}) == ""
+    assert identity_difference(saved, {"model": saved["model"]}) == "x=true there, \"(unset)\" here"
 
 
 def test_nothing_left_when_the_checkpoint_ends_the_run():
