@@ -51,13 +51,15 @@ if not OmegaConf.has_resolver("loka_run_name"):
 
 
 def fail(message: object) -> NoReturn:
-    """One line on stderr, exit status 2 (Hydra's search-path listing and append hint are noise for a user)."""
+    """One line on stderr (under torchrun from rank 0 only: every rank meets the same error), exit status 2 (Hydra's
+    search-path listing and append hint are noise for a user)."""
     text = str(message).split("Config search path")[0]
     text = " ".join(line for line in text.splitlines() if not line.startswith("To append to your config use"))
     cause = getattr(message, "__cause__", None)
     if cause is not None and str(cause).splitlines():
         text += f" ({str(cause).splitlines()[0]})"
-    print(f"error: {' '.join(text.split())}", file=sys.stderr)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"error: {' '.join(text.split())}", file=sys.stderr)
     raise SystemExit(2)
 
 

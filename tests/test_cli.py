@@ -290,3 +290,11 @@ def test_a_glob_sweep_lists_the_config_groups_options_those_of_config_dir_too(tm
     (tmp_path / "model" / "dlrm_mine_paper.yaml").write_text("defaults:\n  - dlrm\n")
     assert sweep_points(["model=glob(dlrm_*paper)"], str(tmp_path)) == [
         ["model=dlrm_dcnv2_paper"], ["model=dlrm_mine_paper"], ["model=dlrm_paper"]]
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_bad_command_line_is_one_error_line_not_one_per_rank(tmp_path):
+    proc = run_train(["+trainer.stepz=5", f"hydra.run.dir={tmp_path}/run"], nproc=2, check=False, timeout=120)
+    assert proc.returncode != 0  # torchrun reports its ranks' exit status 2 and exits 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "unknown key trainer.stepz" in errors[0], proc.stderr[-2000:]
