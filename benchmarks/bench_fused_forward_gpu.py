@@ -34,6 +34,7 @@ from tqdm import tqdm
 from loka_trainer.kernels.backends_scaled_mm import scaled_mm_nt
 from loka_trainer.kernels.triton_quant import quant_rowwise
 from loka_trainer.mods import triton_mods
+from loka_trainer.arg_types import require_cuda
 from loka_trainer.timing import cuda_graph_us
 from scripts.bench_timing import time_row
 from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
@@ -169,8 +170,7 @@ def main() -> None:
     p.add_argument("--grid-stages", nargs="+", type=int, default=list(GRID_STAGES),
                    help="num_stages values of the config sweep's grid (the autotune list is always swept)")
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_fused_forward_gpu: needs a CUDA device")
+    require_cuda(p)
     parse = lambda specs: [tuple(int(v) for v in s.split("x")) for s in specs]  # noqa: E731
     shapes = parse(args.shapes) if args.shapes else MODS_LAYER_SHAPES
     config_shapes = set(parse(args.config_shapes))

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from loka_trainer.dispatch.mods_timing import time_input_grads
+from loka_trainer.arg_types import require_cuda
 from loka_trainer.timing import GPU_TIMERS
 
 # the Wukong dense arch's fused layers at batch 4096 (interaction-layer MLP inputs, over arch) and their modes
@@ -47,8 +48,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="per candidate order")
     args = p.parse_args()
     shapes = [parse_shape(s) for s in args.shapes]
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_layer_timer_gpu: needs a CUDA device")
+    require_cuda(p)
     orders = [list(CANDIDATES), list(reversed(CANDIDATES))] * args.repeats
     runs = []
     with tqdm(total=len(shapes) * len(GPU_TIMERS) * len(orders), desc="layer timer") as bar:

@@ -32,6 +32,7 @@ from torch import nn
 from tqdm import tqdm
 
 from loka_trainer.models.layers import mlp
+from loka_trainer.arg_types import require_cuda
 from loka_trainer.mods.transform import chain_fp8_handoffs, fuse_linear_mods
 from scripts.plot_results import grouped_bars, pyplot
 
@@ -140,8 +141,7 @@ def main() -> None:
             step_fn(model, x, dy)()
             print(f"{name}: ok")
         return
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_mods_stack_gpu.py needs a CUDA device (or --device cpu for a functional check)")
+    require_cuda(ap, what="a CUDA GPU (or --device cpu for a functional check)")
     rows = []
     with tqdm(total=len(args.batch) * NUM_VARIANTS, desc="mods stack", unit="variant") as progress:
         for batch in args.batch:

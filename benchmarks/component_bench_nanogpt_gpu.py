@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from loka_trainer.arg_types import writable_dir
+from loka_trainer.arg_types import require_cuda, writable_dir
 from loka_trainer.bench import BenchOptions, ModuleProvider, run_bench, write_results
 from loka_trainer.bench.examples import NanoGPT
 
@@ -23,8 +23,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir", type=writable_dir, help="folder for the table, icicle, traces and snapshots")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.exit(2, "error: this benchmark needs a CUDA GPU and none is available on this machine\n")
+    require_cuda(ap)
     return args
 
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from loka_trainer.arg_types import writable_file
+from loka_trainer.arg_types import require_cuda, writable_file
 from loka_trainer.timing import cuda_graph_us
 from scripts.mods_layer_variants import BATCH, MODS_LAYER_SHAPES
 
@@ -51,8 +51,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_json", type=writable_file, help="the JSON file of per-shape timings and errors")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.exit(2, "error: this benchmark needs a CUDA GPU and none is available on this machine\n")
+    require_cuda(ap)
     return args
 
 

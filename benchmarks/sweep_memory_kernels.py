@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from loka_trainer.arg_types import writable_file
+from loka_trainer.arg_types import require_cuda, writable_file
 from loka_trainer.kernels import pdl
 from loka_trainer.kernels.quant import EPS
 from loka_trainer.kernels.triton_quant_kernels import quant_rowwise_kernel
@@ -48,8 +48,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_json", type=writable_file, help="the JSON file of the sweep (OUT.json.partial meanwhile)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.exit(2, "error: this benchmark needs a CUDA GPU and none is available on this machine\n")
+    require_cuda(ap)
     return args
 
 

@@ -52,4 +52,13 @@ def non_negative_int(value: str) -> int:
     return _int_at_least(0, value)
 
 
-__all__ = ["feature_pair", "non_negative_int", "positive_int", "writable_dir", "writable_file"]
+def require_cuda(parser: argparse.ArgumentParser, *, what: str = "a CUDA GPU") -> None:
+    """Exit with one ``error:`` line, status 2, when this machine has no CUDA device (a GPU benchmark's command
+    line, checked after parsing and before anything runs)."""
+    import torch  # noqa: PLC0415 -- lazy: the argument types need no torch
+
+    if not torch.cuda.is_available():
+        parser.exit(2, f"error: {parser.prog} needs {what} and none is available on this machine\n")
+
+
+__all__ = ["feature_pair", "non_negative_int", "positive_int", "require_cuda", "writable_dir", "writable_file"]

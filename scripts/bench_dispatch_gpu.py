@@ -40,7 +40,7 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from loka_trainer.arg_types import feature_pair, positive_int, writable_dir
+from loka_trainer.arg_types import feature_pair, positive_int, require_cuda, writable_dir
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.mods.triton_mods import autotune_picks
 from scripts.bench_targets import target_lines
@@ -257,8 +257,7 @@ def main() -> None:
     torch._dynamo.config.cache_size_limit = 512
     if hasattr(torch._dynamo.config, "recompile_limit"):
         torch._dynamo.config.recompile_limit = 512
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_dispatch_gpu: needs a CUDA device")
+    require_cuda(p)
     suites = set(args.suites.split(","))
     gemm_shapes = (GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES[:args.num_gemm_shapes]) if "a" in suites else []
     layer_shapes = (MODS_LAYER_SHAPES[:2] if args.quick else MODS_LAYER_SHAPES) if "b" in suites else []

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
+from loka_trainer.arg_types import non_negative_int, positive_int, require_cuda, writable_dir
 from loka_trainer import register_weight_cache_hook
 from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.bench.profilers import cuda_peak_memory
@@ -353,8 +353,7 @@ def main() -> None:
         model_config(name)
     for name in args.precisions:
         precision_config(name)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_e2e_gpu.py needs a CUDA device")
+    require_cuda(ap)
     device = torch.device("cuda", 0)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {**provenance(), "compiled_dense": not args.no_compile,

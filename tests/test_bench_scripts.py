@@ -172,7 +172,7 @@ def test_e2e_bench_rejects_bad_names_before_touching_a_device():
            "--precisions", "bf16", "loka+turbo"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "unknown suffix ['turbo']" in proc.stderr
-    assert "needs a CUDA device" not in proc.stderr
+    assert "needs a CUDA GPU" not in proc.stderr
 
 
 def test_dispatch_bench_fused_variants_run_forward_and_backward_on_cpu():
@@ -266,7 +266,7 @@ def test_dispatch_bench_variant_names_default_all_and_unknown():
     proc = subprocess.run([sys.executable, "-m", "scripts.bench_dispatch_gpu", "unused",
                            "--mods-layer-variants", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "unknown Mods layer variant(s) ['nope']" in proc.stderr
-    assert "needs a CUDA device" not in proc.stderr
+    assert "needs a CUDA GPU" not in proc.stderr
 
 
 def test_bench_targets_take_the_fastest_reference_per_shape_and_the_geomean():

@@ -42,7 +42,8 @@ def test_a_missing_or_unwritable_output_path_is_an_argparse_error(module, tmp_pa
 def test_no_cuda_is_one_line_exit_2_and_writes_nothing(module, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _exit_status(module, [str(tmp_path / "out" / "result.json")]) == 2
-    assert capsys.readouterr().err == "error: this benchmark needs a CUDA GPU and none is available on this machine\n"
+    assert capsys.readouterr().err == (f"error: python -m {module} needs a CUDA GPU and none is available on this "
+                                       "machine\n")
     assert list(tmp_path.iterdir()) == []
 
 
