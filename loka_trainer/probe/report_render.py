@@ -36,7 +36,17 @@ def render_markdown(report: dict) -> str:
 
 
 def render_plot(report: dict, path: Path) -> None:
-    """Per layer: grouped bars of MERE (learned solid, normal hatched, log scale) and speedup per backend."""
+    """``render_figure`` written to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = render_figure(report)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def render_figure(report: dict):
+    """Per layer: grouped bars of MERE (learned solid, normal hatched, log scale) and speedup per backend, one
+    colour per backend in both panels. Returns the matplotlib Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +56,9 @@ def render_plot(report: dict, path: Path) -> None:
     backends = sorted({n for layer in report["layers"].values() for n in layer["candidates"]})
     width = 0.8 / max(1, len(backends))
     fig, (ax_err, ax_speed) = plt.subplots(2, 1, figsize=(max(6, 1.2 * len(fqns) + 3), 8), sharex=True)
+    palette = plt.get_cmap("tab20")  # one colour per backend, the same in both panels (20 before any repeats)
     for i, name in enumerate(backends):
+        color = palette(i % palette.N)
         xs, learned, normal, speed = [], [], [], []
         for j, fqn in enumerate(fqns):
             c = report["layers"][fqn]["candidates"].get(name)
@@ -56,9 +68,9 @@ def render_plot(report: dict, path: Path) -> None:
             learned.append(max(c["mere"], 1e-8))
             normal.append(max(c["mere_normal"], 1e-8))
             speed.append(c["speedup"] or 0.0)
-        bars = ax_err.bar(xs, learned, width, label=name)
-        ax_err.bar(xs, normal, width, fill=False, hatch="//", edgecolor=bars.patches[0].get_facecolor() if bars.patches else None)
-        ax_speed.bar(xs, speed, width, label=name)
+        ax_err.bar(xs, learned, width, label=name, color=color)
+        ax_err.bar(xs, normal, width, fill=False, hatch="//", edgecolor=color)
+        ax_speed.bar(xs, speed, width, label=name, color=color)
     ax_err.axhline(report["threshold"], color="red", linestyle="--", linewidth=1, label="threshold")
     ax_err.set_yscale("log")
     ax_err.set_ylabel("MERE (solid: learned, hatched: normal)")
@@ -68,5 +80,4 @@ def render_plot(report: dict, path: Path) -> None:
     ax_speed.set_xticks([j + 0.4 - width / 2 for j in range(len(fqns))])
     ax_speed.set_xticklabels(fqns, rotation=45, ha="right", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -168,3 +168,18 @@ def test_the_report_shows_what_each_backends_forward_cast_flushes(tmp_path):
                                                              "representation": "full", "candidates": hot}}}
     row = next(line for line in render_markdown(report).splitlines() if "| scaled_mm_tensorwise |" in line)
     assert f"| {hot['scaled_mm_tensorwise']['flushed']:.4f} |" in row
+
+
+def test_the_plot_gives_each_backend_one_colour_in_both_panels():
+    import matplotlib.pyplot as plt
+
+    from loka_trainer.probe.report_render import render_figure
+    names = [f"backend_{i}" for i in range(7)]  # more than the 5 the hatched bars once left distinct colours for
+    layer = {"candidates": {n: {"mere": 0.1, "mere_normal": 0.1, "speedup": 1.0} for n in names}}
+    fig = render_figure({"layers": {"a": layer, "b": layer}, "threshold": 0.2, "min_speedup": 1.05, "device": "cpu"})
+    err, speed = fig.axes
+
+    def colours(ax):
+        return {c.get_label(): c.patches[0].get_facecolor() for c in ax.containers if c.get_label() in names}
+    assert colours(err) == colours(speed) and len(set(colours(err).values())) == len(names)
+    plt.close(fig)
