@@ -109,6 +109,7 @@ def parse_hydra_args(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse
     return parser, parser.parse_args(argv)
 
 
+APP_CONFIGS = {"config": "train.py", "bench": "python -m loka_trainer.bench"}  # conf/<name>.yaml -> its command
 EXCLUSIVE_FLAGS = ("run", "multirun", "cfg", "info", "shell_completion")  # Hydra's: one at a time
 
 
@@ -122,6 +123,10 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[Di
         return
     if args.config_path is not None:
         fail("--config-path is not supported: train.py's configs live in conf/; add yours with --config-dir DIR")
+    other = APP_CONFIGS.get(args.config_name or config_name)
+    if (args.config_name or config_name) != config_name and other is not None:
+        fail(f"--config-name {args.config_name} is the config of {other}, not of {APP_CONFIGS[config_name]}; "
+             f"a config of yours: --config-dir DIR --config-name NAME")
     search = []
     if args.config_dir is not None:
         if not os.path.isdir(args.config_dir):

@@ -78,6 +78,7 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["precision=bf16,loka"], ["--multirun"]),
     (["-m", "precision=bf16,no_such_precision"], ["Could not find 'precision/no_such_precision'"]),
     (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
+    (["-cn", "bench"], ["--config-name bench is the config of python -m loka_trainer.bench, not of train.py"]),
     (["callbacks.probe.enabled=true", "callbacks.probe.include=[over_arch.mlpp.*]"],
      ["callbacks.probe: include=['over_arch.mlpp.*']", "select none of the model's", "closest: ['over_arch.mlp.0'"]),
     (["--cfg", "job", "-m", "precision=bf16,fp32"], ["only one of --run, --multirun", "got --multirun, --cfg"]),
