@@ -27,8 +27,8 @@ from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_
 from loka_trainer.config import build_small_model, check_plan_file, register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.output_dirs import unwritable_reason
-from loka_trainer.resume import (checkpoint_root, model_identity, nothing_left, plan_start, prepare_resumed_run,
-                                 set_aside_previous_run)
+from loka_trainer.resume import (SUMMARY_FILE, checkpoint_root, model_identity, nothing_left, plan_start,
+                                 prepare_resumed_run, set_aside_previous_run)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
 from loka_trainer.stop_signal import RunStopped
 
@@ -66,7 +66,8 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
         start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size,
                            identity=model_identity(run.model, loka_mods=run.precision.mods,
                                                     dense_optimizer=run.trainer.dense_optimizer))
-        complete = nothing_left(start, steps=run.trainer.steps, stop_after=run.trainer.stop_after)
+        complete = nothing_left(start, steps=run.trainer.steps, stop_after=run.trainer.stop_after,
+                                finished=(run_dir / SUMMARY_FILE).is_file())
     except CheckpointError as exc:
         fail(exc)
     if complete is not None:  # re-evaluating would append a record and overwrite summary.json's throughput
@@ -98,7 +99,7 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
         first_step = 0
         if start.checkpoint is not None:
             first_step = trainer.restore(start.checkpoint)
-            for line in prepare_resumed_run(run_dir, ckpt_root, start) if rank == 0 else []:
+            for line in prepare_resumed_run(run_dir, ckpt_root, start, steps=run.trainer.steps) if rank == 0 else []:
                 logger.info(line)
             write_run_config(run_dir, cfg, argv, rank=rank)
         trainer.fit(first_step)

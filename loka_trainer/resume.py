@@ -39,7 +39,8 @@ from loka_trainer.checkpoint import LATEST, CheckpointError, checkpoint_dirs, ve
 
 PREVIOUS = "previous"
 METRICS_FILE = "metrics.jsonl"
-RUN_OUTPUTS = (".hydra", "train.log", METRICS_FILE, "summary.json", "dispatch_plan.json", "profile.json", "tensorboard",
+SUMMARY_FILE = "summary.json"  # written last, by the run's on_train_end: its presence marks a finished run
+RUN_OUTPUTS = (".hydra", "train.log", METRICS_FILE, SUMMARY_FILE, "dispatch_plan.json", "profile.json", "tensorboard",
                "probe")
 
 
@@ -119,9 +120,12 @@ def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int,
     return StartPlan(checkpoint=None, step=0)
 
 
-def nothing_left(start: StartPlan, *, steps: int, stop_after: Optional[int] = None) -> Optional[str]:
+def nothing_left(start: StartPlan, *, steps: int, stop_after: Optional[int] = None,
+                 finished: bool = True) -> Optional[str]:
     """A line to print when the checkpoint the run resumes from already ends it (its step is ``stop_after`` or
-    ``steps``): the run is complete and nothing is written. `CheckpointError` when it lies past ``steps``."""
+    ``steps``) and the run ``finished`` (its summary was written): nothing is written. A run stopped between its
+    last checkpoint and its summary resumes there instead, for the final evaluation and summary. `CheckpointError`
+    when the checkpoint lies past ``steps``."""
     if start.checkpoint is None:
         return None
     if start.step > steps:
@@ -129,7 +133,7 @@ def nothing_left(start: StartPlan, *, steps: int, stop_after: Optional[int] = No
                               f"trainer.steps={steps}: raise trainer.steps to go on from it, or set "
                               f"trainer.resume=false to start over")
     end, field = (stop_after, "stop_after") if stop_after is not None else (steps, "steps")
-    if start.step < end:
+    if start.step < end or not finished:
         return None
     return (f"nothing to do: the checkpoint {start.checkpoint} is at step {start.step}, trainer.{field}={end}; "
             f"the run's outputs are left as they are (raise trainer.steps to train further)")
@@ -161,9 +165,10 @@ def set_aside_previous_run(run_dir: Path, checkpoint_root: Path, *, inputs: Sequ
     return [f"starting at step 0: the earlier run's outputs ({moved}) were moved to {dest}"]
 
 
-def prepare_resumed_run(run_dir: Path, checkpoint_root: Path, plan: StartPlan) -> list[str]:
-    """After a successful load at step S: newer incomplete checkpoints and metrics records after S go to
-    ``previous/<stamp>/``; ``latest`` names S. Returns lines to log."""
+def prepare_resumed_run(run_dir: Path, checkpoint_root: Path, plan: StartPlan, *, steps: int) -> list[str]:
+    """After a successful load at step S: newer incomplete checkpoints, metrics records after S (and the final
+    evaluation's, at S = ``steps``: it follows the last checkpoint and runs again) and records that do not parse
+    (a write cut short) go to ``previous/<stamp>/``; ``latest`` names S. Returns lines to log."""
     assert plan.checkpoint is not None
     lines: list[str] = []
     dest: Optional[Path] = None
@@ -177,28 +182,37 @@ def prepare_resumed_run(run_dir: Path, checkpoint_root: Path, plan: StartPlan) -
                      f"{dest / 'checkpoints'}")
     metrics = run_dir / METRICS_FILE
     if metrics.is_file():
-        kept, dropped = _split_records(metrics.read_text().splitlines(), plan.step)
-        if dropped:
+        text = metrics.read_bytes().decode("utf-8", errors="replace")
+        kept, dropped = _split_records(text.splitlines(), plan.step, final=plan.step == steps)
+        if dropped or not text.endswith("\n"):
             dest = dest or _new_previous_dir(run_dir)
             shutil.copy2(metrics, dest / METRICS_FILE)
             atomic_write_text(metrics, "".join(line + "\n" for line in kept))
-            lines.append(f"{METRICS_FILE}: kept the records up to step {plan.step}; the {len(dropped)} after it "
-                         f"(this run writes them again) are in {dest / METRICS_FILE}")
+            lines.append(f"{METRICS_FILE}: kept the records up to step {plan.step}; the {len(dropped)} others "
+                         f"(after it, or cut short) are in {dest / METRICS_FILE}")
     latest = checkpoint_root / LATEST
-    if not latest.is_file() or latest.read_text().strip() != plan.checkpoint.name:
+    if latest.exists() and not latest.is_file():  # only a pointer: set aside whatever stands there
+        dest = dest or _new_previous_dir(run_dir)
+        shutil.move(str(latest), str(dest / LATEST))
+        lines.append(f"checkpoints/{LATEST} was not a file: moved to {dest / LATEST}")
+    if not latest.is_file() or latest.read_text(errors="replace").strip() != plan.checkpoint.name:
         atomic_write_text(latest, plan.checkpoint.name)
     return lines
 
 
-def _split_records(lines: list[str], step: int) -> tuple[list[str], list[str]]:
-    """(records with step <= `step`, later ones); a line that does not parse is kept (it is not ours to judge)."""
+def _split_records(lines: list[str], step: int, *, final: bool = False) -> tuple[list[str], list[str]]:
+    """(records with step <= `step`, the others: later ones, with ``final`` the evaluation at `step`, and lines
+    that do not parse as a record)."""
     kept, dropped = [], []
     for line in lines:
         try:
-            later = int(json.loads(line)["step"]) > step
+            record = json.loads(line)
+            at = int(record["step"])
         except (ValueError, KeyError, TypeError):
-            later = False
-        (dropped if later else kept).append(line)
+            dropped.append(line)
+            continue
+        redone = at > step or (final and at == step and any(k.startswith("eval_") for k in record))
+        (dropped if redone else kept).append(line)
     return kept, dropped
 
 
@@ -211,5 +225,5 @@ def _new_previous_dir(run_dir: Path) -> Path:
     return path
 
 
-__all__ = ["StartPlan", "checkpoint_root", "identity_difference", "model_identity", "nothing_left", "plan_start",
-           "prepare_resumed_run", "set_aside_previous_run"]
+__all__ = ["SUMMARY_FILE", "StartPlan", "checkpoint_root", "identity_difference", "model_identity", "nothing_left",
+           "plan_start", "prepare_resumed_run", "set_aside_previous_run"]

@@ -94,6 +94,7 @@ class Trainer:
                     self._raise_if_nonfinite()
                     with phase_range("checkpoint"):
                         self._save_checkpoint(done)
+            self.state.step = last  # the last step trained, also when a resume at the end trained none
             self._raise_if_nonfinite()
             if last + 1 == t.steps:
                 self._evaluate()

@@ -139,7 +139,7 @@ def test_resume_keeps_one_metrics_series_and_moves_newer_incomplete_checkpoints(
     (paths[-1] / ".metadata").unlink()
     plan = plan_start(root, resume=True, world_size=1)
     good = _tree(paths[0]), _tree(paths[1])
-    lines = prepare_resumed_run(run_dir, root, plan)
+    lines = prepare_resumed_run(run_dir, root, plan, steps=10)
     assert len(lines) == 2
     kept = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in kept] == [1, 2, 3, 4]
@@ -148,6 +148,38 @@ def test_resume_keeps_one_metrics_series_and_moves_newer_incomplete_checkpoints(
     assert (dest / "checkpoints" / "step_000006").is_dir() and not paths[-1].exists()
     assert (_tree(paths[0]), _tree(paths[1])) == good
     assert (root / ckpt.LATEST).read_text() == "step_000004"
+
+
+def test_a_resume_sets_aside_cut_records_and_a_latest_that_is_not_a_file(three):
+    """A kill mid-write leaves a cut last line (no newline, or NUL bytes): it goes to previous/, the file ends in a
+    newline again; a `latest` that is a directory or not UTF-8 text is replaced (it is only a pointer)."""
+    root, paths = three
+    run_dir = root.parent
+    whole = "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 5))
+    (run_dir / "metrics.jsonl").write_bytes(whole.encode() + b'{"step": 5, "lo\xff\x00\x00')
+    (root / ckpt.LATEST).unlink()
+    (root / ckpt.LATEST).mkdir()
+    plan = plan_start(root, resume=True, world_size=1)
+    lines = prepare_resumed_run(run_dir, root, plan, steps=10)
+    assert (run_dir / "metrics.jsonl").read_text() == whole  # cut line gone, ends in a newline
+    [dest] = list((run_dir / "previous").iterdir())
+    assert (dest / "metrics.jsonl").read_bytes().endswith(b"\x00") and (dest / ckpt.LATEST).is_dir()
+    assert (root / ckpt.LATEST).read_text() == plan.checkpoint.name and len(lines) == 2
+    (root / ckpt.LATEST).write_bytes(b"\xff\xfe\x00garbage")
+    prepare_resumed_run(run_dir, root, plan, steps=10)
+    assert (root / ckpt.LATEST).read_text() == plan.checkpoint.name
+
+
+def test_a_resume_at_the_last_step_drops_the_final_evaluation_it_runs_again(three):
+    root, paths = three
+    run_dir = root.parent
+    plan = plan_start(root, resume=True, world_size=1)
+    records = [{"step": s, "loss": 1.0} for s in range(1, plan.step + 1)] + [{"step": plan.step, "eval_auc": 0.6}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    prepare_resumed_run(run_dir, root, plan, steps=plan.step + 5)  # a mid-run eval at the checkpoint's step stays
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == len(records)
+    prepare_resumed_run(run_dir, root, plan, steps=plan.step)  # the run's end: its final eval follows
+    assert [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == records[:-1]
 
 
 class _Payload:
@@ -277,6 +309,7 @@ def test_nothing_left_when_the_checkpoint_ends_the_run():
     at = StartPlan(checkpoint=Path("ck/step_000020"), step=20)
     assert nothing_left(StartPlan(checkpoint=None, step=0), steps=20) is None
     assert nothing_left(at, steps=30) is None
+    assert nothing_left(at, steps=20, finished=False) is None  # stopped before its summary: resume to finish
     assert nothing_left(at, steps=30, stop_after=20).startswith("nothing to do: the checkpoint ck/step_000020 is at "
                                                                   "step 20, trainer.stop_after=20")
     assert "trainer.steps=20" in nothing_left(at, steps=20)

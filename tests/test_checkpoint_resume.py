@@ -218,3 +218,17 @@ def test_a_resumed_loka_run_whose_plan_is_damaged_stops_in_one_line_before_anyth
     [line] = _error_lines(proc.stderr)
     assert line.startswith("error: precision.plan") and needle in line and "Traceback" not in proc.stderr
     assert _tree(run_dir) == before
+
+
+@pytest.mark.slow
+def test_a_run_stopped_between_its_last_checkpoint_and_its_summary_finishes_on_restart(stopped_run, tmp_path):
+    """A kill after the final checkpoint left no summary.json: the restart does not say "nothing to do" but
+    resumes there, writes the summary and no record twice."""
+    run_dir = _copy(stopped_run, tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").unlink()
+    records = _records(run_dir)
+    proc = run_train([*COMMON, "trainer.steps=8", "trainer.stop_after=6", f"hydra.run.dir={run_dir}"], timeout=120)
+    assert "nothing to do" not in proc.stdout
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert again["steps"] == summary["steps"] and _records(run_dir) == records
