@@ -26,7 +26,7 @@ from loka_trainer.checkpoint import CheckpointError
 from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_config
 from loka_trainer.config import build_small_model, check_plan_file, register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
-from loka_trainer.output_dirs import unwritable_reason
+from loka_trainer.output_dirs import RunDirInUse, RunDirLock, unwritable_reason
 from loka_trainer.resume import (SUMMARY_FILE, checkpoint_root, model_identity, nothing_left, plan_start,
                                  prepare_resumed_run, set_aside_previous_run)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
@@ -62,6 +62,10 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     probe_dir = Path(probe.out_dir) if probe.out_dir is not None else run_dir / "probe"
     if probe.enabled and (reason := unwritable_reason(probe_dir)) is not None:  # else it fails once training started
         fail(f"callbacks.probe.out_dir: cannot write to {probe_dir} ({reason})")
+    try:  # rank 0 holds it for the run: another run on this directory would write the same files
+        lock = RunDirLock(run_dir) if rank == 0 else None  # noqa: F841 -- released when train_run returns
+    except RunDirInUse as exc:
+        fail(exc)
     try:
         start = plan_start(ckpt_root, resume=run.trainer.resume, world_size=world_size,
                            identity=model_identity(run.model, loka_mods=run.precision.mods,

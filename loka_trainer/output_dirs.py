@@ -1,6 +1,8 @@
-"""Whether a run can write where it is told to, checked before it starts (creating nothing)."""
+"""Whether a run can write where it is told to, checked before it starts (creating nothing), and the lock that
+keeps a second run out of a run directory in use."""
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 from typing import Optional
@@ -19,4 +21,30 @@ def unwritable_reason(path: Path) -> Optional[str]:
     return None
 
 
-__all__ = ["unwritable_reason"]
+class RunDirInUse(Exception):
+    """Another process holds the run directory's lock."""
+
+
+class RunDirLock:
+    """An exclusive ``flock`` on the directory ``run_dir`` itself (created if missing; no file is added), held while
+    this object lives: a second run started on the same directory (a requeued job while the first is still
+    ending) gets ``RunDirInUse`` instead of writing the same checkpoints and metrics. The kernel drops it when the
+    process ends, however it ends."""
+
+    def __init__(self, run_dir: Path) -> None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        self._fd: Optional[int] = os.open(run_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise RunDirInUse(f"{run_dir} is in use by another run (its lock is held); wait for it to end or give "
+                              f"this run another hydra.run.dir") from None
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
+__all__ = ["RunDirInUse", "RunDirLock", "unwritable_reason"]

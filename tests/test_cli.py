@@ -299,3 +299,16 @@ def test_under_torchrun_a_bad_command_line_is_one_error_line_not_one_per_rank(tm
     assert proc.returncode != 0  # torchrun reports its ranks' exit status 2 and exits 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "unknown key trainer.stepz" in errors[0], proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_run_directory_in_use_is_one_line_and_writes_nothing(tmp_path):
+    from loka_trainer.output_dirs import RunDirLock
+    run_dir = tmp_path / "run"
+    lock = RunDirLock(run_dir)  # the first run, still ending (a requeued job starts the same command)
+    _one_error_line(run_train([*TINY, f"hydra.run.dir={run_dir}"], check=False, timeout=120),
+                    f"{run_dir} is in use by another run")
+    assert list(run_dir.iterdir()) == []
+    del lock
+    run_train([*TINY, f"hydra.run.dir={run_dir}"], timeout=120)
+    assert (run_dir / "summary.json").is_file()
