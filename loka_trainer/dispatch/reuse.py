@@ -35,7 +35,8 @@ def resumed_plan_file(run_dir: Path, configured: Optional[str], *, checkpoint: P
     own = Path(run_dir) / PLAN_FILE
     if configured is None:
         if not own.is_file():
-            raise ValueError(f"resuming from {checkpoint} needs the run's Dispatch plan {own}, which is missing; "
+            state = "is not a file" if own.exists() else "is missing"
+            raise ValueError(f"resuming from {checkpoint} needs the run's Dispatch plan {own}, which {state}; "
                              f"a re-measured plan could choose other kernels and change the numerics: restore it, "
                              f"pass precision.plan=FILE, or trainer.resume=false to start over")
         return str(own), f"resuming: LoKA Dispatch reuses the run's plan {own} (not re-measured)"

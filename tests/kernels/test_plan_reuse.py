@@ -75,6 +75,10 @@ def test_resume_uses_the_runs_own_plan(tmp_path):
     ckpt = tmp_path / "checkpoints" / "step_000006"
     with pytest.raises(ValueError, match=f"needs the run's Dispatch plan {tmp_path / PLAN_FILE}, which is missing"):
         resumed_plan_file(tmp_path, None, checkpoint=ckpt)
+    (tmp_path / PLAN_FILE).mkdir()
+    with pytest.raises(ValueError, match=f"needs the run's Dispatch plan {tmp_path / PLAN_FILE}, which is not a file"):
+        resumed_plan_file(tmp_path, None, checkpoint=ckpt)
+    (tmp_path / PLAN_FILE).rmdir()
     (tmp_path / PLAN_FILE).write_text(HAND_PLAN)
     path, note = resumed_plan_file(tmp_path, None, checkpoint=ckpt)
     assert path == str(tmp_path / PLAN_FILE) and "not re-measured" in note
