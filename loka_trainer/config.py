@@ -7,7 +7,6 @@ DictConfig into typed objects and validates them, raising a one-line `ValueError
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 from typing import Any, Callable, List, Optional
 
@@ -19,6 +18,7 @@ from loka_trainer.callbacks.probe_config import ProbeConfig
 from loka_trainer.data.config import DataConfig
 from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan, without_excluded
 from loka_trainer.dispatch.targets import configured_targets, dispatch_exclude
+from loka_trainer.globs import closest
 from loka_trainer.kernels.backends import available_backends
 from loka_trainer.models.configs import MODEL_CONFIGS
 from loka_trainer.models.mods import LOKA_MODS, resolve_mods
@@ -210,8 +210,7 @@ def check_probe_targets(run: RunConfig, model: Any) -> None:
     if not select_linears(model, include=probe.include, exclude=probe.exclude, module_types=probe.module_types,
                           min_features=probe.min_features):
         names = [clean_fqn(f) for f, m in model.named_modules() if isinstance(m, LINEAR_TYPES)]
-        wanted = list(probe.include or ()) + list(probe.module_types or ())
-        near = sorted({n for w in wanted for n in difflib.get_close_matches(w, names, n=3, cutoff=0.5)})
+        near = closest([*(probe.include or ()), *(probe.module_types or ())], names)
         raise ValueError(f"callbacks.probe: include={probe.include}, exclude={probe.exclude}, module_types="
                          f"{probe.module_types}, min_features={probe.min_features} select none of the model's "
                          f"{len(names)} Linears" + (f"; closest: {near}" if near else f", e.g. {names[:3]}"))

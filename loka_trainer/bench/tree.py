@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import difflib
 import fnmatch
 from typing import Any, Optional, Sequence
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+
+from loka_trainer.globs import closest_or_examples, unmatched
 
 
 CONTAINERS = (nn.ModuleList, nn.ModuleDict)
@@ -110,13 +111,10 @@ def check_globs(option: str, patterns: Sequence[str], paths: Sequence[str], *, s
 
     option: the setting the globs came from (``bench.include``); scope: which paths were searched, for the message.
     """
-    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(path, p) for path in paths)]
-    if not unmatched:
-        return
-    near = sorted({m for p in unmatched for m in difflib.get_close_matches(p, paths, n=3, cutoff=0.5)})
-    raise ValueError(f"{option}: {unmatched} match(es) no submodule {scope}; "
-                     + (f"closest of its {len(paths)} paths: {near}" if near else
-                        f"none is close among its {len(paths)} paths, e.g. {list(paths)[:3]}"))
+    typos = unmatched(patterns, paths)
+    if typos:
+        raise ValueError(f"{option}: {typos} match(es) no submodule {scope}; "
+                         + closest_or_examples(typos, paths, "paths"))
 
 
 def module_paths(model: nn.Module, root_name: str = "model") -> list[str]:

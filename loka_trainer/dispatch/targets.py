@@ -14,13 +14,13 @@ them).
 """
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from typing import Callable, Optional, Sequence
 
 from torch import nn
 
 from loka_trainer.dispatch.calibration import linear_input_rows
+from loka_trainer.globs import closest_or_examples, unmatched
 
 ModuleFilter = Callable[[nn.Module, str], bool]
 
@@ -33,12 +33,10 @@ def excluded(fqn: str, exclude: Optional[Sequence[str]]) -> bool:
 def check_exclude(exclude: Optional[Sequence[str]], targets: Sequence[str], *, where: str) -> None:
     """One-line ValueError for an ``exclude`` glob that matches none of ``targets`` (the FQNs of the Linears that
     would be converted without it): a typo would otherwise leave the layer in FP8 silently."""
-    unmatched = [p for p in exclude or () if not any(excluded(f, [p]) for f in targets)]
-    if unmatched:  # the closest names, not all of them: a GPU-scale InterFormer has 64 targets
-        near = sorted({t for p in unmatched for t in difflib.get_close_matches(p, targets, n=3, cutoff=0.5)})
-        raise ValueError(f"{where}.exclude: {unmatched} name(s) no FP8 target of this model; "
-                         + (f"closest of its {len(targets)} targets: {near}" if near else
-                            f"none is close among its {len(targets)} targets, e.g. {sorted(targets)[:3]}"))
+    typos = unmatched(exclude or (), targets)
+    if typos:  # the closest names, not all of them: a GPU-scale InterFormer has 64 targets
+        raise ValueError(f"{where}.exclude: {typos} name(s) no FP8 target of this model; "
+                         + closest_or_examples(typos, sorted(targets), "targets"))
 
 
 KEEP_BF16_ATTR = "loka_keep_bf16"
