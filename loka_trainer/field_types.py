@@ -44,3 +44,12 @@ def field_type_problem(config: Any, where: str) -> Optional[str]:
             hint = f" (a list: [{value!r}])" if isinstance(value, str) and str(field.type) in LIST_TYPES else ""
             return f"{where}.{field.name}: must be {check[1]}, got {type(value).__name__} {value!r}{hint}"
     return None
+
+
+def dotted(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as one level with dotted keys: {"model": {"mods": {"norm": None}}} -> {"model.mods.norm":
+    None} (what a resume compares and a data stream records)."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        flat.update(dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat

@@ -36,6 +36,7 @@ from typing import Any, Optional, Sequence
 
 from loka_trainer.atomic_files import atomic_write_text
 from loka_trainer.checkpoint import LATEST, CheckpointError, checkpoint_dirs, verify_checkpoint
+from loka_trainer.field_types import dotted
 
 PREVIOUS = "previous"
 METRICS_FILE = "metrics.jsonl"
@@ -72,17 +73,11 @@ def model_identity(model_config: Any, *, loka_mods: bool, dense_optimizer: str) 
 def identity_difference(saved: dict[str, Any], current: dict[str, Any], *, shown: int = 3) -> str:
     """'' when equal; else the differing settings, 'key: saved there, current here', at most `shown` of them. A
     setting ``saved`` does not record (a checkpoint written before it was recorded) is not compared."""
-    a, b = _flatten(saved), _flatten(current)
+    a, b = dotted(saved), dotted(current)
     keys = sorted(k for k in a.keys() | b.keys() if k in a and a[k] != b.get(k, "(unset)"))
     parts = [f"{k}={json.dumps(a.get(k, '(unset)'))} there, {json.dumps(b.get(k, '(unset)'))} here"
              for k in keys[:shown]]
     return "; ".join(parts) + (f"; and {len(keys) - shown} more" if len(keys) > shown else "")
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: tree}
 
 
 def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int,

@@ -11,6 +11,7 @@ from loka_trainer.data.config import DataConfig
 from loka_trainer.data.criteo import build_criteo_stream
 from loka_trainer.data.prefetch import PrefetchStream
 from loka_trainer.data.synthetic import SyntheticSource
+from loka_trainer.field_types import dotted
 
 SPLITS = ("train", "eval")
 # ``DataConfig`` fields that leave the synthetic batches as they are; every other one, ``outliers``' included, is
@@ -21,15 +22,8 @@ SYNTHETIC_BATCH_INDEPENDENT = ("name", "eval_batches", "path", "eval_path", "eva
 
 def synthetic_identity(cfg: DataConfig) -> dict[str, Any]:
     """The settings that decide the synthetic batches, flat: ``{"seed": 0, ..., "outliers.spike_rate": 0.0}``."""
-    return {key: value for key, value in _flatten(dataclasses.asdict(cfg)).items()
+    return {key: value for key, value in dotted(dataclasses.asdict(cfg)).items()
             if key.split(".")[0] not in SYNTHETIC_BATCH_INDEPENDENT}
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(_flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return flat
 
 
 def build_synthetic_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> BatchStream:
