@@ -27,7 +27,7 @@ from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_
 from loka_trainer.config import build_small_model, check_plan_file, register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.output_dirs import RunDirInUse, RunDirLock, unwritable_reason
-from loka_trainer.resume import (SUMMARY_FILE, checkpoint_root, model_identity, nothing_left, plan_start,
+from loka_trainer.resume import (METRICS_FILE, SUMMARY_FILE, checkpoint_root, model_identity, nothing_left, plan_start,
                                  prepare_resumed_run, set_aside_previous_run)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
 from loka_trainer.stop_signal import RunStopped
@@ -109,8 +109,8 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
         trainer.fit(first_step)
         board = f", TensorBoard: tensorboard --logdir {run_dir.resolve() / 'tensorboard'}" \
             if run.callbacks.tensorboard else ""
-        logger.info(f"done: metrics {run_dir.resolve() / 'metrics.jsonl'}, summary "
-                    f"{run_dir.resolve() / 'summary.json'}{board}")
+        logger.info(f"done: metrics {run_dir.resolve() / METRICS_FILE}, summary {run_dir.resolve() / SUMMARY_FILE}"
+                    f"{board}")
         finished = True
     except CheckpointError as exc:
         _stop(exc, status=2, rank=rank)

@@ -93,11 +93,12 @@ def fuse_with_plan(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Op
     fused = fuse_linear_mods(model, kernels=kernels, module_filter_fn=module_filter_fn,
                              default_mode=default_forward_mode(compiled=compiled))
     chained = chain_fp8_handoffs(model)
+    unfused = ""
+    if unfusable:
+        shown = ", ".join(f"{fqn} ({why})" for fqn, why in list(unfusable.items())[:4])
+        unfused = f"; {len(unfusable)} stay unfused, as the kernels need: {shown}{', ...' if len(unfusable) > 4 else ''}"
     log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods, "
-        f"{len(chained)} of them read their input in FP8 from the previous one's epilogue"
-        + (f"; {len(unfusable)} stay unfused, as the kernels need: " + ", ".join(
-            f"{f} ({why})" for f, why in list(unfusable.items())[:4]) + (", ..." if len(unfusable) > 4 else "")
-           if unfusable else ""))
+        f"{len(chained)} of them read their input in FP8 from the previous one's epilogue{unfused}")
     return fused
 
 
