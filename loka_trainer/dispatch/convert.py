@@ -96,7 +96,8 @@ def fuse_with_plan(model: nn.Module, plan: DispatchPlan, *, module_filter_fn: Op
     unfused = ""
     if unfusable:
         shown = ", ".join(f"{fqn} ({why})" for fqn, why in list(unfusable.items())[:4])
-        unfused = f"; {len(unfusable)} stay unfused, as the kernels need: {shown}{', ...' if len(unfusable) > 4 else ''}"
+        more = ", ..." if len(unfusable) > 4 else ""
+        unfused = f"; {len(unfusable)} stay unfused, as the kernels need: {shown}{more}"
     log(f"LoKA Mods: {len(fused)} Linear -> BlockNorm -> HardSwish triple(s) fused into FusedLinearMods, "
         f"{len(chained)} of them read their input in FP8 from the previous one's epilogue{unfused}")
     return fused
