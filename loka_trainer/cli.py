@@ -166,6 +166,9 @@ def run_app(config_name: str, argv: list[str], job: Job, *, validate: Callable[[
         hydra_cfg = HydraConfig.get()
         with open_dict(cfg):
             OmegaConf.resolve(cfg)
+        # Relative paths in the config name files from where the command started, as the pre-flight read them;
+        # every output goes to the run directory already, so ``hydra.job.chdir=true`` changes nothing else.
+        os.chdir(hydra.utils.get_original_cwd())
         job(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
 
     main = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)

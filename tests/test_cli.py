@@ -253,6 +253,15 @@ def test_criteo_eval_slice_smaller_than_a_batch_fails_naming_the_sizes(tmp_path)
 
 
 @pytest.mark.slow
+def test_relative_paths_name_files_from_where_the_command_started_under_hydra_job_chdir(tmp_path):
+    (tmp_path / "train.txt").write_text("".join(criteo_lines(3000)))
+    proc = run_train([*TINY, "data=criteo", "data.path=train.txt", "data.batch_size=64", "data.eval_batches=2",
+                      "hydra.run.dir=run", "hydra.job.chdir=true"], check=False, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] > 0
+
+
+@pytest.mark.slow
 def test_no_eval_batches_trains_skips_evaluation_and_saves(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_train([*TINY, "data.eval_batches=0", f"hydra.run.dir={run_dir}"], check=False)
