@@ -63,7 +63,7 @@ class TrainerConfig:
     nonfinite: str = "error"  # non-finite loss/gradient: "error" stops naming the step, "skip_step" skips it
     stop_after: Optional[int] = None  # end the run early after this step (a checkpoint is saved there)
     compile: bool = False  # torch.compile each dense unit (after FSDP2); embeddings and the loop stay eager
-    # SIGTERM / SIGUSR1: save a checkpoint at the next log step and exit 128 + signal (loka_trainer.stop_signal)
+    # SIGTERM / SIGUSR1 / Ctrl-C: save at the next log step and exit 128 + signal (loka_trainer.stop_signal)
     stop_on_signal: bool = True
 
     def validate(self) -> None:

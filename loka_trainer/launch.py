@@ -10,7 +10,7 @@ loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing) -> a
 an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
 `.hydra/` -> train. Exit status: 2 for a bad config or an unusable checkpoint, 3 for a non-finite loss or
 gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0). 128 + N after
-signal N (SIGTERM, SIGUSR1) stopped the run at a checkpoint (`loka_trainer.stop_signal`).
+signal N (SIGTERM, SIGUSR1, SIGINT) stopped the run at a checkpoint (`loka_trainer.stop_signal`).
 """
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ class Trainer:
         self.state.step = start
         self.warmup = build_warmup(self.dense_optimizer, base_lr=t.lr, warmup_steps=t.warmup_steps, start_step=start)
         self.callbacks.fire("on_train_start", self.state)
-        stop = StopSignals(enabled=t.stop_on_signal)
+        stop = StopSignals(enabled=t.stop_on_signal, announce=self.dist.is_rank_zero)
         try:
             for step in range(start, last + 1):
                 self.state.step = step

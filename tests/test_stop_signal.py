@@ -1,4 +1,4 @@
-"""A scheduler's SIGTERM / SIGUSR1 stops train.py at a checkpoint every rank agrees on; the same command resumes."""
+"""SIGTERM / SIGUSR1 / Ctrl-C stop train.py at a checkpoint every rank agrees on; the same command resumes."""
 from __future__ import annotations
 
 import json
@@ -13,29 +13,49 @@ import pytest
 import torch
 
 from loka_trainer.checkpoint import verify_checkpoint
-from loka_trainer.stop_signal import RunStopped, StopSignals
+from loka_trainer.stop_signal import REPEAT_WINDOW_S, RunStopped, StopSignals
 from tests.launch import ROOT, SMALL, run_train
 
 COMMON = ["model=dlrm", "trainer.log_interval=2", "trainer.eval_interval=0", "callbacks.tensorboard=false", *SMALL]
 
 
-def test_the_first_signal_is_recorded_a_second_goes_to_the_handler_before_and_close_restores_it():
-    calls = []
+def test_the_first_signal_is_recorded_a_repeat_a_second_later_goes_to_the_handler_before_and_close_restores_it():
+    calls, now = [], [0.0]
     before = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
     term_before = signal.getsignal(signal.SIGTERM)
     try:
-        stop = StopSignals(enabled=True)
+        stop = StopSignals(enabled=True, clock=lambda: now[0])
         assert signal.getsignal(signal.SIGTERM) == stop._record
         assert stop.agreed(torch.device("cpu")) is None
         os.kill(os.getpid(), signal.SIGUSR1)
         assert stop.received == signal.SIGUSR1 and calls == []
         assert stop.agreed(torch.device("cpu")) == signal.SIGUSR1
+        now[0] = REPEAT_WINDOW_S / 2  # the same press delivered twice (terminal + torchrun): still one
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert calls == [signal.SIGUSR1]
+        assert calls == []
+        now[0] = REPEAT_WINDOW_S * 2
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert calls == [signal.SIGUSR1] and signal.getsignal(signal.SIGUSR1) != stop._record
         stop.close()
         assert signal.getsignal(signal.SIGTERM) == term_before
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_ctrl_c_is_announced_once_and_pressed_again_raises_keyboard_interrupt(capfd):
+    now = [0.0]
+    stop = StopSignals(enabled=True, announce=True, clock=lambda: now[0])
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGINT
+        assert "received SIGINT: stopping with a checkpoint at the next log step" in capfd.readouterr().err
+        now[0] = REPEAT_WINDOW_S * 2
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs between bytecodes; never reached
+    finally:
+        stop.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_disabled_installs_nothing():
@@ -67,8 +87,8 @@ def _start_and_signal(args: list[str], run_dir: Path, *, nproc: int, signum: int
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc, signum", [(1, signal.SIGUSR1), (2, signal.SIGTERM)],
-                         ids=["1_rank_usr1", "2_ranks_term"])
+@pytest.mark.parametrize("nproc, signum", [(1, signal.SIGINT), (2, signal.SIGTERM)],
+                         ids=["1_rank_ctrl_c", "2_ranks_term"])
 def test_a_signal_saves_an_agreed_step_and_the_same_command_resumes_there(tmp_path, nproc, signum):
     run_dir, args = tmp_path / "run", [*COMMON, "trainer.steps=100000"]
     proc = _start_and_signal(args, run_dir, nproc=nproc, signum=signum)

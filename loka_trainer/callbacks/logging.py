@@ -5,12 +5,12 @@ Run-directory contract (other tools and tests rely on it):
   ``skipped_steps``, the running count of steps skipped for a non-finite loss; a logged step whose whole window
   was skipped has only ``step, skipped_steps``) and per evaluation (``step, eval_auc, eval_logloss, eval_ne``);
   appended across resumes (a resume first drops the records after its checkpoint: `loka_trainer.resume`).
-- ``summary.json``: written at the end (model, precision, world_size, steps, final eval metrics, mean
-  examples_per_s over the steps this process logged (null when none), skipped_steps, the run totals in ``TrainState.counts`` such as
-  ``malformed_rows``, and on CUDA ``peak_gpu_memory_gib``: rank 0's allocator high-water mark from the first step
-  on, i.e. training and evaluation with FP8 weight caches and kept activations, not the model build or the Dispatch
-  plan's timing); where it ran: ``device`` (the CUDA device's name, else ``cpu``), ``torch`` (version) and
-  ``finished`` (UTC time, ISO 8601).
+- ``summary.json``: written at the end (model, precision, world_size, steps, final eval metrics, mean examples_per_s
+  over the steps this process logged (null when none), skipped_steps, the run totals in ``TrainState.counts`` such as
+  ``malformed_rows``, and on CUDA ``peak_gpu_memory_gib``: rank 0's allocator high-water mark from the first step on,
+  i.e. training and evaluation with FP8 weight caches and kept activations, not the model build or the Dispatch plan's
+  timing); where it ran: ``device`` (the CUDA device's name, else ``cpu``), ``torch`` (version) and ``finished`` (UTC
+  time, ISO 8601).
 - ``tensorboard/``: event files (scalars under ``train/`` and ``eval/``).
 """
 from __future__ import annotations
