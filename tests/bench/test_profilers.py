@@ -8,7 +8,7 @@ from loka_trainer.bench import BenchOptions, ModuleProvider, run_bench
 from loka_trainer.bench.examples import MLPTree
 from loka_trainer.bench.plugins import Job
 from loka_trainer.bench.preprocessors import BatchReplicate, replicate_batch
-from loka_trainer.bench.profilers import BytesMoved, Flops, judge
+from loka_trainer.bench.profilers import BytesMoved, Flops, LatencyForwardBackward, judge
 from loka_trainer.bench.runner import make_context
 from loka_trainer.bench.tree import ModuleInputs
 
@@ -32,6 +32,39 @@ def test_leaf_flops_sum_to_parent(fast_opts, cpu):
     for path in ("model", "model.left", "model.right"):
         leaves = [n for p, n in nodes.items() if p.startswith(path + ".") and not n.children]
         assert sum(n.metrics["flops_fwd"] for n in leaves) == nodes[path].metrics["flops_fwd"] > 0
+
+
+class _SeenGrad(torch.autograd.Function):
+    """Identity that records the strides of the gradient its backward receives."""
+
+    strides: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _SeenGrad.strides.append(grad.stride())
+        return grad
+
+
+class _RecordsOutputGrad(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SeenGrad.apply(self.linear(x))
+
+
+def test_fwd_bwd_backpropagates_a_dense_gradient_not_an_expanded_one(cpu):
+    # An expanded (stride-0) seed makes some backward kernels several times slower than in training.
+    _SeenGrad.strides.clear()
+    ctx = make_context(BenchOptions(warmup=1, repeats=2), cpu, None)
+    out = LatencyForwardBackward().profile(_job(_RecordsOutputGrad(), torch.randn(4, 3, 8)), ctx, {})
+    assert out["latency_fwd_bwd_ms"] > 0 and len(_SeenGrad.strides) == 3
+    assert all(0 not in stride for stride in _SeenGrad.strides), _SeenGrad.strides
 
 
 def test_embedding_bytes_count_rows_read_not_the_table(cpu):
