@@ -69,7 +69,9 @@ def write_csv(result: BenchResult, path: Path) -> Path:
 
 
 def write_json(result: BenchResult, path: Path) -> Path:
-    nodes = [dict(row(n), parent=n.parent, children=n.children, metrics=n.metrics) for n in result.bfs()]
+    # error and note_list keep a node's own fields (the notes column joins them), so read_json restores both
+    nodes = [dict(row(n), parent=n.parent, children=n.children, metrics=n.metrics, error=n.error, note_list=n.notes)
+             for n in result.bfs()]
     path.write_text(json.dumps({"header": header(result), "nodes": nodes}, indent=1, default=str))
     return path
 
@@ -96,14 +98,17 @@ def write_markdown(result: BenchResult, path: Path, *, title: Optional[str] = No
 
 
 def read_json(path: Path) -> BenchResult:
-    """The BenchResult that `write_json` wrote, e.g. to redraw a GPU run's icicle on another machine."""
+    """The BenchResult that `write_json` wrote, e.g. to redraw a GPU run's icicle on another machine: errors and
+    notes included (a file without ``note_list`` keeps its notes column as one note)."""
     data = json.loads(Path(path).read_text())
     h = data["header"]
     nodes = {}
     for r in data["nodes"]:
+        notes = r["note_list"] if "note_list" in r else [r["notes"]] if r.get("notes") else []
         nodes[r["component_name"]] = Node(path=r["component_name"], type_name=r["type"], depth=r["depth"],
                                           parent=r["parent"], children=list(r["children"]), status=r["status"],
-                                          metrics=dict(r["metrics"]), judged_by=r["judged_by"])
+                                          error=r.get("error", ""), notes=list(notes), metrics=dict(r["metrics"]),
+                                          judged_by=r["judged_by"])
     peak = None if h["peak"].startswith("unknown") else h["peak"]
     root = data["nodes"][0]["component_name"]
     return BenchResult(nodes=nodes, root=root, device=h["device"], device_name=h["device_name"],

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from loka_trainer.bench.table import read_json, rows, write_json
 from loka_trainer.bench.tree import BenchResult, Node
 
@@ -20,3 +22,24 @@ def test_json_round_trip_keeps_tree_metrics_and_peak(tmp_path):
     assert back.nodes["model.a"].status == "estimated" and back.nodes["model.a"].judged_by == "bandwidth"
     assert back.peak_name == "H200 SXM" and back.device_name == "NVIDIA H200"
     assert rows(back) == rows(original)
+
+
+def test_json_round_trip_keeps_errors_and_notes(tmp_path):
+    original = _result()
+    original.nodes["model"].status, original.nodes["model"].error = "estimated", "ValueError: called twice"
+    original.nodes["model"].notes = ["estimated from children: latency_fwd_ms"]
+    original.nodes["model.a"].notes = ["LoKA Dispatch: 1 of 3 GEMMs in FP8", "no output requires grad; fwd+bwd n/a"]
+    back = read_json(write_json(original, tmp_path / "r.json"))
+    assert back.nodes["model"].error == "ValueError: called twice"
+    assert back.nodes["model.a"].notes == original.nodes["model.a"].notes
+    assert rows(back) == rows(original)
+
+
+def test_json_without_note_lists_keeps_its_notes_column(tmp_path):
+    path = write_json(_result(), tmp_path / "r.json")
+    data = json.loads(path.read_text())
+    for node in data["nodes"]:
+        node.pop("note_list", None), node.pop("error", None)  # as written before these fields existed
+    data["nodes"][1]["notes"] = "batch replication unsupported for Batch input"
+    path.write_text(json.dumps(data))
+    assert rows(read_json(path))[1]["notes"] == "batch replication unsupported for Batch input"
