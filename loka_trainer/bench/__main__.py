@@ -95,6 +95,14 @@ def _shows_only(args: argparse.Namespace) -> bool:
     return any(getattr(args, flag) for flag in SHOW_FLAGS)
 
 
+def with_help_name(argv: list[str], overrides: list[str]) -> list[str]:
+    """``argv`` with ``HELP_NAME`` next to its overrides: argparse takes Hydra's overrides as one run of
+    positional arguments, so one appended after a flag (``model=wukong --help``) would be an unrecognized argument."""
+    n = len(overrides)
+    at = next((i for i in range(len(argv) - n + 1) if n and argv[i:i + n] == overrides), len(argv))
+    return [*argv[:at], HELP_NAME, *argv[at:]]
+
+
 def _no_run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None:
     """The job handed to Hydra for ``--help`` / ``--cfg`` / ``--info``: Hydra prints and never calls it."""
 
@@ -127,7 +135,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     register_schemas()
     _, args = parse_hydra_args(argv)
     if _shows_only(args):
-        run_app("bench", [*argv, HELP_NAME], _no_run, validate=bench_options)
+        run_app("bench", with_help_name(argv, args.overrides), _no_run, validate=bench_options)
         return 0
     if args.multirun:
         fail("-m/--multirun is not supported by the Component Benchmark: run one configuration per command")

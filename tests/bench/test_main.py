@@ -68,6 +68,17 @@ def test_cli_hydra_flags_print_and_run_nothing(conf_dir, tmp_path, flags, needle
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flags, needle", [
+    (["--cfg", "job"], "  depth: 5\n"),
+    (["--help"], "loka_trainer.bench is powered by Hydra."),
+])
+def test_cli_hydra_flags_after_the_overrides(conf_dir, tmp_path, flags, needle):
+    out = tmp_path / "r"
+    proc = _run(conf_dir, "bench.depth=5", f"hydra.run.dir={out}", *flags)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert needle in proc.stdout and not out.exists()
+
+
 def test_cli_benchmarks_a_users_module_named_by_its_factory(conf_dir, tmp_path):
     out = tmp_path / "run"
     proc = _run(conf_dir, "bench.provider=factory", "bench.factory=tests.bench.user_modules:two_towers",
