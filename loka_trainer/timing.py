@@ -212,6 +212,8 @@ BENCH_TIMERS: dict[str, Callable[..., float]] = {
     "cuda_events": time_cuda_events,
     "do_bench": time_do_bench,
 }
+# The bench timers that time CUDA work only (on another device each call fails)
+CUDA_BENCH_TIMERS = ("cuda_events", "do_bench")
 
 
 def default_bench_timer(device: torch.device) -> str:

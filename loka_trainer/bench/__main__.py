@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from loka_trainer.bench import BenchOptions, ExampleProvider, FactoryProvider, ZooProvider, run_bench, write_results
 from loka_trainer.bench.plugins import Component, Provider
-from loka_trainer.bench.runner import check_filters, resolve_device
+from loka_trainer.bench.runner import check_filters, check_timer, resolve_device
 
 PROVIDER_KEYS = ("provider", "example", "factory", "loka_mods")
 # Hydra flags that print something (usage, the config, a completion script) and start no benchmark
@@ -43,11 +43,11 @@ def compose(args: argparse.Namespace) -> tuple[DictConfig, Path]:
 
 
 def bench_options(cfg: DictConfig) -> BenchOptions:
-    """The checked options of ``cfg.bench`` (every field, and that ``bench.device`` exists here); a ValueError
-    names the field and its valid values."""
+    """The checked options of ``cfg.bench`` (every field, that ``bench.device`` exists here and that
+    ``bench.timer`` can time on it); a ValueError names the field and its valid values."""
     bench = OmegaConf.to_container(cfg.bench, resolve=True)
     opts = BenchOptions.from_mapping({k: v for k, v in bench.items() if k not in PROVIDER_KEYS})
-    resolve_device(opts.device)
+    check_timer(opts.timer, resolve_device(opts.device))
     return opts
 
 

@@ -15,7 +15,8 @@ from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, R
 from loka_trainer.bench.preprocessors import BatchReplicate, Precision, compute_dtype
 from loka_trainer.bench.profilers import PROFILERS, judge
 from loka_trainer.bench.tree import BenchResult, Node, build_nodes, capture_inputs, check_globs, module_paths, walk
-from loka_trainer.timing import default_bench_timer
+from loka_trainer.kernels.triton_env import triton_importable
+from loka_trainer.timing import CUDA_BENCH_TIMERS, default_bench_timer
 
 
 def resolve_device(name: str) -> torch.device:
@@ -29,6 +30,17 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"bench.device={name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+def check_timer(timer: str, device: torch.device) -> None:
+    """A CUDA timer for a model on another device, or ``do_bench`` without triton, is a ValueError (else every
+    module would fail to be timed and the table would say n/a throughout)."""
+    if timer in CUDA_BENCH_TIMERS and device.type != "cuda":
+        raise ValueError(f"bench.timer={timer!r} times CUDA work, but the model runs on {device.type}; "
+                         f"use bench.timer=auto or wall")
+    if timer == "do_bench" and not triton_importable():
+        raise ValueError("bench.timer='do_bench' needs triton, which does not import here; use bench.timer=auto "
+                         "or cuda_events")
 
 
 def check_filters(model: nn.Module, opts: BenchOptions) -> None:
@@ -103,6 +115,7 @@ def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Pat
     """
     check_filters(component.model, opts)
     device = model_device(component.model, opts)
+    check_timer(opts.timer, device)
     ctx = make_context(opts, device, out_dir)
     default_pre, default_prof = default_plugins(opts, device)
     pre = default_pre if preprocessors is None else list(preprocessors)

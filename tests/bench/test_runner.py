@@ -73,3 +73,21 @@ def test_user_profiler_plugin(fast_opts, cpu):
     result = run_bench(ModuleProvider(nn.Linear(3, 5), torch.randn(2, 3)).get_component(cpu), fast_opts,
                        profilers=profilers)
     assert result.nodes["model"].metrics["out_numel"] == 10.0 and result.nodes["model"].metrics["saw_flops"]
+
+
+@pytest.mark.parametrize("timer", ["cuda_events", "do_bench"])
+def test_a_cuda_timer_for_a_cpu_model_is_one_value_error(timer, cpu):
+    from loka_trainer.bench import BenchOptions
+
+    component = ModuleProvider(nn.Linear(4, 4), torch.randn(2, 4)).get_component(cpu)
+    with pytest.raises(ValueError, match=f"bench.timer='{timer}' times CUDA work, but the model runs on cpu"):
+        run_bench(component, BenchOptions(timer=timer, progress=False))
+
+
+def test_the_cli_options_refuse_a_cuda_timer_on_the_cpu():
+    from omegaconf import OmegaConf
+
+    from loka_trainer.bench.__main__ import bench_options
+
+    with pytest.raises(ValueError, match="bench.timer='cuda_events' times CUDA work"):
+        bench_options(OmegaConf.create({"bench": {"device": "cpu", "timer": "cuda_events"}}))
