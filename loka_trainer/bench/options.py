@@ -72,6 +72,9 @@ class BenchOptions:
                     raise ValueError(f"bench.{name}={item!r} is unknown; valid values: {list(valid)}")
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ValueError(f"bench.device={self.device!r} is unknown; valid values: {DEVICE_SPELLINGS}")
+        if not self.root_name or "." in self.root_name:  # a path's parent is the path up to its last "."
+            raise ValueError(f"bench.root_name={self.root_name!r}: must be a non-empty name without '.', "
+                             f"e.g. 'model'")
 
     def resolved_precision(self, device: torch.device) -> str:
         if self.precision != "auto":

@@ -24,6 +24,8 @@ from loka_trainer.bench import runner
     ("depth", "abc", "bench.depth: must be an integer, got str 'abc'"),
     ("include", "model.left*", "bench.include: must be a list of strings, got str 'model.left*'"),
     ("trace", "yes", "bench.trace: must be True or False, got str 'yes'"),
+    ("root_name", "my.model", "bench.root_name='my.model': must be a non-empty name without '.'"),
+    ("root_name", "", "bench.root_name='': must be a non-empty name without '.'"),
 ])
 def test_a_bad_setting_is_one_value_error_naming_the_field(field, value, needle):
     with pytest.raises(ValueError) as err:
