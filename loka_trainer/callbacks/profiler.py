@@ -38,17 +38,24 @@ class ProfilerCallback(Callback):
         self._first_step = 0  # the training step at which the profiler started (its step N counts from there)
 
     def on_train_start(self, state: TrainState) -> None:
+        """Starts the profiler for the window's steps from ``state.step`` on: a run resumed inside the window
+        profiles the rest of it, one resumed past it profiles nothing (and keeps the earlier ``profile.json``)."""
         if not state.is_rank_zero:
             return
+        first, end = max(self.start_step, state.step), self.start_step + self.num_steps
+        if first >= end:
+            log.info(f"profiler: steps {self.start_step}..{end - 1} lie before this run's first step {state.step} "
+                     f"(resumed); nothing profiled")
+            return
         self._first_step = state.step
-        warmup = 1 if self.start_step - state.step >= 1 else 0
-        wait = max(self.start_step - state.step - warmup, 0)
+        warmup = 1 if first - state.step >= 1 else 0
+        wait = max(first - state.step - warmup, 0)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(
             activities=activities,
-            schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=self.num_steps, repeat=1),
+            schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=end - first, repeat=1),
             on_trace_ready=self._write_trace,
             record_shapes=True,
         )
