@@ -141,9 +141,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         fail("-m/--multirun is not supported by the Component Benchmark: run one configuration per command")
     preflight("bench", args, bench_options)
     cfg, run_dir, opts, component, name = prepare(args)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_bench(component, opts, out_dir=run_dir)
+    except ValueError as err:  # the model's forward failed: its own line, not its traceback
+        fail(str(err))
     write_run_config(run_dir, cfg, argv, rank=0)
-    result = run_bench(component, opts, out_dir=run_dir)
     paths = write_results(result, run_dir, opts.results, stem=f"bench_{name}",
                           title=f"Component Benchmark: {name}", color_by=opts.color_by)
     for p in paths:

@@ -14,7 +14,8 @@ from loka_trainer.bench.options import BenchOptions
 from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, RunContext, make
 from loka_trainer.bench.preprocessors import BatchReplicate, Precision, compute_dtype
 from loka_trainer.bench.profilers import PROFILERS, judge
-from loka_trainer.bench.tree import BenchResult, Node, build_nodes, capture_inputs, check_globs, module_paths, walk
+from loka_trainer.bench.tree import (BenchResult, ModuleInputs, Node, build_nodes, capture_inputs, check_globs,
+                                     module_paths, walk)
 from loka_trainer.kernels.triton_env import triton_importable
 from loka_trainer.timing import CUDA_BENCH_TIMERS, default_bench_timer
 
@@ -105,13 +106,26 @@ def estimate_from_children(nodes: dict[str, Node]) -> None:
             node.notes.append(f"estimated from children: {', '.join(filled)}")
 
 
+def _captured_inputs(component: Component, entries: list[tuple[str, nn.Module, int]]) -> dict[str, ModuleInputs]:
+    """Each walked module's inputs from one forward of the whole model; a forward that raises is one ValueError
+    (its cause chained), since no module can be measured without the inputs it gets."""
+    try:
+        captured, _ = capture_inputs(component.model, component.inputs, entries)
+    except Exception as err:  # noqa: BLE001 -- the user's model: report it in one line
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ValueError(f"the model's forward failed on the provider's input, so no module was measured: "
+                         f"{type(err).__name__}: {first}") from err
+    return captured
+
+
 def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Path] = None,
               preprocessors: Optional[Sequence[Preprocessor]] = None,
               profilers: Optional[Sequence[Profiler]] = None) -> BenchResult:
     """Profile every submodule of ``component.model`` down to ``opts.depth``; returns the result tree.
 
     ``preprocessors`` / ``profilers`` default to those named in ``opts``; pass instances to add your own.
-    A ``bench.include`` / ``bench.exclude`` glob that names no submodule is a ValueError (``check_filters``).
+    A ``bench.include`` / ``bench.exclude`` glob that names no submodule, a timer this device lacks, or a model
+    whose forward raises on ``component.inputs`` is a ValueError.
     """
     check_filters(component.model, opts)
     device = model_device(component.model, opts)
@@ -122,7 +136,7 @@ def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Pat
     profs = default_prof if profilers is None else list(profilers)
     entries = walk(component.model, max_depth=opts.depth, root_name=opts.root_name, exclude=opts.exclude)
     nodes = build_nodes(entries, include=opts.include)
-    captured, _ = capture_inputs(component.model, component.inputs, entries)
+    captured = _captured_inputs(component, entries)
     modules = {path: module for path, module, _ in entries}
     for node in tqdm(list(nodes.values()), desc="bench", unit="module", disable=not opts.progress):
         if node.status == "estimated":

@@ -106,3 +106,14 @@ def test_cli_a_bad_factory_is_one_line_exit_2_and_writes_nothing(conf_dir, tmp_p
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: bench.factory") and needle in line, line
     assert not out.exists()
+
+
+def test_cli_a_model_whose_forward_raises_is_one_line_exit_2_and_writes_nothing(conf_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = _run(conf_dir, "bench.provider=factory", "bench.factory=tests.bench.user_modules:forward_raises",
+                f"hydra.run.dir={out}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: the model's forward failed on the provider's input"), line
+    assert "RuntimeError: shape" in line
+    assert not out.exists()

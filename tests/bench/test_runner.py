@@ -91,3 +91,13 @@ def test_the_cli_options_refuse_a_cuda_timer_on_the_cpu():
 
     with pytest.raises(ValueError, match="bench.timer='cuda_events' times CUDA work"):
         bench_options(OmegaConf.create({"bench": {"device": "cpu", "timer": "cuda_events"}}))
+
+
+def test_a_model_whose_forward_raises_is_one_value_error_with_its_cause(fast_opts, cpu):
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise KeyError("dense_features")
+
+    with pytest.raises(ValueError, match="forward failed on the provider's input.*KeyError: 'dense_features'") as err:
+        run_bench(ModuleProvider(Broken(), torch.randn(2, 4)).get_component(cpu), fast_opts)
+    assert isinstance(err.value.__cause__, KeyError)

@@ -21,6 +21,20 @@ def two_towers(batch_size: int) -> tuple[nn.Module, tuple[torch.Tensor, torch.Te
     return TwoTowers(), (torch.randn(batch_size, 32), torch.randn(batch_size, 16))
 
 
+def forward_raises(batch_size: int) -> tuple[nn.Module, torch.Tensor]:
+    """A module whose forward raises on the input its factory gives."""
+
+    class Broken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(x.view(-1, 5))
+
+    return Broken(), torch.randn(batch_size, 4)
+
+
 def raises(batch_size: int):
     raise RuntimeError("no GPU here\nsecond line")
 
