@@ -204,12 +204,13 @@ class BytesMoved(Profiler):
     def profile(self, job: Job, ctx: RunContext, so_far: Mapping[str, Any]) -> dict[str, Any]:
         rows = [0]
 
-        def hook(m: nn.Module, args: tuple, out: Any) -> None:
-            ids = args[0] if args else None
+        def hook(m: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            # TorchRec's EmbeddingBagCollection passes its tables' ids by keyword (input=..., offsets=...)
+            ids = args[0] if args else kwargs.get("input")
             if isinstance(ids, torch.Tensor):
                 rows[0] += ids.numel() * m.weight.shape[1] * m.weight.element_size()
 
-        handles = [m.register_forward_hook(hook) for m in _embedding_modules(job.module)]
+        handles = [m.register_forward_hook(hook, with_kwargs=True) for m in _embedding_modules(job.module)]
         try:
             with torch.no_grad():
                 out = job.run()

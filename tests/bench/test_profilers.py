@@ -77,6 +77,18 @@ def test_embedding_bytes_count_rows_read_not_the_table(cpu):
     assert judge(emb, 0.0) == "bandwidth" and judge(nn.Linear(2, 2), 8.0) == "compute"
 
 
+def test_embedding_bag_rows_count_when_its_ids_come_by_keyword(cpu):
+    # TorchRec's EmbeddingBagCollection calls each table as embedding_bag(input=..., offsets=...)
+    bag = nn.EmbeddingBag(100_000, 16, mode="sum")
+    ids, offsets = torch.randint(0, 100_000, (24,)), torch.arange(0, 24, 3)
+    ctx = make_context(BenchOptions(), cpu, None)
+    by_position = BytesMoved().profile(Job("m", bag, ModuleInputs((ids, offsets), {}), None), ctx, {})
+    by_keyword = BytesMoved().profile(Job("m", bag, ModuleInputs((), {"input": ids, "offsets": offsets}), None), ctx,
+                                      {})
+    rows, out = 24 * 16 * 4, 8 * 16 * 4
+    assert by_keyword["bytes_moved"] == by_position["bytes_moved"] == ids.numel() * 8 + 8 * 8 + rows + out
+
+
 def test_replicate_batch_only_scales_batch_dim():
     x, mask = torch.randn(4, 3), torch.ones(5, 5)
     out = replicate_batch((x, mask), batch_size=4, factor=3)
