@@ -47,8 +47,11 @@ class BatchReplicate(Preprocessor):
         self.factor = factor
 
     def apply(self, job: Job, ctx: RunContext) -> Job:
-        if self.factor == 1 or job.batch_size is None:
+        if self.factor == 1:
             return job
+        if job.batch_size is None:
+            note = "batch replication needs the inputs' batch size (no input tensor has one); ran as captured"
+            return dataclasses.replace(job, notes=job.notes + [note])
         try:
             args = replicate_batch(job.inputs.args, batch_size=job.batch_size, factor=self.factor)
             kwargs = replicate_batch(job.inputs.kwargs, batch_size=job.batch_size, factor=self.factor)

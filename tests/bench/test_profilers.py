@@ -102,6 +102,31 @@ def test_batch_replicate_scales_flops(cpu):
     assert Flops().profile(job, ctx, {})["flops_fwd"] == 2 * 8 * 8 * 8
 
 
+class _DictBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.linear(batch["x"])
+
+
+@pytest.mark.parametrize("args, kwargs", [(({"x": torch.randn(2, 8)},), None),
+                                          ((), {"batch": {"x": torch.randn(2, 8)}})])
+def test_batch_replication_finds_the_batch_in_dict_and_keyword_inputs(args, kwargs, cpu):
+    component = ModuleProvider(_DictBatch(), args, kwargs).get_component(cpu)
+    assert component.batch_size == 2
+    opts = BenchOptions(replicate=4, depth=1, warmup=0, repeats=1, progress=False, profilers=("flops",))
+    result = run_bench(component, opts)
+    assert result.nodes["model.linear"].metrics["flops_fwd"] == 2 * (4 * 2) * 8 * 8
+
+
+def test_batch_replication_without_a_batch_size_says_so(cpu):
+    ctx = make_context(BenchOptions(), cpu, None)
+    job = BatchReplicate(4).apply(_job(nn.Linear(8, 8), torch.randn(2, 8)), ctx)
+    assert job.batch_size is None and "batch replication needs the inputs' batch size" in job.notes[0]
+
+
 def test_bf16_precision_runs_under_autocast(cpu):
     opts = BenchOptions(precision="bf16", warmup=0, repeats=1, progress=False, depth=1)
     result = run_bench(ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu), opts)
