@@ -46,25 +46,54 @@ def with_grad_inputs(inputs: ModuleInputs) -> ModuleInputs:
                         pytree.tree_map(prep, inputs.kwargs, is_leaf=is_leaf))
 
 
+# torch's error for an in-place op on a leaf that requires grad (ReLU(inplace=True) on the prepared input)
+IN_PLACE_ON_LEAF = "leaf Variable that requires grad"
+IN_PLACE_NOTE = "writes its input in place: each fwd+bwd call runs on a copy of the input (the copy is timed too)"
+
+
+def _copied(inputs: ModuleInputs) -> ModuleInputs:
+    """Each tensor that requires grad replaced by its copy: a non-leaf an in-place op may write, whose gradient
+    still reaches the original."""
+    def copy(x: Any) -> Any:
+        return x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x
+
+    return ModuleInputs(pytree.tree_map(copy, inputs.args, is_leaf=is_leaf),
+                        pytree.tree_map(copy, inputs.kwargs, is_leaf=is_leaf))
+
+
+def _grad_outputs(job: Job, inputs: ModuleInputs) -> list[torch.Tensor]:
+    """The output tensors of one call of ``job`` on ``inputs`` (autograd on) that carry a gradient."""
+    with torch.enable_grad(), job.context():
+        return [t for t in _tensors(inputs.call(job.module)) if t.requires_grad]
+
+
 def _train_step_fn(job: Job) -> Optional[Callable[[], None]]:
     """A closure running forward + backward of ``job``, or None when its output carries no gradient.
 
     Each output's gradient is a dense tensor of ones of its shape, made once, as a training step's downstream
     layers hand back. Backpropagating ``out.sum()`` instead seeds a stride-0 (expanded) gradient, on which some
     backward kernels (a batched matmul on CPU) run several times slower than on the gradient a model passes.
+    A module that writes its input in place runs on a copy of it per call (noted in ``job.notes``).
     """
-    grad_job = dataclasses.replace(job, inputs=with_grad_inputs(job.inputs))
-    with torch.enable_grad():
-        outs = [t for t in _tensors(grad_job.run()) if t.requires_grad]
+    leaves = with_grad_inputs(job.inputs)
+    copy_inputs = False
+    try:
+        outs = _grad_outputs(job, leaves)
+    except RuntimeError as err:
+        if IN_PLACE_ON_LEAF not in str(err):
+            raise
+        copy_inputs = True
+        outs = _grad_outputs(job, _copied(leaves))
+        if IN_PLACE_NOTE not in job.notes:
+            job.notes.append(IN_PLACE_NOTE)
     if not outs:
         return None
     seeds = [torch.ones_like(o, memory_format=torch.contiguous_format) for o in outs]
     del outs
 
     def step() -> None:
-        with torch.enable_grad():
-            outs = [t for t in _tensors(grad_job.run()) if t.requires_grad]
-            torch.autograd.backward(outs, grad_tensors=seeds)
+        outs = _grad_outputs(job, _copied(leaves) if copy_inputs else leaves)
+        torch.autograd.backward(outs, grad_tensors=seeds)
 
     return step
 

@@ -67,6 +67,16 @@ def test_fwd_bwd_backpropagates_a_dense_gradient_not_an_expanded_one(cpu):
     assert all(0 not in stride for stride in _SeenGrad.strides), _SeenGrad.strides
 
 
+def test_a_module_writing_its_input_in_place_is_measured(fast_opts, cpu):
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 2))
+    result = run_bench(ModuleProvider(model, torch.randn(4, 8)).get_component(cpu), fast_opts)
+    relu = result.nodes["model.1"]
+    assert relu.status == "ok", relu.error
+    assert relu.metrics["latency_fwd_ms"] > 0 and relu.metrics["latency_fwd_bwd_ms"] > 0
+    assert [n for n in relu.notes if "writes its input in place" in n] == relu.notes and len(relu.notes) == 1
+    assert not result.nodes["model.0"].notes  # modules that leave their input alone run on it as before
+
+
 def test_embedding_bytes_count_rows_read_not_the_table(cpu):
     emb = nn.Embedding(100_000, 16)
     ids = torch.randint(0, 100_000, (8, 3))
