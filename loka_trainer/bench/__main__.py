@@ -96,10 +96,11 @@ def _shows_only(args: argparse.Namespace) -> bool:
 
 
 def with_help_name(argv: list[str], overrides: list[str]) -> list[str]:
-    """``argv`` with ``HELP_NAME`` next to its overrides: argparse takes Hydra's overrides as one run of
-    positional arguments, so one appended after a flag (``model=wukong --help``) would be an unrecognized argument."""
+    """``argv`` with ``HELP_NAME`` just before its overrides (first, without any): argparse takes Hydra's overrides
+    as one run of positional arguments, so one appended after a flag would be an unrecognized argument
+    (``model=wukong --help``) or the value of a flag whose value is optional (``--info``)."""
     n = len(overrides)
-    at = next((i for i in range(len(argv) - n + 1) if n and argv[i:i + n] == overrides), len(argv))
+    at = next((i for i in range(len(argv) - n + 1) if n and argv[i:i + n] == overrides), 0)
     return [*argv[:at], HELP_NAME, *argv[at:]]
 
 

@@ -79,6 +79,12 @@ def test_cli_hydra_flags_after_the_overrides(conf_dir, tmp_path, flags, needle):
     assert needle in proc.stdout and not out.exists()
 
 
+def test_cli_info_alone_prints_hydras_info():
+    proc = _run(ROOT / "conf", "--info")  # its value is optional: nothing may follow it unasked
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Config search path" in proc.stdout
+
+
 def test_cli_benchmarks_a_users_module_named_by_its_factory(conf_dir, tmp_path):
     out = tmp_path / "run"
     proc = _run(conf_dir, "bench.provider=factory", "bench.factory=tests.bench.user_modules:two_towers",
