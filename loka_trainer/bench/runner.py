@@ -1,9 +1,10 @@
 """The Component Benchmark workflow (paper Fig. 2): capture inputs, walk, preprocess, profile, estimate."""
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -118,11 +119,12 @@ def _captured_inputs(component: Component, entries: list[tuple[str, nn.Module, i
     return captured
 
 
-def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Path] = None,
+def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Union[str, os.PathLike]] = None,
               preprocessors: Optional[Sequence[Preprocessor]] = None,
               profilers: Optional[Sequence[Profiler]] = None) -> BenchResult:
     """Profile every submodule of ``component.model`` down to ``opts.depth``; returns the result tree.
 
+    ``out_dir`` (a str or path): where the traces and memory snapshots go, when switched on.
     ``preprocessors`` / ``profilers`` default to those named in ``opts``; pass instances to add your own.
     A ``bench.include`` / ``bench.exclude`` glob that names no submodule, a timer this device lacks, or a model
     whose forward raises on ``component.inputs`` is a ValueError.
@@ -130,7 +132,7 @@ def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Pat
     check_filters(component.model, opts)
     device = model_device(component.model, opts)
     check_timer(opts.timer, device)
-    ctx = make_context(opts, device, out_dir)
+    ctx = make_context(opts, device, None if out_dir is None else Path(out_dir))
     default_pre, default_prof = default_plugins(opts, device)
     pre = default_pre if preprocessors is None else list(preprocessors)
     profs = default_prof if profilers is None else list(profilers)

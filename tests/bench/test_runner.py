@@ -101,3 +101,13 @@ def test_a_model_whose_forward_raises_is_one_value_error_with_its_cause(fast_opt
     with pytest.raises(ValueError, match="forward failed on the provider's input.*KeyError: 'dense_features'") as err:
         run_bench(ModuleProvider(Broken(), torch.randn(2, 4)).get_component(cpu), fast_opts)
     assert isinstance(err.value.__cause__, KeyError)
+
+
+def test_traces_go_to_an_out_dir_given_as_a_string(fast_opts, cpu, tmp_path):
+    import dataclasses
+
+    opts = dataclasses.replace(fast_opts, trace=True, depth=1)
+    component = ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu)
+    result = run_bench(component, opts, out_dir=str(tmp_path))
+    assert all(n.status == "ok" for n in result.bfs()), [n.error for n in result.bfs()]
+    assert list((tmp_path / "traces" / "model.0").glob("*.pt.trace.json"))
