@@ -1,6 +1,7 @@
 """The Component Benchmark workflow (paper Fig. 2): capture inputs, walk, preprocess, profile, estimate."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import warnings
 from pathlib import Path
@@ -15,8 +16,9 @@ from loka_trainer.bench.options import BenchOptions
 from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, RunContext, make
 from loka_trainer.bench.preprocessors import BatchReplicate, Precision, compute_dtype
 from loka_trainer.bench.profilers import PROFILERS, judge
-from loka_trainer.bench.tree import (BenchResult, ModuleInputs, Node, build_nodes, capture_inputs, check_globs,
-                                     module_paths, walk)
+from loka_trainer.bench.tree import (CONTAINERS, BenchResult, ModuleInputs, Node, build_nodes, capture_inputs,
+                                     check_globs, module_paths, walk)
+from loka_trainer.globs import unmatched
 from loka_trainer.kernels.triton_env import triton_importable
 from loka_trainer.timing import CUDA_BENCH_TIMERS, default_bench_timer
 
@@ -48,9 +50,16 @@ def check_timer(timer: str, device: torch.device) -> None:
 def check_filters(model: nn.Module, opts: BenchOptions) -> None:
     """A ``bench.include`` glob that selects no profiled submodule, or a ``bench.exclude`` glob that names no
     submodule at all, is a ValueError naming the closest paths (else the run would measure nothing it was asked
-    to, or everything it was asked not to)."""
-    walked = [path for path, _, _ in walk(model, max_depth=opts.depth, root_name=opts.root_name,
-                                          exclude=opts.exclude)]
+    to, or everything it was asked not to). A ModuleList / ModuleDict is never called, so it is measured only
+    through its entries: a glob naming only containers selects nothing."""
+    entries = walk(model, max_depth=opts.depth, root_name=opts.root_name, exclude=opts.exclude)
+    walked = [path for path, module, _ in entries if not isinstance(module, CONTAINERS)]
+    containers = [path for path, module, _ in entries if isinstance(module, CONTAINERS)]
+    only_containers = [glob for glob in unmatched(opts.include, walked) if not unmatched([glob], containers)]
+    if only_containers:
+        first = next(p for p in containers if fnmatch.fnmatchcase(p, only_containers[0]))
+        raise ValueError(f"bench.include: {only_containers} name(s) only a ModuleList / ModuleDict, which is never "
+                         f"called itself; name its entries, e.g. {first + '.*'!r}")
     check_globs("bench.include", opts.include, walked,
                 scope=f"down to bench.depth={opts.depth}" + (" outside bench.exclude" if opts.exclude else ""))
     check_globs("bench.exclude", opts.exclude, module_paths(model, opts.root_name), scope="of the model")

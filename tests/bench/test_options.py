@@ -54,6 +54,19 @@ def test_an_include_glob_matching_nothing_names_the_closest_paths():
     runner.check_filters(MLPTree(), BenchOptions(include=("model.left*",), exclude=("model.right",)))
 
 
+def test_an_include_naming_only_a_module_list_says_to_name_its_entries():
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+    with pytest.raises(ValueError, match=r"bench.include: \['model.layers'\] name\(s\) only a ModuleList / "
+                                         r"ModuleDict, which is never called itself; name its entries, e.g. "
+                                         r"'model.layers.\*'"):
+        runner.check_filters(Stack(), BenchOptions(include=("model.layers",)))
+    runner.check_filters(Stack(), BenchOptions(include=("model.layers*",)))
+
+
 def test_run_bench_refuses_an_include_that_selects_nothing(cpu):
     component = ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu)
     opts = BenchOptions(include=("nomatch*",), warmup=0, repeats=1, progress=False)
