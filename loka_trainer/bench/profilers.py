@@ -294,8 +294,10 @@ class MemorySnapshot(Profiler):
     name = "memory_snapshot"
 
     def profile(self, job: Job, ctx: RunContext, so_far: Mapping[str, Any]) -> dict[str, Any]:
+        if ctx.device.type != "cuda":  # CUDA's allocator history only: no folder for a snapshot never taken
+            return {"memory_snapshot": None}
         out_dir = _artifact_dir(ctx, "memory_snapshots", job.path)
-        if ctx.device.type != "cuda" or out_dir is None:
+        if out_dir is None:
             return {"memory_snapshot": None}
         step = _train_step_fn(job) or (lambda: job.run())
         torch.cuda.memory._record_memory_history(max_entries=100_000)

@@ -111,3 +111,13 @@ def test_traces_go_to_an_out_dir_given_as_a_string(fast_opts, cpu, tmp_path):
     result = run_bench(component, opts, out_dir=str(tmp_path))
     assert all(n.status == "ok" for n in result.bfs()), [n.error for n in result.bfs()]
     assert list((tmp_path / "traces" / "model.0").glob("*.pt.trace.json"))
+
+
+def test_memory_snapshots_off_cuda_leave_no_empty_folders(fast_opts, cpu, tmp_path):
+    import dataclasses
+
+    opts = dataclasses.replace(fast_opts, memory_snapshot=True, depth=1)
+    component = ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu)
+    result = run_bench(component, opts, out_dir=tmp_path)
+    assert result.nodes["model.0"].metrics["memory_snapshot"] is None
+    assert not (tmp_path / "memory_snapshots").exists()
