@@ -51,7 +51,11 @@ def check_filters(model: nn.Module, opts: BenchOptions) -> None:
     """A ``bench.include`` glob that selects no profiled submodule, or a ``bench.exclude`` glob that names no
     submodule at all, is a ValueError naming the closest paths (else the run would measure nothing it was asked
     to, or everything it was asked not to). A ModuleList / ModuleDict is never called, so it is measured only
-    through its entries: a glob naming only containers selects nothing."""
+    through its entries: a glob naming only containers selects nothing. An exclude glob matching the root would
+    leave nothing to measure."""
+    if dropping_root := [glob for glob in opts.exclude if fnmatch.fnmatchcase(opts.root_name, glob)]:
+        raise ValueError(f"bench.exclude: {dropping_root} match(es) the root {opts.root_name!r}, which would drop "
+                         f"every module; exclude submodules, e.g. '{opts.root_name}.NAME'")
     entries = walk(model, max_depth=opts.depth, root_name=opts.root_name, exclude=opts.exclude)
     walked = [path for path, module, _ in entries if not isinstance(module, CONTAINERS)]
     containers = [path for path, module, _ in entries if isinstance(module, CONTAINERS)]

@@ -67,6 +67,13 @@ def test_an_include_naming_only_a_module_list_says_to_name_its_entries():
     runner.check_filters(Stack(), BenchOptions(include=("model.layers*",)))
 
 
+@pytest.mark.parametrize("glob", ["model", "*", "mod*"])
+def test_an_exclude_matching_the_root_is_one_value_error(glob):
+    with pytest.raises(ValueError, match=r"bench.exclude: \[.*\] match\(es\) the root 'model', which would drop "
+                                         r"every module"):
+        runner.check_filters(MLPTree(), BenchOptions(exclude=(glob,)))
+
+
 def test_run_bench_refuses_an_include_that_selects_nothing(cpu):
     component = ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu)
     opts = BenchOptions(include=("nomatch*",), warmup=0, repeats=1, progress=False)
