@@ -88,6 +88,9 @@ def build_provider(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
     kind = bench["provider"]
     if kind not in PROVIDER_BUILDERS:
         raise ValueError(f"bench.provider={kind!r} is unknown; valid values: {sorted(PROVIDER_BUILDERS)}")
+    if bench.get("factory") and kind != "factory":  # else the run measures another model than the one named
+        raise ValueError(f"bench.factory={bench['factory']} is read only with bench.provider=factory, not "
+                         f"bench.provider={kind}; add bench.provider=factory")
     return PROVIDER_BUILDERS[kind](cfg, bench)
 
 

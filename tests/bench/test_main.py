@@ -123,3 +123,13 @@ def test_cli_a_model_whose_forward_raises_is_one_line_exit_2_and_writes_nothing(
     assert line.startswith("error: the model's forward failed on the provider's input"), line
     assert "RuntimeError: shape" in line
     assert not out.exists()
+
+
+def test_cli_a_factory_without_provider_factory_is_one_line(conf_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = _run(conf_dir, "bench.factory=tests.bench.user_modules:two_towers", f"hydra.run.dir={out}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line == ("error: bench.factory=tests.bench.user_modules:two_towers is read only with "
+                    "bench.provider=factory, not bench.provider=zoo; add bench.provider=factory"), line
+    assert not out.exists()
