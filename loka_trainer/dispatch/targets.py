@@ -4,7 +4,9 @@ Targets: ``nn.Linear``s with K and N multiples of 16 and >= ``min_features``, ne
 accepted by the optional ``module_filter_fn(module, fqn) -> bool``, none whose FQN matches one of the config's
 ``exclude`` globs (``configured_targets``), and for torchao also with a real input row count M % 16 == 0
 (Dispatch checks M per backend and call). Embedding modules are TorchRec modules, not ``nn.Linear``, so they are
-never touched.
+never touched. A parametrized Linear (``torch.nn.utils.parametrize``: weight norm, spectral norm, ...) stays BF16:
+its ``weight`` is computed from other Parameters at each call, and a swap that takes ``linear.weight`` would keep
+that one computed tensor as a constant (trained no more, gone from the state_dict).
 
 A module may name Linears of its own that Dispatch must keep BF16, in a class attribute ``loka_keep_bf16``: a
 tuple of fnmatch globs relative to the module (``declared_bf16``): what its author measured FP8 to harm and no
@@ -18,6 +20,7 @@ import fnmatch
 from typing import Callable, Optional, Sequence
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from loka_trainer.dispatch.calibration import linear_input_rows
 from loka_trainer.globs import closest_or_examples, unmatched
@@ -97,17 +100,22 @@ def dispatch_exclude(model: nn.Module, config) -> list[str]:
 def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[ModuleFilter] = None,
                        log: Optional[Callable[[str], None]] = None, dispatch: bool = False) -> dict[str, nn.Linear]:
     """``target_linears`` under a ``LoKAConfig``'s (or ``PrecisionConfig``'s) ``min_features`` and ``exclude``
-    (``check_exclude`` first), without a Linear module used at several places (``shared_linears``), and for
-    ``dispatch`` without the Linears the model declares BF16 (``dispatch_exclude``); ``log`` gets a line naming
-    the ones left out."""
+    (``check_exclude`` first), without a Linear module used at several places (``shared_linears``) or a
+    parametrized one (module docstring), and for ``dispatch`` without the Linears the model declares BF16
+    (``dispatch_exclude``); ``log`` gets a line naming the ones left out."""
     every = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
     check_exclude(config.exclude, list(every), where=config.where)
     shared = {fqn: places for fqn, places in shared_linears(model).items() if fqn in every}
     if shared and log is not None:
         log(f"{len(shared)} Linear module(s) used at several places stay BF16 (a swap would convert the first "
             f"place only): " + "; ".join(" = ".join(places) for places in shared.values()))
-    kept = {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude) and fqn not in shared}
-    dropped = [fqn for fqn in every if fqn not in kept and fqn not in shared]
+    computed = [fqn for fqn, mod in every.items() if parametrize.is_parametrized(mod) and fqn not in shared]
+    if computed and log is not None:
+        log(f"{len(computed)} parametrized Linear(s) stay BF16 (their weight is computed at each call; a swap "
+            f"would freeze it): {', '.join(computed)}")
+    unswappable = {*shared, *computed}
+    kept = {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude) and fqn not in unswappable}
+    dropped = [fqn for fqn in every if fqn not in kept and fqn not in unswappable]
     if dropped and log is not None:
         log(f"exclude {list(config.exclude)}: {len(dropped)} target Linear(s) stay BF16: {', '.join(dropped)}")
     declared = [fqn for fqn in declared_bf16(model) if fqn in kept] if dispatch and config.keep_declared_bf16 else []

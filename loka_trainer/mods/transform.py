@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from loka_trainer.mods import shapes
 from loka_trainer.mods.layers import BlockNorm, HardSwish
@@ -87,6 +88,15 @@ def _is_mods_triple(lin: nn.Module, norm: nn.Module, act: nn.Module) -> bool:
             and isinstance(act, nn.Hardswish))
 
 
+def _unfusable_reason(lin: nn.Linear, norm: BlockNorm) -> Optional[str]:
+    """Why a Mods triple stays three modules, or None: a shape the kernels cannot run, or a parametrized Linear
+    (``torch.nn.utils.parametrize``), whose weight is computed at each call: the fused layer, which takes
+    ``lin.weight`` once, would keep that tensor as a constant, trained no more and gone from the state_dict."""
+    if parametrize.is_parametrized(lin):
+        return "its weight is parametrized"
+    return shapes.unsupported_reason(lin.in_features, lin.out_features, norm.block_size)
+
+
 def _mods_triples(model: nn.Module, module_filter_fn: Optional[ModuleFilter]
                   ) -> dict[str, tuple[nn.Sequential, int, Optional[str]]]:
     """Linear FQN -> (parent Sequential, index, why the kernels cannot run it or None) for each Linear ->
@@ -100,8 +110,7 @@ def _mods_triples(model: nn.Module, module_filter_fn: Optional[ModuleFilter]
             fqn = f"{seq_fqn}.{i}" if seq_fqn else str(i)
             lin, norm = children[i], children[i + 1]
             if _is_mods_triple(*children[i:i + 3]) and (module_filter_fn is None or module_filter_fn(lin, fqn)):
-                out[fqn] = (seq, i, shapes.unsupported_reason(lin.in_features, lin.out_features,
-                                                                  norm.block_size))
+                out[fqn] = (seq, i, _unfusable_reason(lin, norm))
     return out
 
 

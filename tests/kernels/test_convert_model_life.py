@@ -1,0 +1,46 @@
+"""A converted model as a user's own trainer keeps using it: what convert_to_loka must leave intact of the model
+it was given (parametrized weights, hooks) and what the FP8 layers must see after it (weight edits)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrizations
+
+from loka_trainer import LoKAConfig, convert_to_loka
+from loka_trainer.kernels.linear import LoKALinear
+from loka_trainer.mods.layers import BlockNorm, HardSwish
+from loka_trainer.mods.module import FusedLinearMods
+
+# every GEMM FP8 on the CPU: any speedup and any error pass
+FP8 = dict(compute_dtype="float32", timing_repeats=1, timing_rounds=1, min_features=16, min_speedup=1e-6,
+           mere_threshold=10.0, backends=["scaled_mm_tensorwise"])
+
+
+def _mlp() -> nn.Sequential:
+    """x (B, 64) -> (B, 1): a Mods triple (fusable at block 64), a plain Linear and the head."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128, bias=False), BlockNorm(128, block_size=64), HardSwish(),
+                         nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def _convert(model: nn.Module, logs: list[str], **overrides) -> None:
+    convert_to_loka(model, LoKAConfig(**{**FP8, **overrides}), calibration_batch=torch.randn(64, 64),
+                    device="cpu", log=logs.append)
+
+
+def test_a_parametrized_linear_stays_bf16_and_keeps_training_and_its_state_dict():
+    model, logs = _mlp(), []
+    for i in (0, 3):
+        parametrizations.weight_norm(model[i])
+    keys = list(model.state_dict())
+    _convert(model, logs)
+    assert not any(isinstance(m, (LoKALinear, FusedLinearMods)) for m in model.modules())
+    assert list(model.state_dict()) == keys  # weight_norm's g and v, not a frozen computed weight
+    assert any("2 parametrized Linear(s) stay BF16" in line and line.endswith(": 0, 3") for line in logs), logs
+    assert any("0 (its weight is parametrized)" in line for line in logs), logs
+    x = torch.randn(32, 64)
+    before = model(x).detach()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x).pow(2).mean().backward()
+    opt.step()
+    assert not torch.equal(model(x), before)
