@@ -18,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 from loka_trainer.kernels.backend_base import GEMMS, QuantOperand
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.triton_env import traced
+from loka_trainer.module_hooks import carry_hooks
 
 
 class WeightCache:
@@ -142,13 +143,15 @@ class LoKALinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, backends: dict[str, str]) -> "LoKALinear":
-        """Swap-in replacement sharing ``linear``'s Parameter objects (optimizer and FSDP state stay valid)."""
+        """Swap-in replacement sharing ``linear``'s Parameter objects (optimizer and FSDP state stay valid) and
+        its hooks (``module_hooks.carry_hooks``: it computes the same function)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
         new.set_backends(backends)
         new._weight_cache = WeightCache()
+        carry_hooks(linear, new)
         return new
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:

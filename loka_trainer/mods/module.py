@@ -24,6 +24,7 @@ from torch import nn
 from loka_trainer.kernels.backends import BASELINE, get_backend
 from loka_trainer.kernels.linear import WeightCache, linear_on_backends
 from loka_trainer.kernels.triton_env import interpreting
+from loka_trainer.module_hooks import FORWARD_PRE_HOOKS, carry_hooks
 from loka_trainer.mods.config import DEFAULT_KERNEL_CONFIG, ModsKernelConfig
 from loka_trainer.mods.layers import BlockNorm, block_rms_norm
 from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
@@ -72,7 +73,9 @@ class FusedLinearMods(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Module, norm: BlockNorm, *, config: ModsKernelConfig = DEFAULT_KERNEL_CONFIG,
                     **kernels: str) -> "FusedLinearMods":
-        """Replacement sharing ``linear.weight`` (the Parameter object itself)."""
+        """Replacement sharing ``linear.weight`` (the Parameter object itself) and the hooks on ``linear``'s input
+        (``module_hooks.FORWARD_PRE_HOOKS``: the fused layer takes the same input; ``mods.transform`` does not
+        fuse a triple with any other hook)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
@@ -82,6 +85,7 @@ class FusedLinearMods(nn.Module):
         new.config = config
         new._weight_cache = WeightCache()
         new._init_handoff()
+        carry_hooks(linear, new, FORWARD_PRE_HOOKS)
         return new
 
     def clear_weight_cache(self) -> None:

@@ -24,6 +24,7 @@ from typing import Callable, Optional
 from torch import nn
 from torch.nn.utils import parametrize
 
+from loka_trainer.module_hooks import ALL_HOOKS, OUTPUT_HOOKS, STATE_DICT_HOOKS, held_hooks
 from loka_trainer.mods import shapes
 from loka_trainer.mods.layers import BlockNorm, HardSwish
 from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
@@ -88,12 +89,18 @@ def _is_mods_triple(lin: nn.Module, norm: nn.Module, act: nn.Module) -> bool:
             and isinstance(act, nn.Hardswish))
 
 
-def _unfusable_reason(lin: nn.Linear, norm: BlockNorm) -> Optional[str]:
-    """Why a Mods triple stays three modules, or None: a shape the kernels cannot run, or a parametrized Linear
-    (``torch.nn.utils.parametrize``), whose weight is computed at each call: the fused layer, which takes
-    ``lin.weight`` once, would keep that tensor as a constant, trained no more and gone from the state_dict."""
+def _unfusable_reason(lin: nn.Linear, norm: BlockNorm, act: nn.Module) -> Optional[str]:
+    """Why a Mods triple stays three modules, or None: a shape the kernels cannot run, a parametrized Linear
+    (``torch.nn.utils.parametrize``), whose weight is computed at each call (the fused layer, which takes
+    ``lin.weight`` once, would keep that tensor as a constant, trained no more and gone from the state_dict), or
+    a hook of the user's that only the three modules can run: any on the norm or the activation, any but a forward
+    pre-hook on the Linear (that one moves to the fused layer, which takes the same input)."""
     if parametrize.is_parametrized(lin):
         return "its weight is parametrized"
+    hooked = [type(m).__name__ for m, kinds in ((lin, OUTPUT_HOOKS + STATE_DICT_HOOKS), (norm, ALL_HOOKS),
+                                                (act, ALL_HOOKS)) if held_hooks(m, kinds)]
+    if hooked:  # the fused layer has no module whose output or state such a hook could see
+        return f"a hook on its {' and '.join(hooked)}"
     return shapes.unsupported_reason(lin.in_features, lin.out_features, norm.block_size)
 
 
@@ -110,7 +117,7 @@ def _mods_triples(model: nn.Module, module_filter_fn: Optional[ModuleFilter]
             fqn = f"{seq_fqn}.{i}" if seq_fqn else str(i)
             lin, norm = children[i], children[i + 1]
             if _is_mods_triple(*children[i:i + 3]) and (module_filter_fn is None or module_filter_fn(lin, fqn)):
-                out[fqn] = (seq, i, _unfusable_reason(lin, norm))
+                out[fqn] = (seq, i, _unfusable_reason(lin, norm, children[i + 2]))
     return out
 
 

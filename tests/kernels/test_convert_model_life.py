@@ -44,3 +44,29 @@ def test_a_parametrized_linear_stays_bf16_and_keeps_training_and_its_state_dict(
     model(x).pow(2).mean().backward()
     opt.step()
     assert not torch.equal(model(x), before)
+
+
+def test_hooks_registered_before_convert_keep_running_and_their_handles_remove_them():
+    model, logs, seen = _mlp(), [], []
+    pre = model[0].register_forward_pre_hook(lambda m, args: seen.append(("pre 0", type(m).__name__)))
+    model[3].register_forward_hook(lambda m, args, out: seen.append(("post 3", type(m).__name__)))
+    model[3].register_forward_pre_hook(lambda m, args: seen.append(("pre 3", type(m).__name__)))
+    _convert(model, logs)
+    assert type(model[0]) is FusedLinearMods and type(model[3]) is LoKALinear
+    seen.clear()  # the calibration forward ran them too
+    model(torch.randn(16, 64))
+    assert seen == [("pre 0", "FusedLinearMods"), ("pre 3", "LoKALinear"), ("post 3", "LoKALinear")]
+    pre.remove()
+    seen.clear()
+    model(torch.randn(16, 64))
+    assert [name for name, _ in seen] == ["pre 3", "post 3"]
+
+
+def test_a_mods_triple_with_a_hook_only_its_own_modules_can_run_stays_unfused_and_named():
+    model, logs, seen = _mlp(), [], []
+    model[1].register_forward_hook(lambda m, args, out: seen.append(out.shape))  # the BlockNorm's output
+    _convert(model, logs, dispatch=False, backends=None)
+    assert type(model[1]) is BlockNorm and not any(isinstance(m, FusedLinearMods) for m in model)
+    assert any("1 stay unfused" in line and "0 (a hook on its BlockNorm)" in line for line in logs), logs
+    model(torch.randn(16, 64))
+    assert seen == [(16, 128)]
