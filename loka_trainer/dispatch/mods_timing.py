@@ -21,10 +21,14 @@ from loka_trainer.dispatch.measure import DEFAULT_OUTLIER_FACTOR, DEFAULT_ROUNDS
 from loka_trainer.mods.module import FusedLinearMods
 
 
-def _random_layer(M: int, K: int, N: int, device) -> tuple[torch.Tensor, nn.Parameter]:
-    """x (M, K) a random bf16 leaf that requires grad, w (N, K) a random bf16 Parameter, on ``device``."""
-    x = torch.randn(M, K, device=device, dtype=torch.bfloat16, requires_grad=True)
-    return x, nn.Parameter((torch.randn(N, K, device=device) / K ** 0.5).to(torch.bfloat16))
+def _random_step_operands(M: int, K: int, N: int, device) -> tuple[torch.Tensor, nn.Parameter, torch.Tensor]:
+    """x (M, K) a random bf16 leaf that requires grad, w (N, K) a random bf16 Parameter, dy (M, N) random bf16, on
+    ``device``, drawn from a generator of their own: converting a model must not move the user's random stream
+    (a run that measures its plan and one that loads it would then draw different dropout masks)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(M, K, device=device, generator=gen).to(torch.bfloat16).requires_grad_()
+    w = nn.Parameter((torch.randn(N, K, device=device, generator=gen) / K ** 0.5).to(torch.bfloat16))
+    return x, w, torch.randn(M, N, device=device, generator=gen).to(torch.bfloat16)
 
 
 def _layer(w: nn.Parameter, *, block: int, eps: float, mode: str, dgrad: str = "bf16",
@@ -90,8 +94,7 @@ def _time_steps(M: int, K: int, N: int, kernels: dict[str, dict[str, str]], *, b
     """name -> µs per round of one training step of the layer with ``kernels[name]`` (mode, dgrad, wgrad), all
     sharing one random bf16 x (M, K), w (N, K), dy (M, N); gradients written fresh, as after
     ``zero_grad(set_to_none=True)``."""
-    x, w = _random_layer(M, K, N, device)
-    dy = torch.randn(M, N, device=device, dtype=torch.bfloat16)
+    x, w, dy = _random_step_operands(M, K, N, device)
     layers = {name: _layer(w, block=block, eps=eps, **k) for name, k in kernels.items()}
 
     def step(layer: FusedLinearMods) -> None:

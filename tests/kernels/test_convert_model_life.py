@@ -70,3 +70,17 @@ def test_a_mods_triple_with_a_hook_only_its_own_modules_can_run_stays_unfused_an
     assert any("1 stay unfused" in line and "0 (a hook on its BlockNorm)" in line for line in logs), logs
     model(torch.randn(16, 64))
     assert seen == [(16, 128)]
+
+
+def test_timing_the_fused_mods_layers_leaves_the_users_random_stream_alone():
+    """Dispatch times each fused layer (on a GPU, inside convert_to_loka) at random operands: drawn from the global
+    generator, they would move the user's stream, and a run measuring its plan would draw other dropout masks
+    than the same run loading that plan."""
+    from loka_trainer.dispatch import mods_timing
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    shape, common = (32, 64, 256), dict(wgrad="bf16", block=256, eps=1e-6, timer=lambda fn: (fn(), 1.0)[1],
+                                        device="cpu", rounds=1)
+    mods_timing.time_modes(*shape, ["split_bf16"], **common)
+    mods_timing.time_input_grads(*shape, ["bf16"], mode="split_bf16", **common)
+    assert torch.equal(torch.get_rng_state(), before)
