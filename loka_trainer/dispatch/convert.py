@@ -139,10 +139,10 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
             plan = build_plan(model, linears, config=config, device=device,
                               calibration_batch=calibration_batch) if is_rank0() else None
             plan = broadcast_plan(plan)
-            unreached = [fqn for fqn in linears if fqn not in plan.layers]
-            if unreached:
-                log(f"{len(unreached)} target Linear(s) the calibration batch's forward did not reach stay BF16: "
-                    + ", ".join(unreached))
+        unplanned = [fqn for fqn in linears if fqn not in plan.layers]
+        if unplanned:  # a loaded plan may come from a smaller model or config, or have been trimmed by hand
+            why = "the calibration batch's forward did not reach" if config.plan is None else "the plan does not name"
+            log(f"{len(unplanned)} target Linear(s) {why} stay BF16: " + ", ".join(unplanned))
         validate_plan(plan, {f: (m.in_features, m.out_features) for f, m in linears.items()},
                       list(available_backends(device)), mods_modes={m: f.fp8 for m, f in FORWARD_MODES.items()})
         swap_in_lokalinears(model, plan)

@@ -23,9 +23,9 @@ def _mlp() -> nn.Sequential:
                          nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 1))
 
 
-def _convert(model: nn.Module, logs: list[str], **overrides) -> None:
+def _convert(model: nn.Module, logs: list[str], run_dir=None, **overrides) -> None:
     convert_to_loka(model, LoKAConfig(**{**FP8, **overrides}), calibration_batch=torch.randn(64, 64),
-                    device="cpu", log=logs.append)
+                    device="cpu", run_dir=run_dir, log=logs.append)
 
 
 def test_a_parametrized_linear_stays_bf16_and_keeps_training_and_its_state_dict():
@@ -84,3 +84,12 @@ def test_timing_the_fused_mods_layers_leaves_the_users_random_stream_alone():
     mods_timing.time_modes(*shape, ["split_bf16"], **common)
     mods_timing.time_input_grads(*shape, ["bf16"], mode="split_bf16", **common)
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_loaded_plan_that_does_not_name_every_target_says_which_stay_bf16(tmp_path):
+    small, logs = _mlp(), []
+    _convert(small, logs, mods=False, run_dir=tmp_path / "small")
+    wider = nn.Sequential(*_mlp(), nn.Linear(1, 32), nn.Linear(32, 32))  # the same layers and one target more
+    _convert(wider, logs, mods=False, plan=str(tmp_path / "small" / "dispatch_plan.json"))
+    assert type(wider[0]) is LoKALinear and type(wider[7]) is nn.Linear
+    assert "1 target Linear(s) the plan does not name stay BF16: 7" in logs
