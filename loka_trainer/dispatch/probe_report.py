@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPORT_FILE = "report.json"
+TORCH_SAVE_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive, as the Probe's stats.pt is
 
 
 def report_path(probe_stats: str) -> Path:
@@ -20,11 +21,19 @@ def report_path(probe_stats: str) -> Path:
 
 
 def existing_report(probe_stats: str) -> Path:
-    """`report_path`, or a one-line ValueError when no such file exists (reads nothing)."""
+    """`report_path`, or a one-line ValueError when no such file exists or it is the Probe's statistics file
+    (``stats.pt``, what the name ``probe_stats`` suggests, not the report made from it; read: its first bytes)."""
     path = report_path(probe_stats)
+    make_one = f"run `python -m loka_trainer.probe.report STATS_DIR`, then name STATS_DIR or its {REPORT_FILE}"
     if not path.is_file():
-        raise ValueError(f"{str(path)!r} does not exist (run `python -m loka_trainer.probe.report STATS_DIR`, "
-                         f"then name STATS_DIR or its {REPORT_FILE})")
+        raise ValueError(f"{str(path)!r} does not exist ({make_one})")
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(TORCH_SAVE_MAGIC))
+    except OSError:
+        return path  # read_probe_report names the error in its one line
+    if head == TORCH_SAVE_MAGIC:
+        raise ValueError(f"{str(path)!r} is the Probe's statistics, not its report ({make_one})")
     return path
 
 

@@ -111,3 +111,12 @@ def test_train_py_refuses_a_report_of_another_model_before_anything_starts(probe
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: precision.probe_stats:") and "reports none of this model's" in line
     assert not run_dir.exists()
+
+
+def test_the_probes_statistics_file_named_as_probe_stats_says_to_make_the_report_first(tmp_path):
+    """``probe_stats`` reads like the Probe's stats.pt; Dispatch reads the report made from it."""
+    from loka_trainer.probe.stats_io import STATS_FILE
+    torch.save({"layers": {}}, tmp_path / STATS_FILE)
+    with pytest.raises(ValueError, match=r"^LoKAConfig.probe_stats: '.*stats.pt' is the Probe's statistics, not its "
+                                         r"report \(run `python -m loka_trainer.probe.report STATS_DIR`"):
+        LoKAConfig(probe_stats=str(tmp_path / STATS_FILE)).validate()
