@@ -93,3 +93,28 @@ def test_a_loaded_plan_that_does_not_name_every_target_says_which_stay_bf16(tmp_
     _convert(wider, logs, mods=False, plan=str(tmp_path / "small" / "dispatch_plan.json"))
     assert type(wider[0]) is LoKALinear and type(wider[7]) is nn.Linear
     assert "1 target Linear(s) the plan does not name stay BF16: 7" in logs
+
+
+def test_weight_writes_between_steps_reach_the_fp8_casts_as_the_readme_says():
+    """In place (``load_state_dict``, ``p.copy_`` under no_grad): re-cast at the next forward. Through ``p.data``
+    (autograd's version counter does not count it): seen at the next optimizer step."""
+    from loka_trainer import register_weight_cache_hook
+    model, logs = _mlp(), []
+    _convert(model, logs)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # a step that changes no weight, only clears the casts
+    register_weight_cache_hook(model, opt)
+    x, weight = torch.randn(16, 64), model[3].weight
+
+    def after_write(write) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output right after ``write``, output once the optimizer stepped)."""
+        model(x)  # casts the weight as it is
+        with torch.no_grad():
+            write()
+        out = model(x)
+        opt.step()
+        return out, model(x)
+
+    now, after_step = after_write(lambda: weight.copy_(torch.randn_like(weight)))
+    assert torch.equal(now, after_step)
+    now, after_step = after_write(lambda: weight.data.copy_(torch.randn_like(weight)))
+    assert not torch.equal(now, after_step)
