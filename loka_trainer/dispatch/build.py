@@ -16,7 +16,7 @@ from loka_trainer.dispatch.config import LoKAConfig
 from loka_trainer.dispatch.measure import TimingCache, build_layer_plan
 from loka_trainer.dispatch.mods_timing import time_input_grads, time_modes
 from loka_trainer.dispatch.plan import DispatchPlan, LayerPlan, ModsChoice
-from loka_trainer.dispatch.probe_report import read_probe_report, report_mismatch, report_path
+from loka_trainer.dispatch.probe_report import read_probe_report, report_mismatch, report_path, floor_mismatch
 from loka_trainer.dispatch.select import Times, accuracy_rejection, as_rounds, select_mods_mode
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.triton_env import triton_importable
@@ -38,14 +38,16 @@ def plan_timers(config: LoKAConfig, device) -> tuple[Timer, Timer]:
 
 def probe_mere_for(linears: dict[str, nn.Linear], config: LoKAConfig) -> dict[str, dict[str, float]]:
     """FQN -> backend -> forward MERE from ``config.probe_stats`` ({} without); ValueError (one line) when the
-    report does not fit ``linears`` (`probe_report.report_mismatch`)."""
+    report does not fit ``linears`` (`probe_report.report_mismatch`) or was made with other MERE settings
+    (`probe_report.floor_mismatch`)."""
     if config.probe_stats is None:
         return {}
     try:
         reported = read_probe_report(config.probe_stats)
     except ValueError as exc:
         raise ValueError(f"{config.where}.probe_stats: {exc}") from None
-    wrong = report_mismatch(reported, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()})
+    wrong = (report_mismatch(reported, {fqn: (m.in_features, m.out_features) for fqn, m in linears.items()})
+             or floor_mismatch(config.probe_stats, config.mere_zero_floor))
     if wrong:
         raise ValueError(f"{config.where}.probe_stats: {str(report_path(config.probe_stats))!r} {wrong}")
     return {fqn: layer.mere for fqn, layer in reported.items()}

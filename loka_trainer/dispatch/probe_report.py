@@ -81,3 +81,15 @@ def report_mismatch(reported: dict[str, ReportedLayer], targets: dict[str, tuple
     if other:
         return f"reports {len(other)} layer(s) at another shape (report vs model, K x N): {', '.join(other[:3])}"
     return ""
+
+
+def floor_mismatch(probe_stats: str, zero_floor: float) -> str:
+    """'' when the report's MERE has Dispatch's denominator floor (``probe.mere``: ``--zero-floor`` in the report,
+    ``mere_zero_floor`` in Dispatch; a report that does not record it is not compared), else what differs and the
+    report command that matches. (The operand dtype may differ: FP8's error dwarfs BF16's rounding of its inputs.)"""
+    made = json.loads(report_path(probe_stats).read_bytes()).get("zero_floor")
+    if made is None or made == zero_floor:
+        return ""
+    return (f"was made with --zero-floor {made} but Dispatch measures with mere_zero_floor={zero_floor}, so its MERE "
+            f"would not compare with the threshold as Dispatch's own: remake it with `python -m "
+            f"loka_trainer.probe.report STATS_DIR --zero-floor {zero_floor}`")

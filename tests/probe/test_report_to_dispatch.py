@@ -120,3 +120,14 @@ def test_the_probes_statistics_file_named_as_probe_stats_says_to_make_the_report
     with pytest.raises(ValueError, match=r"^LoKAConfig.probe_stats: '.*stats.pt' is the Probe's statistics, not its "
                                          r"report \(run `python -m loka_trainer.probe.report STATS_DIR`"):
         LoKAConfig(probe_stats=str(tmp_path / STATS_FILE)).validate()
+
+
+def test_a_report_made_with_another_zero_floor_is_refused_in_one_line(probe_dir, tmp_path):
+    """Its forward MERE would have other denominators than the backward MEREs Dispatch measures beside it, all
+    held to one threshold."""
+    report = json.loads((probe_dir / "report.json").read_text())
+    report["zero_floor"] = 0.1
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    with pytest.raises(ValueError, match=r"^LoKAConfig.probe_stats: .* was made with --zero-floor 0.1 but Dispatch "
+                                         r"measures with mere_zero_floor=0.01, .* --zero-floor 0.01`$"):
+        _convert(tmp_path / "report.json")
