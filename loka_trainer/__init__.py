@@ -7,7 +7,7 @@ The public API, in the manner of torchao's ``convert_to_float8_training``::
     apply_mods(model)                      # Linear -> norm -> activation blocks become the Mods (before training)
     plan = convert_to_loka(model, LoKAConfig(), calibration_batch=batch)   # Mods fusion + Dispatch
     optimizer = torch.optim.AdamW(model.parameters())
-    register_weight_cache_hook(model, optimizer)   # cached FP8 weights follow the optimizer's steps
+    register_weight_cache_hook(model, optimizer)   # FP8 weight casts reused until each optimizer step
 
 ``ProbeCallback`` (with ``TrainState``) collects the LoKA Probe's statistics during training; ``run_bench``,
 ``BenchOptions``, ``ModuleProvider`` and ``write_results`` are the Component Benchmark's entry.

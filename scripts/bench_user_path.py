@@ -71,9 +71,14 @@ def plain_mods(K: int, N: int, block: int = 256) -> nn.Module:
 def training_step(model: nn.Module, x: torch.Tensor, dy: torch.Tensor, *, new_weights: bool = True
                   ) -> Callable[[], None]:
     """One forward + backward, gradients written fresh (x (M, K) a leaf that requires grad, dy (M, N));
-    ``new_weights``: the LoKA layers' FP8 weight caches are cleared first, as the optimizer's step does."""
+    ``new_weights``: the LoKA layers' FP8 weight caches are cleared first, as the optimizer's step does; else they
+    reuse their operands across calls, as between the steps of an optimizer ``register_weight_cache_hook`` ties
+    them to."""
     params = [p for p in model.parameters()]
     caches = weight_caches(model) if new_weights else []
+    if not new_weights:
+        for cache in weight_caches(model):
+            cache.reuse = True
 
     def step() -> None:
         x.grad = None

@@ -3,9 +3,10 @@
 Notation: M = prod(leading dims of x), K in_features, N out_features.
 
 Same parameters and state_dict keys as ``nn.Linear`` (it *is* an ``nn.Linear``), so it loads an ``nn.Linear``
-checkpoint and its checkpoint loads back into an ``nn.Linear``. The weight operands of forward and
-input-grad are quantized once per weight version and optimizer step (``WeightCache``) and reused by every
-GEMM and forward until the next step; ``register_weight_cache_hook`` ties the caches to the optimizer.
+checkpoint and its checkpoint loads back into an ``nn.Linear``. Once ``register_weight_cache_hook`` ties the
+layers to the optimizer, the weight operands of forward and input-grad are quantized once per weight version and
+optimizer step (``WeightCache``) and reused by every GEMM and forward until the next step; before, each forward
+quantizes them afresh.
 """
 from __future__ import annotations
 
@@ -23,22 +24,38 @@ from loka_trainer.module_hooks import carry_hooks
 
 class WeightCache:
     """Quantized weight operands keyed by (backend, gemm), valid while the weight's storage and version hold and
-    until ``clear()``.
+    until ``clear()``; served to later calls only while ``reuses`` (else each ``get`` quantizes afresh).
 
     NOTE: (data_ptr, version) alone is not a safe key under FSDP2: the all-gather rewrites the unsharded weight
     without bumping its version counter, and the allocator may give it the same address the next step, which
-    served the previous step's FP8 weight (seen in a 2-rank test). So the optimizer's step clears the caches
-    (``register_weight_cache_hook``), and loading a state_dict clears them too.
+    served the previous step's FP8 weight (seen in a 2-rank test); an optimizer that writes ``p.data`` (a common
+    idiom in hand-written ones) bumps no version either, so a cache no step clears would serve its first step's
+    FP8 weights to every later one. So a LoKA layer's cache (``reuse=False``) reuses operands only while an
+    optimizer step hook clears it (``register_weight_cache_hook``), and loading a state_dict clears it too. A copy
+    (``copy.deepcopy``, pickling) starts empty and unhooked: the hook belongs to the original's optimizer.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse  # reuse operands across calls without a hook (a cache a caller clears itself)
+        self.hooks = 0  # optimizer step hooks that clear this cache (``register_weight_cache_hook``)
         self._key: Optional[tuple[int, int]] = None
         self._ops: dict[tuple[str, str], QuantOperand] = {}
         self.num_casts = 0  # how many times an operand was quantized (tests assert once per step)
 
+    @property
+    def reuses(self) -> bool:
+        """Whether an operand serves later calls (until the weight changes or ``clear()``)."""
+        return self.reuse or self.hooks > 0
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "hooks": 0, "_key": None, "_ops": {}}
+
     def get(self, w: torch.Tensor, backend_name: str, gemm: str) -> QuantOperand:
         """w (N, K) -> the cached operand for ``gemm`` ('forward' | 'input_grad') of ``backend_name``."""
         if traced(w):  # a Python-side cache would break the graph (a fake w has no address); compile fuses the cast
+            return self._quantize(w, backend_name, gemm)
+        if not self.reuses:
+            self.num_casts += 1
             return self._quantize(w, backend_name, gemm)
         key = (w.data_ptr(), w._version)
         if key != self._key:
@@ -130,7 +147,7 @@ class LoKALinear(nn.Linear):
                  backends: Optional[dict[str, str]] = None, device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.set_backends(backends or {})
-        self._weight_cache = WeightCache()
+        self._weight_cache = WeightCache(reuse=False)
 
     def set_backends(self, backends: dict[str, str]) -> None:
         """Route each GEMM; missing GEMMs stay BF16; unknown GEMM or backend -> ValueError."""
@@ -150,7 +167,7 @@ class LoKALinear(nn.Linear):
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
         new.set_backends(backends)
-        new._weight_cache = WeightCache()
+        new._weight_cache = WeightCache(reuse=False)
         carry_hooks(linear, new)
         return new
 
@@ -176,9 +193,27 @@ def weight_caches(model: nn.Module) -> list[WeightCache]:
     return [c for m in model.modules() if isinstance(c := getattr(m, "_weight_cache", None), WeightCache)]
 
 
-def register_weight_cache_hook(model: nn.Module, optimizer: torch.optim.Optimizer) -> RemovableHandle:
+class WeightCacheHook:
+    """What ``register_weight_cache_hook`` returns: ``remove()`` detaches the optimizer hook, and the caches it
+    cleared quantize afresh at each call again (unless another hook still clears them)."""
+
+    def __init__(self, handle: RemovableHandle, caches: list[WeightCache]) -> None:
+        self._handle, self._caches = handle, caches
+
+    def remove(self) -> None:
+        if self._handle is None:
+            return
+        self._handle.remove()
+        self._handle = None
+        for cache in self._caches:
+            cache.hooks -= 1
+            cache.clear()
+
+
+def register_weight_cache_hook(model: nn.Module, optimizer: torch.optim.Optimizer) -> WeightCacheHook:
     """Clear the cached FP8 weight operands of ``model``'s LoKA layers after every ``optimizer.step()``, so the next
-    forward quantizes the new weights (``WeightCache``'s note says why a step must clear them). Call it after
+    forward quantizes the new weights (``WeightCache``'s note says why a step must clear them), and from now on let
+    the layers reuse those operands between steps (without the hook each forward quantizes afresh). Call it after
     ``convert_to_loka`` (it finds the layers then) with the optimizer that updates those weights; the returned
     handle's ``remove()`` detaches it."""
     caches = weight_caches(model)
@@ -186,4 +221,7 @@ def register_weight_cache_hook(model: nn.Module, optimizer: torch.optim.Optimize
     def clear_caches(opt, args, kwargs) -> None:
         for cache in caches:
             cache.clear()
-    return optimizer.register_step_post_hook(clear_caches)
+    handle = optimizer.register_step_post_hook(clear_caches)
+    for cache in caches:
+        cache.hooks += 1
+    return WeightCacheHook(handle, caches)

@@ -56,7 +56,7 @@ class FusedLinearMods(nn.Module):
         self.block_size, self.eps = block_size, eps
         self.set_kernels(mode=mode, dgrad=dgrad, wgrad=wgrad)
         self.config = config
-        self._weight_cache = WeightCache()
+        self._weight_cache = WeightCache(reuse=False)
         self._init_handoff()
 
     def set_kernels(self, *, mode: str, dgrad: str, wgrad: str) -> None:
@@ -83,7 +83,7 @@ class FusedLinearMods(nn.Module):
         new.block_size, new.eps = norm.block_size, norm.eps
         new.set_kernels(**{"mode": DEFAULT_FORWARD_MODE, "dgrad": "bf16", "wgrad": "bf16", **kernels})
         new.config = config
-        new._weight_cache = WeightCache()
+        new._weight_cache = WeightCache(reuse=False)
         new._init_handoff()
         carry_hooks(linear, new, FORWARD_PRE_HOOKS)
         return new

@@ -118,3 +118,52 @@ def test_weight_writes_between_steps_reach_the_fp8_casts_as_the_readme_says():
     assert torch.equal(now, after_step)
     now, after_step = after_write(lambda: weight.data.copy_(torch.randn_like(weight)))
     assert not torch.equal(now, after_step)
+
+
+class DataSGD(torch.optim.Optimizer):
+    """SGD written as many hand-made optimizers still are: through ``p.data``, which bumps no version counter."""
+
+    def __init__(self, params, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure=None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-group["lr"])
+
+
+def _served_vs_weights(model: nn.Module, x: torch.Tensor) -> float:
+    """Largest gap between ``model(x)`` and the same converted model, uncached, holding its current weights."""
+    fresh, logs = _mlp(), []
+    _convert(fresh, logs)
+    fresh.load_state_dict(model.state_dict())
+    return (model(x) - fresh(x)).abs().max().item()
+
+
+def test_without_the_cache_hook_an_optimizer_writing_p_data_trains_the_weights_the_forward_uses():
+    """Its steps bump no version counter: a cache reused across them would serve the first step's FP8 weights to
+    every later forward (the loss hardly moves then)."""
+    model, logs = _mlp(), []
+    _convert(model, logs)
+    opt, x = DataSGD(model.parameters(), lr=0.5), torch.randn(64, 64)
+    for _ in range(3):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert _served_vs_weights(model, x) == 0.0
+
+
+def test_a_copy_of_a_hooked_model_is_not_served_by_the_originals_hook():
+    """An EMA or evaluation copy (deepcopy) has no optimizer clearing its casts: it casts afresh at each call."""
+    import copy
+
+    from loka_trainer import register_weight_cache_hook
+    model, logs = _mlp(), []
+    _convert(model, logs)
+    register_weight_cache_hook(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ema, x = copy.deepcopy(model), torch.randn(64, 64)
+    ema(x)
+    for p in ema.parameters():
+        p.data.mul_(0.5)
+    assert _served_vs_weights(ema, x) == 0.0
