@@ -10,6 +10,7 @@ quantizes them afresh.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -23,8 +24,9 @@ from loka_trainer.module_hooks import carry_hooks
 
 
 class WeightCache:
-    """Quantized weight operands keyed by (backend, gemm), valid while the weight's storage and version hold and
-    until ``clear()``; served to later calls only while ``reuses`` (else each ``get`` quantizes afresh).
+    """Quantized weight operands keyed by (backend, gemm), valid while the weight tensor, its storage and its
+    version hold and until ``clear()``; served to later calls only while ``reuses`` (else each ``get`` quantizes
+    afresh).
 
     NOTE: (data_ptr, version) alone is not a safe key under FSDP2: the all-gather rewrites the unsharded weight
     without bumping its version counter, and the allocator may give it the same address the next step, which
@@ -39,6 +41,9 @@ class WeightCache:
         self.reuse = reuse  # reuse operands across calls without a hook (a cache a caller clears itself)
         self.hooks = 0  # optimizer step hooks that clear this cache (``register_weight_cache_hook``)
         self._key: Optional[tuple[int, int]] = None
+        # the weight the operands were cast from: another tensor at the freed one's address and version 0 (what
+        # ``torch.func.functional_call`` with temporary parameters gives each call) is another weight
+        self._source: Optional[weakref.ref] = None
         self._ops: dict[tuple[str, str], QuantOperand] = {}
         self.num_casts = 0  # how many times an operand was quantized (tests assert once per step)
 
@@ -48,7 +53,7 @@ class WeightCache:
         return self.reuse or self.hooks > 0
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "hooks": 0, "_key": None, "_ops": {}}
+        return {**self.__dict__, "hooks": 0, "_key": None, "_ops": {}, "_source": None}
 
     def get(self, w: torch.Tensor, backend_name: str, gemm: str) -> QuantOperand:
         """w (N, K) -> the cached operand for ``gemm`` ('forward' | 'input_grad') of ``backend_name``."""
@@ -58,8 +63,8 @@ class WeightCache:
             self.num_casts += 1
             return self._quantize(w, backend_name, gemm)
         key = (w.data_ptr(), w._version)
-        if key != self._key:
-            self._key, self._ops = key, {}
+        if key != self._key or self._source is None or self._source() is not w:
+            self._key, self._ops, self._source = key, {}, weakref.ref(w)
         if (backend_name, gemm) not in self._ops:
             self._ops[(backend_name, gemm)] = self._quantize(w, backend_name, gemm)
             self.num_casts += 1
@@ -72,7 +77,7 @@ class WeightCache:
 
     def clear(self) -> None:
         """Forget every operand (the optimizer stepped, or the weight was loaded from a state_dict)."""
-        self._key, self._ops = None, {}
+        self._key, self._ops, self._source = None, {}, None
 
     @staticmethod
     def _quantize(w: torch.Tensor, backend_name: str, gemm: str) -> QuantOperand:

@@ -167,3 +167,24 @@ def test_a_copy_of_a_hooked_model_is_not_served_by_the_originals_hook():
     for p in ema.parameters():
         p.data.mul_(0.5)
     assert _served_vs_weights(ema, x) == 0.0
+
+
+def test_functional_call_with_temporary_weights_is_served_each_calls_own_weights():
+    """``torch.func.functional_call`` with parameters made for the call: each temporary is freed after it and the
+    next one, of the same size, takes its address at version 0, the key the hooked cache served the old cast by."""
+    from torch.func import functional_call
+
+    from loka_trainer import register_weight_cache_hook
+    model, logs = _mlp(), []
+    _convert(model, logs)
+    register_weight_cache_hook(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, params = torch.randn(16, 64), dict(model.named_parameters())
+    for scale in (0.5, 2.0, -1.0):
+        scaled = {name: p.detach() * scale for name, p in params.items()}
+        with torch.no_grad():
+            out = functional_call(model, scaled, (x,))
+            fresh, logs = _mlp(), []
+            _convert(fresh, logs)
+            fresh.load_state_dict(scaled)
+            assert torch.equal(out, fresh(x))
+        del scaled
