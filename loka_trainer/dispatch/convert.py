@@ -115,11 +115,13 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     ``calibration_batch``: one real input, ``model(calibration_batch)``, that Dispatch measures each target
     Linear at (not needed with ``config.plan``). ``module_filter_fn(module, fqn) -> bool`` restricts the targets
     and the fused triples. ``device``: where Dispatch measures (default: CUDA if available, else CPU). Under
-    torch.distributed rank 0 measures and broadcasts its plan (a collective: call it on every rank).
+    torch.distributed rank 0 measures and broadcasts its plan (a collective: call it on every rank). A model
+    wrapped by ``torch.compile`` or DDP is converted inside the wrapper (``unwrapped``).
     """
     if not isinstance(config, LoKAConfig):
         raise TypeError(f"convert_to_loka: config must be a LoKAConfig, got {type(config).__name__}")
     config.validate()
+    model = unwrapped(model)
     check_convertible(model, config, run_dir)
     converted = [fqn for fqn, m in model.named_modules() if isinstance(m, (LoKALinear, FusedLinearMods))]
     if converted:  # its plan would cover only the layers still plain, and run_dir's plan would be replaced
@@ -152,6 +154,17 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     if config.dispatch and run_dir is not None and is_rank0():  # kept as loaded: ``exclude`` applies on each load
         log(record_plan(plan, Path(run_dir) / PLAN_FILE, source=config.plan))
     return plan
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The user's model inside ``torch.compile``'s and DDP's wrappers, which share its modules: converted there, its
+    layers keep in the plan the names they have without the wrapper and in the LoKA Probe's reports
+    (``probe.targets.clean_fqn``), and Dispatch's calibration forward compiles nothing."""
+    from torch._dynamo.eval_frame import OptimizedModule  # noqa: PLC0415 -- dynamo imports slowly
+    wrappers = {OptimizedModule: "_orig_mod", nn.parallel.DistributedDataParallel: "module"}
+    while (inner := next((a for cls, a in wrappers.items() if isinstance(model, cls)), None)) is not None:
+        model = getattr(model, inner)
+    return model
 
 
 def check_convertible(model: nn.Module, config: LoKAConfig, run_dir: Optional[Path]) -> None:

@@ -2,6 +2,8 @@
 it was given (parametrized weights, hooks) and what the FP8 layers must see after it (weight edits)."""
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import nn
 from torch.nn.utils import parametrizations
@@ -188,3 +190,17 @@ def test_functional_call_with_temporary_weights_is_served_each_calls_own_weights
             fresh.load_state_dict(scaled)
             assert torch.equal(out, fresh(x))
         del scaled
+
+
+def test_a_compiled_model_is_converted_inside_its_wrapper_under_the_names_the_probe_gives_its_layers(tmp_path):
+    """``torch.compile(model)`` first, then convert_to_loka: converting the wrapper itself would name every layer
+    ``_orig_mod.N`` in the plan, which then loads into no uncompiled model and fits no Probe report (whose names
+    drop the wrapper)."""
+    from loka_trainer.probe.targets import clean_fqn
+    model, logs = _mlp(), []
+    compiled = torch.compile(model)
+    _convert(compiled, logs, run_dir=tmp_path / "compiled")
+    assert type(model[0]) is FusedLinearMods and type(model[3]) is LoKALinear and compiled._orig_mod is model
+    plan = json.loads((tmp_path / "compiled" / "dispatch_plan.json").read_text())
+    assert sorted(plan["layers"]) == sorted(clean_fqn(f) for f in plan["layers"]) == ["0", "3"]
+    _convert(_mlp(), logs, plan=str(tmp_path / "compiled" / "dispatch_plan.json"))  # the same model, uncompiled
