@@ -21,7 +21,7 @@ from loka_trainer.config import DENSE_OPTIMIZERS, RunConfig
 from loka_trainer.data import build_stream, data_schema
 from loka_trainer.data.batch import Batch
 from loka_trainer.dispatch.compile import reserve_compile_cache
-from loka_trainer.kernels.linear import register_weight_cache_hook
+from loka_trainer.kernels.linear import register_weight_cache_hook, weight_caches
 from loka_trainer.models.summary import count_parameters, dense_flops_per_example
 from loka_trainer.models.zoo import build_model
 from loka_trainer.precision import apply_precision
@@ -82,7 +82,8 @@ def build_dense_optimizer(model: nn.Module, run: RunConfig) -> torch.optim.Optim
     if run.trainer.weight_decay:
         kwargs["weight_decay"] = run.trainer.weight_decay
     optimizer = DENSE_OPTIMIZERS[run.trainer.dense_optimizer](params, **kwargs)
-    register_weight_cache_hook(model, optimizer)
+    if weight_caches(model):  # LoKA layers only
+        register_weight_cache_hook(model, optimizer)
     return optimizer
 
 

@@ -10,6 +10,7 @@ quantizes them afresh.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Optional
 
@@ -220,8 +221,11 @@ def register_weight_cache_hook(model: nn.Module, optimizer: torch.optim.Optimize
     forward quantizes the new weights (``WeightCache``'s note says why a step must clear them), and from now on let
     the layers reuse those operands between steps (without the hook each forward quantizes afresh). Call it after
     ``convert_to_loka`` (it finds the layers then) with the optimizer that updates those weights; the returned
-    handle's ``remove()`` detaches it."""
+    handle's ``remove()`` detaches it. A model with no LoKA layer yet gets a warning: nothing would be reused."""
     caches = weight_caches(model)
+    if not caches:
+        warnings.warn("register_weight_cache_hook: the model has no LoKA layer (call it after convert_to_loka); "
+                      "the hook clears nothing", stacklevel=2)
 
     def clear_caches(opt, args, kwargs) -> None:
         for cache in caches:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from torch import nn
 from torch.nn.utils import parametrizations
 
-from loka_trainer import LoKAConfig, convert_to_loka
-from loka_trainer.kernels.linear import LoKALinear
+from loka_trainer import LoKAConfig, convert_to_loka, register_weight_cache_hook
+from loka_trainer.kernels.linear import LoKALinear, weight_caches
 from loka_trainer.mods.layers import BlockNorm, HardSwish
 from loka_trainer.mods.module import FusedLinearMods
 
@@ -204,3 +205,15 @@ def test_a_compiled_model_is_converted_inside_its_wrapper_under_the_names_the_pr
     plan = json.loads((tmp_path / "compiled" / "dispatch_plan.json").read_text())
     assert sorted(plan["layers"]) == sorted(clean_fqn(f) for f in plan["layers"]) == ["0", "3"]
     _convert(_mlp(), logs, plan=str(tmp_path / "compiled" / "dispatch_plan.json"))  # the same model, uncompiled
+
+
+def test_the_weight_cache_hook_before_convert_warns_and_after_it_ties_every_loka_layer():
+    model, logs = _mlp(), []
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(UserWarning, match="no LoKA layer"):
+        register_weight_cache_hook(model, opt)
+    _convert(model, logs)
+    caches = weight_caches(model)
+    assert caches and all(c.hooks == 0 for c in caches)  # the early hook found nothing to tie
+    register_weight_cache_hook(model, opt)
+    assert all(c.hooks == 1 for c in caches)
