@@ -14,6 +14,9 @@ from loka_trainer.probe.mere import DEFAULT_ZERO_FLOOR
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 DISPATCH_ONLY_FIELDS = ("plan", "probe_stats", "exclude", "backends")  # read by Dispatch alone (torchao: exclude)
+# read only while Dispatch measures a plan: a loaded plan (``plan``) runs as it was measured
+MEASUREMENT_FIELDS = ("probe_stats", "mere_threshold", "mere_zero_floor", "max_flushed_fraction", "min_speedup",
+                      "timing_repeats", "timing_rounds", "timing_outlier_factor", "gpu_timer", "layer_timer")
 
 
 @dataclasses.dataclass
@@ -97,3 +100,10 @@ class LoKAConfig:
             if bad:
                 raise ValueError(f"{at}.backends: unknown {bad}; valid: {sorted(BACKENDS)}")
         return self
+
+    def unread_with_plan(self) -> list[str]:
+        """The measurement settings set away from their defaults that a loaded ``plan`` leaves unread."""
+        if self.plan is None:
+            return []
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return [name for name in MEASUREMENT_FIELDS if getattr(self, name) != defaults[name]]

@@ -137,6 +137,8 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
         if config.plan is not None:
             plan = without_excluded(load_plan(config.plan, where=f"{config.where}.plan"),
                                     dispatch_exclude(model, config))
+            if unread := config.unread_with_plan():
+                log(f"the plan {config.plan} runs as it was measured; these settings are not read: {', '.join(unread)}")
         else:
             plan = build_plan(model, linears, config=config, device=device,
                               calibration_batch=calibration_batch) if is_rank0() else None

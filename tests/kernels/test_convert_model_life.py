@@ -217,3 +217,14 @@ def test_the_weight_cache_hook_before_convert_warns_and_after_it_ties_every_loka
     assert caches and all(c.hooks == 0 for c in caches)  # the early hook found nothing to tie
     register_weight_cache_hook(model, opt)
     assert all(c.hooks == 1 for c in caches)
+
+
+def test_a_loaded_plan_names_the_measurement_settings_it_leaves_unread(tmp_path):
+    logs = []
+    _convert(_mlp(), logs, mods=False, run_dir=tmp_path)
+    plan = str(tmp_path / "dispatch_plan.json")
+    convert_to_loka(_mlp(), LoKAConfig(plan=plan, mods=False, min_features=16), device="cpu", log=logs.append)
+    assert not any("not read" in line for line in logs)  # defaults: nothing the user set goes unread
+    _convert(_mlp(), logs, mods=False, plan=plan)
+    assert (f"the plan {plan} runs as it was measured; these settings are not read: mere_threshold, min_speedup, "
+            f"timing_repeats, timing_rounds") in logs
