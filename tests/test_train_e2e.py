@@ -41,9 +41,10 @@ def test_bad_config_fails_with_one_line_before_anything_starts(tmp_path, overrid
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
-    run_train(["model=dlrm", "trainer.steps=120", "trainer.eval_interval=60", "trainer.lr=3e-3",
-               "callbacks.profiler.enabled=true", "callbacks.profiler.start_step=3", "callbacks.profiler.num_steps=2",
-               f"hydra.run.dir={run_dir}", *SMALL], nproc=2)
+    proc = run_train(["model=dlrm", "trainer.steps=120", "trainer.eval_interval=60", "trainer.lr=3e-3",
+                      "callbacks.profiler.enabled=true", "callbacks.profiler.start_step=3",
+                      "callbacks.profiler.num_steps=2", f"hydra.run.dir={run_dir}", *SMALL], nproc=2)
+    (run_dir.parent / "stderr.txt").write_text(proc.stderr)
     return run_dir
 
 
@@ -60,6 +61,7 @@ def test_two_ranks_learn_the_planted_teacher(two_rank_run):
     assert (two_rank_run / "checkpoints" / "latest").read_text() == "step_000120"  # saved at the end
     log = (two_rank_run / "train.log").read_text()
     assert "falls back to fp16/fp16" in log and "FSDP2 units" in log and "embedding tables: 26 table_wise" in log
+    assert "returned a view tensor" not in (two_rank_run.parent / "stderr.txt").read_text()  # no false FSDP2 alarm
 
 
 def _free_port() -> int:

@@ -13,6 +13,8 @@ the planner picks no data-parallel table in the first place.
 from __future__ import annotations
 
 import dataclasses
+import re
+import warnings
 from typing import Optional
 
 import torch
@@ -167,4 +169,8 @@ def _fully_shard_dense(model: nn.Module, config: ShardingConfig, dist_info: Dist
     units = model.dense_units()
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
+        # FSDP2 warns at each unit returning a view (OverArch's squeeze, DenseEmbeddingArch's unflatten): an
+        # in-place op on it would skip the all-gather. The zoo models apply none to their units' outputs.
+        warnings.filterwarnings("ignore", category=UserWarning,
+                                message=rf"FSDP2-wrapped module \({re.escape(type(unit).__name__)}\) returned a view")
     return len(units)
