@@ -176,8 +176,11 @@ def build_criteo_stream(cfg: DataConfig, *, split: str, rank: int, world_size: i
     """``rank``'s stream over ``cfg.path`` (train) or ``cfg.eval_path`` / the held-out tail of ``cfg.path``."""
     path, lo, hi = _split_range(cfg, split)
     start, end = shard_range(path, lo, hi, rank, world_size)
+    # The byte range, not just the path: data.eval_fraction, data.eval_path, data.eval_batches=0 and a file that
+    # grew all move it, and a saved offset outside it would train on eval rows or on another rank's.
     identity = {"source": "criteo", "path": os.path.abspath(path), "split": split, "rank": rank,
-                "world_size": world_size, "batch_size": cfg.batch_size, "max_vocab_size": cfg.max_vocab_size}
+                "world_size": world_size, "batch_size": cfg.batch_size, "max_vocab_size": cfg.max_vocab_size,
+                "byte_range": [start, end]}
     return CriteoStream(path, start=start, end=end, batch_size=cfg.batch_size, cycle=split == "train",
                         max_batches=cfg.eval_batches, identity=identity)
 

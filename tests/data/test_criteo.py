@@ -124,6 +124,18 @@ def test_resume_mid_file(tsv):
     assert resumed.epoch == 1
 
 
+
+@pytest.mark.parametrize("changes", [dict(eval_fraction=0.5), dict(eval_batches=0)])
+def test_resume_into_another_byte_range_is_refused(tsv, changes):
+    """A position saved with the tail held out must not resume where that tail (or another rank's rows) is train."""
+    cfg = _criteo_cfg(tsv, batch_size=30, eval_fraction=0.1)
+    stream = build_stream(cfg, split="train", rank=0, world_size=1)
+    for _ in range(10):
+        next(stream)
+    resumed = build_stream(dataclasses.replace(cfg, **changes), split="train", rank=0, world_size=1)
+    with pytest.raises(ValueError, match="byte_range="):
+        resumed.load_state_dict(stream.state_dict())
+
 def test_file_without_valid_rows_raises(tmp_path):
     path = tmp_path / "junk.txt"
     path.write_text("not\ta\tcriteo\tline\n" * 3)
