@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -65,6 +65,7 @@ class Trainer:
         self._grad_norm_max: Optional[torch.Tensor] = None  # largest pre-clip dense gradient norm since the last log
         self._window: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._window_start = time.perf_counter()
+        self._eval_size_said = False
         if run.data.eval_batches == 0:
             self.log("evaluation skipped: data.eval_batches=0 (no eval metrics in metrics.jsonl or summary.json)")
 
@@ -190,10 +191,17 @@ class Trainer:
             return
         self.model.eval()
         metrics = CTRMetrics(device=self.dist.device)
-        for batch in self.streams.eval:
+        num_batches = 0
+        for batch in _while_every_rank_has_one(self.streams.eval, self.dist.device):
             batch = batch.to(self.dist.device)
             with self._autocast():
                 metrics.update(self.model(batch).float(), batch.labels)
+            num_batches += 1
+        if num_batches < self.run.data.eval_batches and not self._eval_size_said:
+            self._eval_size_said = True
+            self.log(f"evaluation covers {num_batches} batches per rank, not data.eval_batches="
+                     f"{self.run.data.eval_batches}: the smallest rank's eval share holds no more full batches of "
+                     f"data.batch_size={self.run.data.batch_size}")
         m = metrics.compute()
         self.state.eval_metrics = m = {f"eval_{k}": m[k] for k in ("logloss", "ne", "auc")}
         self.log(f"eval @ step {self.state.step + 1}: auc {m['eval_auc']:.4f}  logloss {m['eval_logloss']:.4f}  "
@@ -270,6 +278,27 @@ class Trainer:
 def _saved_at(t, done: int) -> bool:
     """Whether the loop already checkpointed after `done` steps."""
     return bool(t.checkpoint_interval and done % t.checkpoint_interval == 0) or done == t.stop_after
+
+
+def _while_every_rank_has_one(stream, device: torch.device) -> Iterator[Batch]:
+    """The batches of the finite ``stream`` as long as every rank still has one (a collective per batch).
+
+    Why: the sharded forward runs all-to-alls, so a rank with one batch more would wait forever for the others;
+    Criteo eval shares are byte ranges, and lines of other lengths or malformed rows leave one rank fewer full
+    batches than another.
+    """
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    batches = iter(stream)
+    while True:
+        batch = next(batches, None)
+        if distributed:
+            have = torch.tensor([batch is not None], dtype=torch.int32, device=device)
+            dist.all_reduce(have, op=dist.ReduceOp.MIN)
+            if not have.item():
+                return
+        elif batch is None:
+            return
+        yield batch
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:

@@ -291,6 +291,20 @@ def test_malformed_rows_are_totalled_over_ranks_and_splits(tmp_path):
     assert "malformed data rows skipped: 5 (train 3, eval 2; all ranks)" in (run_dir / "train.log").read_text()
 
 
+
+@pytest.mark.slow
+def test_criteo_eval_shares_of_unequal_batch_counts_evaluate_the_smallest_on_every_rank(tmp_path):
+    # the last 20% of the bytes is eval, split in halves: rank 0's ~270 rows make 4 batches of 64, while 28 long
+    # malformed lines leave rank 1 ~130 rows, 2 batches; the sharded forward needs both ranks on every batch
+    data = tmp_path / "uneven.txt"
+    data.write_text("".join(criteo_lines(2600)) + ("1\t" + "x" * 1000 + "\n") * 28)
+    run_dir = tmp_path / "run"
+    run_train(["data=criteo", f"data.path={data}", "data.prefetch=0", "data.eval_fraction=0.2", *TINY,
+               "data.eval_batches=5", f"hydra.run.dir={run_dir}"], nproc=2, timeout=300)
+    log = (run_dir / "train.log").read_text()
+    assert log.count("evaluation covers 2 batches per rank, not data.eval_batches=5") == 1
+    assert "eval_auc" in json.loads((run_dir / "summary.json").read_text())
+
 def test_a_glob_sweep_lists_the_config_groups_options_those_of_config_dir_too(tmp_path):
     from loka_trainer.cli import sweep_points
     assert sweep_points(["model=glob(dlrm_*paper)", "trainer.steps=1,2"]) == [
