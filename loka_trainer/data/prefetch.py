@@ -8,14 +8,19 @@ underlying stream right after it was produced, and ``state_dict`` returns the st
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from typing import Optional
 
 from loka_trainer.data.base import BatchStream
 from loka_trainer.data.batch import Batch
 
 _STOP = object()
+# Streams whose worker runs. A daemon thread still inside a torch op when the interpreter finalizes aborts the
+# process ("terminate called without an active exception", exit 134), so the workers are stopped at exit.
+_RUNNING: "weakref.WeakSet[PrefetchStream]" = weakref.WeakSet()
 
 
 class PrefetchStream(BatchStream):
@@ -57,6 +62,7 @@ class PrefetchStream(BatchStream):
         args = (self._stream, self._queue, self._stop, self._pin)
         self._thread = threading.Thread(target=_work, args=args, name="loka-data-prefetch", daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
 
     def _stop_worker(self) -> bool:
         if self._thread is None:
@@ -64,6 +70,7 @@ class PrefetchStream(BatchStream):
         self._stop.set()
         self._thread.join()
         self._thread = None
+        _RUNNING.discard(self)
         return True
 
     def close(self) -> None:
@@ -82,6 +89,12 @@ class PrefetchStream(BatchStream):
     def __del__(self) -> None:
         if getattr(self, "_thread", None) is not None:  # __init__ may have raised before setting it
             self._stop_worker()
+
+
+@atexit.register
+def _stop_running_workers() -> None:
+    for stream in list(_RUNNING):
+        stream._stop_worker()
 
 
 def _work(stream: BatchStream, out: queue.Queue, stop: threading.Event, pin: bool) -> None:

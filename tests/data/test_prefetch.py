@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +95,23 @@ def test_abandoned_stream_stops_its_thread():
     gc.collect()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+# Streams still producing when the script ends: their workers sit in torch ops while the interpreter finalizes.
+_EXIT_WITH_RUNNING_WORKERS = """
+from loka_trainer.data import DataConfig, build_stream
+streams = [build_stream(DataConfig(batch_size=2048, seed=s), split="train", rank=0, world_size=1) for s in range(3)]
+for stream in streams:
+    next(stream)
+print("done")
+"""
+
+
+def test_a_script_that_leaves_train_streams_running_exits_cleanly():
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", _EXIT_WITH_RUNNING_WORKERS], cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])
