@@ -8,7 +8,9 @@ put a run's log loss and the BF16-vs-FP8 differences in proportion.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -19,6 +21,7 @@ from tqdm import tqdm
 
 from loka_trainer.data.config import DataConfig
 from loka_trainer.data.synthetic import SyntheticSource
+from loka_trainer.field_types import dotted
 
 
 @torch.no_grad()
@@ -105,8 +108,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--batches", type=int, default=50)
     parser.add_argument("overrides", nargs="*", help="DataConfig fields as key=value")
     args = parser.parse_args(argv)
-    cfg = _apply_overrides(DataConfig(), args.overrides)
-    cfg.validate()
+    try:
+        cfg = _apply_overrides(DataConfig(), args.overrides)
+        cfg.validate()
+    except ValueError as exc:
+        parser.error(str(exc))  # one line and exit 2, as for train.py's overrides
     stats = dataset_stats(cfg, args.batches)
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {k: v for k, v in stats.items() if k not in ("logits", "sequence_lengths")}
@@ -117,22 +123,31 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def _apply_overrides(cfg: DataConfig, overrides: Sequence[str]) -> DataConfig:
-    fields = {f.name: f for f in dataclasses.fields(DataConfig)}
-    changes = {}
+    """``cfg`` with ``key=value`` overrides applied; nested fields by dotted key (``outliers.spike_rate=0.01``)."""
+    cfg = copy.deepcopy(cfg)
+    settable = dotted(dataclasses.asdict(cfg))
     for item in overrides:
         key, _, value = item.partition("=")
-        if key not in fields:
-            raise ValueError(f"unknown data field {key!r}; valid: {sorted(fields)}")
-        changes[key] = _parse_value(getattr(cfg, key), value)
-    return dataclasses.replace(cfg, **changes)
+        if key not in settable:
+            raise ValueError(f"unknown data field {key!r}; valid: {sorted(settable)}")
+        *parents, name = key.split(".")
+        owner = functools.reduce(getattr, parents, cfg)
+        setattr(owner, name, _parse_value(key, settable[key], value))
+    return cfg
 
 
-def _parse_value(default, value: str):
+def _parse_value(key: str, default, value: str):
     if isinstance(default, bool):  # bool("false") is True
         if value.lower() not in ("true", "false"):
-            raise ValueError(f"boolean data fields take true or false, got {value!r}")
+            raise ValueError(f"{key} takes true or false, got {value!r}")
         return value.lower() == "true"
-    return value if default is None or isinstance(default, str) else type(default)(value)
+    if default is None or isinstance(default, str):
+        return value
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise ValueError(f"{key} must be {'an integer' if isinstance(default, int) else 'a number'}, "
+                         f"got {value!r}") from None
 
 
 if __name__ == "__main__":

@@ -44,5 +44,24 @@ def test_cli_writes_json_and_png(tmp_path):
     assert 0.7 < written["bayes"]["auc"] < 0.9 and 0.15 < written["bayes"]["ctr"] < 0.35
     assert summary["sparse"]["cat_2"]["vocab"] == 5000
     assert (tmp_path / "data_stats.png").stat().st_size > 10_000
-    with pytest.raises(ValueError, match="unknown data field 'batchsize'"):
-        main(["--out", str(tmp_path), "batchsize=3"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("batchsize=3", "unknown data field 'batchsize'"),
+    ("batch_size=abc", "batch_size must be an integer, got 'abc'"),
+    ("outliers.hot_scale=big", "outliers.hot_scale must be a number, got 'big'"),
+    ("batch_size=0", "data.batch_size must be > 0, got 0"),
+])
+def test_cli_names_a_bad_override_in_one_line(tmp_path, capsys, override, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path), override])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"error: {message}" in error and not (tmp_path / "data_stats.json").exists()
+
+
+def test_cli_sets_the_outlier_regime_by_dotted_key(tmp_path):
+    summary = main(["--out", str(tmp_path), "--batches", "2", "batch_size=256", "outliers.hot_features=2",
+                    "outliers.hot_scale=100"])
+    assert summary["config"]["outliers"]["hot_features"] == 2
+    assert max(summary["dense_quantiles"][0.5]) > 50  # a hot channel's median count, times 100
