@@ -277,6 +277,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     if hasattr(run.callbacks.probe, "validate"):
         run.callbacks.probe.validate()
     check_model_mods(run.model)
+    check_data_has_the_model_sequences(run)
     check_profiler_window(run)
     if run.data.name == "criteo":  # read a little of the files: each rank's share must make a batch
         from loka_trainer.data.criteo import check_shards  # noqa: PLC0415 -- lazy: imports torch
@@ -292,6 +293,17 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     check_backends(run, device)
     check_probe_targets(run, model)
     return run
+
+
+def check_data_has_the_model_sequences(run: RunConfig) -> None:
+    """A model that reads behaviour sequences (``model.num_sequences`` > 0) gets data with some; the model's own
+    check would otherwise fail on a derived setting (``model.num_recent_tokens``) and not say why."""
+    wanted = getattr(run.model, "num_sequences", 0)
+    if wanted > 0 and run.data.num_sequences == 0:
+        why = ("Criteo TSV has no sequence columns: train it on data=synthetic" if run.data.name == "criteo"
+               else "set data.num_sequences > 0 or leave it unset (it follows model.num_sequences)")
+        raise ValueError(f"model={run.model.name} reads behaviour sequences (model.num_sequences={wanted}) but "
+                         f"data={run.data.name} provides none (data.num_sequences=0); {why}")
 
 
 def check_profiler_window(run: RunConfig) -> None:

@@ -252,6 +252,20 @@ def test_criteo_eval_slice_smaller_than_a_batch_fails_naming_the_sizes(tmp_path)
     assert not run_dir.exists()
 
 
+
+@pytest.mark.parametrize("data, needle", [("criteo", "Criteo TSV has no sequence columns"),
+                                          ("synthetic", "leave it unset")])
+def test_a_sequence_model_on_data_without_sequences_fails_naming_them(tmp_path, data, needle):
+    path = tmp_path / "train.txt"
+    path.write_text("".join(criteo_lines(3000)))
+    args = ([f"data.path={path}", "data.batch_size=64"] if data == "criteo" else ["data.num_sequences=0"])
+    run_dir = tmp_path / "run"
+    _one_error_line(run_train(["model=interformer", f"data={data}", *args, f"hydra.run.dir={run_dir}"],
+                              check=False, timeout=120),
+                    "model=interformer reads behaviour sequences (model.num_sequences=2)",
+                    f"data={data} provides none", needle)
+    assert not run_dir.exists()
+
 @pytest.mark.slow
 def test_relative_paths_name_files_from_where_the_command_started_under_hydra_job_chdir(tmp_path):
     (tmp_path / "train.txt").write_text("".join(criteo_lines(3000)))
