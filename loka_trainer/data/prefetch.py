@@ -33,14 +33,16 @@ class PrefetchStream(BatchStream):
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
         self._stream, self._depth, self._pin = stream, depth, pin_memory
         self._state = stream.state_dict()
+        self._malformed = stream.num_malformed
         self._queue: Optional[queue.Queue] = None
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()  # replaced per worker, so a stopped worker never sees a cleared event
 
     @property
     def num_malformed(self) -> int:
-        """Malformed rows the wrapped stream has met so far (it may have read up to ``depth`` batches ahead)."""
-        return self._stream.num_malformed
+        """Malformed rows the wrapped stream had met when it produced the last batch consumed: rows the worker
+        skipped further ahead are not counted yet, so the count does not depend on ``depth``."""
+        return self._malformed
 
     def __next__(self) -> Batch:
         if self._thread is None:
@@ -51,7 +53,7 @@ class PrefetchStream(BatchStream):
             # it, exactly as without prefetching; the worker has exited.
             self._stop_worker()
             raise item
-        batch, self._state = item
+        batch, self._state, self._malformed = item
         return batch
 
     def _start(self) -> None:
@@ -84,7 +86,7 @@ class PrefetchStream(BatchStream):
     def load_state_dict(self, state: dict) -> None:
         self.close()
         self._stream.load_state_dict(state)
-        self._state = self._stream.state_dict()
+        self._state, self._malformed = self._stream.state_dict(), self._stream.num_malformed
 
     def __del__(self) -> None:
         if getattr(self, "_thread", None) is not None:  # __init__ may have raised before setting it
@@ -98,13 +100,14 @@ def _stop_running_workers() -> None:
 
 
 def _work(stream: BatchStream, out: queue.Queue, stop: threading.Event, pin: bool) -> None:
-    """Worker loop: (batch, state of ``stream`` right after it) into ``out`` until ``stop``; errors go in too."""
+    """Worker loop: (batch, state and malformed count of ``stream`` right after it) into ``out`` until ``stop``;
+    errors go in too."""
     try:
         while not stop.is_set():
             batch = next(stream).with_host_key_lengths()  # ~80 µs at batch 8192: not on the training thread
             if pin:
                 batch = _pinned(batch)
-            _put(out, stop, (batch, stream.state_dict()))
+            _put(out, stop, (batch, stream.state_dict(), stream.num_malformed))
     except BaseException as err:  # handed to the consumer, which re-raises it on its own thread
         _put(out, stop, err)
 

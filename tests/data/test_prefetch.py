@@ -4,6 +4,8 @@ import dataclasses
 import gc
 import subprocess
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,32 @@ def test_criteo_through_prefetch_counts_malformed(tmp_path):
         for _ in range(3):
             next(stream)
     assert stream.num_malformed == 1
+    stream.close()
+
+
+
+def test_malformed_count_covers_the_batches_consumed_not_those_read_ahead(tmp_path):
+    """summary.json's malformed_rows must not depend on data.prefetch."""
+    path = tmp_path / "train.txt"
+    write_criteo_tsv(_plain(DataConfig(batch_size=40)), str(path), 200)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:100] + ["1\tbad\n"] + lines[100:]))  # in the third batch of 40
+    cfg = DataConfig(name="criteo", path=str(path), batch_size=40, eval_batches=0, prefetch=3)
+    stream = build_stream(cfg, split="train", rank=0, world_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        next(stream), next(stream)
+        deadline = time.monotonic() + 30
+        while stream._stream.num_malformed == 0 and time.monotonic() < deadline:  # the worker reads batch 3
+            time.sleep(0.01)
+        assert stream._stream.num_malformed == 1
+        assert stream.num_malformed == 0
+        next(stream)
+        assert stream.num_malformed == 1
+        state = stream.state_dict()
+    resumed = build_stream(cfg, split="train", rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    assert resumed.num_malformed == 1
     stream.close()
 
 
