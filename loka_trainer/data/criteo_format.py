@@ -24,14 +24,17 @@ _LINE_RE = re.compile(
 )
 
 ParsedRow = tuple[int, list[int], list[int]]
+# Editors and spreadsheet exports start a UTF-8 file with it; it would make the first row's label unreadable.
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def parse_line(line: bytes, vocab_sizes: Sequence[int]) -> Optional[ParsedRow]:
-    """(label, 13 counts, 26 ids hashed into ``vocab_sizes``) or None when the line is malformed.
+    """(label, 13 counts, 26 ids hashed into ``vocab_sizes``) or None when the line is malformed. A line ending
+    (LF or CRLF) and a leading UTF-8 byte order mark are not part of the row.
 
     Hash: ``int(hex, 16) % vocab`` (DLRM's preprocessing); the values in Criteo files are already hashes.
     """
-    line = line.rstrip(b"\r\n")
+    line = line.rstrip(b"\r\n").removeprefix(UTF8_BOM)
     if _LINE_RE.fullmatch(line) is None:
         return None
     fields = line.split(b"\t")

@@ -81,6 +81,15 @@ def test_missing_and_negative_fields():
     assert parse_line(b"1\t+2" + b"\t" * 38, VOCAB) is None  # only plain integers
 
 
+def test_a_utf8_byte_order_mark_and_crlf_line_ends_leave_every_row_readable(tmp_path, tsv):
+    path = tmp_path / "exported.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + tsv.read_bytes().replace(b"\n", b"\r\n"))
+    cfg = _criteo_cfg(path, batch_size=400, eval_batches=0)
+    exported = next(build_stream(cfg, split="train", rank=0, world_size=1))
+    assert_batches_equal(exported, next(build_stream(_criteo_cfg(tsv, batch_size=400, eval_batches=0),
+                                                     split="train", rank=0, world_size=1)))
+
+
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_ranks_get_disjoint_contiguous_shards_covering_the_file(tsv, world_size):
     cfg = _criteo_cfg(tsv, batch_size=1, eval_batches=0)
