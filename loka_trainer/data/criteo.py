@@ -64,7 +64,9 @@ class CriteoStream(BatchStream):
         self._first_malformed: Optional[int] = None
         self._high_water = start  # lines ending at or before this byte were checked: don't count them twice
         self._summarized = False
-        self._good_in_pass = 0
+        # Good rows since the pass began, and whether it began at ``start``: only a whole pass without one shows
+        # that the range has none (a stream resumed at the end of its range has read nothing yet).
+        self._good_in_pass, self._whole_pass = 0, True
 
     def _reset_position(self) -> None:
         self.offset, self.line, self.epoch, self.batches = self.start, 0, 0, 0
@@ -142,9 +144,9 @@ class CriteoStream(BatchStream):
         self._summarized = True
         if not self.cycle:
             return False
-        if self._good_in_pass == 0:
+        if self._good_in_pass == 0 and self._whole_pass:
             raise ValueError(f"data.path {self.path} has no valid Criteo rows in bytes [{self.start}, {self.end})")
-        self._good_in_pass = 0
+        self._good_in_pass, self._whole_pass = 0, True
         self.offset, self.line, self.epoch = self.start, 0, self.epoch + 1
         self._seek_needed = True
         return True
@@ -162,6 +164,7 @@ class CriteoStream(BatchStream):
         self.batches, self._malformed = int(state["batches"]), int(state["num_malformed"])
         self._first_malformed, self._high_water = state["first_malformed_line"], int(state["high_water"])
         self._summarized = bool(state["summarized"])
+        self._good_in_pass, self._whole_pass = 0, self.offset == self.start
 
     def close(self) -> None:
         if self._file is not None:

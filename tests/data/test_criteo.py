@@ -134,6 +134,27 @@ def test_resume_mid_file(tsv):
 
 
 
+
+@pytest.mark.parametrize("tail", ["", "1\tbad\n"])
+def test_resume_at_the_end_of_an_epoch_wraps_around(tmp_path, tsv, tail):
+    """400 rows in batches of 40: the position after 10 batches is the end of the range (or only a malformed
+    line before it)."""
+    path = tmp_path / "tail.txt"
+    path.write_text(tsv.read_text() + tail)
+    cfg = _criteo_cfg(path, batch_size=40, eval_batches=0, prefetch=2)
+    stream = build_stream(cfg, split="train", rank=0, world_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(10):
+            next(stream)
+        state = stream.state_dict()
+        expected = next(stream)
+        resumed = build_stream(cfg, split="train", rank=0, world_size=1)
+        resumed.load_state_dict(state)
+        assert_batches_equal(next(resumed), expected)
+    stream.close()
+    resumed.close()
+
 @pytest.mark.parametrize("changes", [dict(eval_fraction=0.5), dict(eval_batches=0)])
 def test_resume_into_another_byte_range_is_refused(tsv, changes):
     """A position saved with the tail held out must not resume where that tail (or another rank's rows) is train."""
