@@ -21,7 +21,7 @@ from tqdm import tqdm
 from loka_trainer.data.base import BatchStream, check_identity
 from loka_trainer.data.batch import Batch
 from loka_trainer.data.config import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE, DataConfig
-from loka_trainer.data.criteo_format import ParsedRow, format_lines, parse_line, rows_to_batch
+from loka_trainer.data.criteo_format import ParsedRow, format_lines, malformed_reason, parse_line, rows_to_batch
 from loka_trainer.data.schema import counts_from_dense, dense_from_counts, sparse_vocab_sizes
 
 
@@ -108,7 +108,7 @@ class CriteoStream(BatchStream):
                 self._good_in_pass += 1
                 return row
             if is_new:
-                self._record_malformed()
+                self._record_malformed(line)
 
     def _read_line(self) -> Optional[bytes]:
         if self.offset >= self.end:
@@ -126,12 +126,12 @@ class CriteoStream(BatchStream):
         self.line += 1
         return line
 
-    def _record_malformed(self) -> None:
+    def _record_malformed(self, line: bytes) -> None:
         self._malformed += 1
         if self._first_malformed is None:
             self._first_malformed = self.line
-            warnings.warn(f"data.path {self.path}: skipping malformed Criteo line {self._where(self.line)}; "
-                          f"further ones are counted in num_malformed", stacklevel=3)
+            warnings.warn(f"data.path {self.path}: skipping malformed Criteo line {self._where(self.line)} "
+                          f"({malformed_reason(line)}); further ones are counted in num_malformed", stacklevel=3)
 
     def _where(self, line: int) -> str:
         return f"{line}" if self.start == 0 else f"{line} of the shard starting at byte {self.start}"
@@ -188,10 +188,11 @@ def build_criteo_stream(cfg: DataConfig, *, split: str, rank: int, world_size: i
                         max_batches=cfg.eval_batches, identity=identity)
 
 
-def count_rows(path: str, start: int, end: int, *, limit: int, max_vocab_size: int) -> int:
-    """How many valid Criteo rows start in bytes [start, end) of ``path``, counting no further than ``limit``."""
+def count_rows(path: str, start: int, end: int, *, limit: int, max_vocab_size: int) -> tuple[int, Optional[bytes]]:
+    """How many valid Criteo rows start in bytes [start, end) of ``path``, counting no further than ``limit``, and
+    the first malformed line met (None if none)."""
     vocab = sparse_vocab_sizes(CRITEO_NUM_SPARSE, max_vocab_size)
-    found = 0
+    found, first_bad = 0, None
     with open(path, "rb") as f:
         f.seek(start)
         offset = start
@@ -200,8 +201,10 @@ def count_rows(path: str, start: int, end: int, *, limit: int, max_vocab_size: i
             if not line:
                 break
             offset += len(line)
-            found += parse_line(line, vocab) is not None
-    return found
+            good = parse_line(line, vocab) is not None
+            found += good
+            first_bad = line if first_bad is None and not good else first_bad
+    return found, first_bad
 
 
 def check_shards(cfg: DataConfig, *, world_size: int) -> None:
@@ -220,16 +223,17 @@ def check_shards(cfg: DataConfig, *, world_size: int) -> None:
         path, lo, hi = _split_range(cfg, split)
         for rank in range(world_size):
             start, end = shard_range(path, lo, hi, rank, world_size)
-            rows = count_rows(path, start, end, limit=need, max_vocab_size=cfg.max_vocab_size)
+            rows, first_bad = count_rows(path, start, end, limit=need, max_vocab_size=cfg.max_vocab_size)
             if rows >= need:
                 continue
             where = _describe_range(cfg, split, path, lo, hi)
             share = f"rank {rank}'s share (of {world_size})" if world_size > 1 else "it"
+            why = "" if first_bad is None else f" (its first malformed line: {malformed_reason(first_bad)})"
             if split == "train":
                 raise ValueError(f"data.path {path!r}: {where} has no valid Criteo row in {share} "
-                                 f"(bytes [{start}, {end}))")
-            raise ValueError(f"{where} holds {rows} valid rows in {share} (bytes [{start}, {end})), fewer than one "
-                             f"batch of data.batch_size={cfg.batch_size}; lower data.batch_size, raise "
+                                 f"(bytes [{start}, {end})){why}")
+            raise ValueError(f"{where} holds {rows} valid rows in {share} (bytes [{start}, {end})){why}, fewer than "
+                             f"one batch of data.batch_size={cfg.batch_size}; lower data.batch_size, raise "
                              f"data.eval_fraction, set data.eval_path, or skip evaluation with data.eval_batches=0")
 
 

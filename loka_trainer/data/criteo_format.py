@@ -44,6 +44,28 @@ def parse_line(line: bytes, vocab_sizes: Sequence[int]) -> Optional[ParsedRow]:
     return int(fields[0]), counts, ids
 
 
+_FIELD_RULES = (
+    (re.compile(rb"[01]"), "0 or 1"),
+    (re.compile(rb"(?:-?[0-9]{1,18})?"), "an integer count or empty"),
+    (re.compile(rb"[0-9a-fA-F]{0,16}"), "up to 16 hex digits or empty"),
+)
+_FIELD_NAMES = ("label", *(f"I{i}" for i in range(1, CRITEO_NUM_DENSE + 1)),
+                *(f"C{i}" for i in range(1, CRITEO_NUM_SPARSE + 1)))
+
+
+def malformed_reason(line: bytes) -> str:
+    """Why ``parse_line`` refuses ``line``, naming the first bad field: 'I3 is b'1.5', not an integer count or
+    empty'. For messages only; ``parse_line`` decides."""
+    fields = line.rstrip(b"\r\n").removeprefix(UTF8_BOM).split(b"\t")
+    if len(fields) != len(_FIELD_NAMES):
+        return f"{len(fields)} tab-separated fields, not {len(_FIELD_NAMES)} (label, I1..I13, C1..C26)"
+    rules = [_FIELD_RULES[0]] + [_FIELD_RULES[1]] * CRITEO_NUM_DENSE + [_FIELD_RULES[2]] * CRITEO_NUM_SPARSE
+    for name, field, (pattern, valid) in zip(_FIELD_NAMES, fields, rules):
+        if pattern.fullmatch(field) is None:
+            return f"{name} is {field[:24]!r}, not {valid}"
+    return "unreadable"
+
+
 def rows_to_batch(rows: Sequence[ParsedRow]) -> Batch:
     """Stack parsed rows into a ``Batch``: dense (B, 13) = log1p(max(count, 0)), one id per bag, labels (B,)."""
     labels = torch.tensor([r[0] for r in rows], dtype=torch.float32)

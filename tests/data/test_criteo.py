@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 
 import pytest
@@ -200,6 +201,25 @@ def test_shard_check_names_the_rank_whose_eval_share_is_under_a_batch(tsv):
     with pytest.raises(ValueError, match="fewer than one batch of data.batch_size=60"):
         check_shards(dataclasses.replace(cfg, batch_size=60, eval_path=str(tsv), eval_fraction=0.0), world_size=8)
 
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda line: "1.0" + line[1:], "label is b'1.0', not 0 or 1"),                      # labels written as floats
+    (lambda line: line.split("\t", 1)[1], "39 tab-separated fields, not 40"),            # Criteo's unlabelled test.txt
+    (lambda line: line.replace("\t", "\t2.5", 1), "I1 is b'2.5"),
+])
+def test_a_file_without_valid_rows_is_refused_saying_why_its_lines_do_not_parse(tmp_path, tsv, edit, reason):
+    from loka_trainer.data.criteo import check_shards
+
+    path = tmp_path / "converted.txt"
+    path.write_text("".join(edit(line) for line in tsv.read_text().splitlines(keepends=True)))
+    with pytest.raises(ValueError, match="has no valid Criteo row") as info:
+        check_shards(_criteo_cfg(path), world_size=1)
+    assert f"(its first malformed line: {reason}" in str(info.value)
+    lines = tsv.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:5] + [edit(lines[5])] + lines[6:]))
+    stream = build_stream(_criteo_cfg(path, eval_batches=0), split="train", rank=0, world_size=1)
+    with pytest.warns(UserWarning, match=re.escape(f"skipping malformed Criteo line 6 ({reason}")):
+        next(stream)
 
 @pytest.mark.parametrize("compress, name", [("gzip", "gzip"), ("bz2", "bzip2"), ("lzma", "xz")])
 def test_a_compressed_file_is_refused_naming_its_format(tsv, tmp_path, compress, name):
