@@ -55,13 +55,14 @@ class CTRMetrics:
 
     @torch.no_grad()
     def compute(self) -> dict[str, float]:
-        """{"logloss": nats per example, "ne", "auc" (NaN when only one class is present), "examples"}."""
+        """{"logloss": nats per example, "ne", "auc" (both NaN when only one class is present: the base rate's
+        entropy, NE's denominator, is then 0 and torchrec's clamp makes NE about 1e12), "examples"}."""
         ne_states = self._ne.compute() if self._distributed else self._ne.local_compute()
         ne_states = {k.replace("|local_", "|"): v for k, v in ne_states.items()}
         counts = self._class_counts_over_ranks()
         one_class = counts.min().item() == 0
         return {"logloss": ne_states[_LOGLOSS_KEY].item() * math.log(2),  # torchrec's log loss is in bits
-                "ne": ne_states[_NE_KEY].item(),
+                "ne": float("nan") if one_class else ne_states[_NE_KEY].item(),
                 "auc": float("nan") if one_class else self._auc.compute().item(),
                 "examples": int(counts.sum().item())}
 

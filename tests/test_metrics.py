@@ -27,6 +27,13 @@ def test_auc_is_rank_based_and_nan_for_one_class():
     assert math.isnan(auc(scores, torch.ones(1000)))
 
 
+def test_one_class_gives_a_log_loss_and_no_ne_or_auc():
+    logits, labels = torch.tensor([2.0, -1.0, 0.5]), torch.zeros(3)
+    values = ctr_metrics(logits, labels)
+    assert values["logloss"] == pytest.approx(log_loss(logits, labels)) and values["logloss"] > 0
+    assert math.isnan(values["ne"]) and math.isnan(values["auc"])  # NE's denominator, the base rate's entropy, is 0
+
+
 def test_log_loss_and_ne_hand_computed():
     logits = torch.tensor([0.0, math.log(3.0)])  # p = 0.5, 0.75
     labels = torch.tensor([1.0, 0.0])
@@ -40,7 +47,6 @@ def test_ne_of_base_rate_predictor_is_one():
     p = 0.3
     logits = torch.full((100,), math.log(p / (1 - p)))
     assert normalized_entropy(logits, labels) == pytest.approx(1.0, rel=1e-9)
-    assert math.isfinite(normalized_entropy(logits, torch.zeros(100)))  # base rate clamped: no division by zero
 
 
 def test_ctr_metrics_prefix():
