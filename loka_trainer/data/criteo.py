@@ -232,9 +232,11 @@ def check_shards(cfg: DataConfig, *, world_size: int) -> None:
             if split == "train":
                 raise ValueError(f"data.path {path!r}: {where} has no valid Criteo row in {share} "
                                  f"(bytes [{start}, {end})){why}")
+            larger = ("use a larger data.eval_path" if cfg.eval_path is not None
+                      else "raise data.eval_fraction, set data.eval_path")
             raise ValueError(f"{where} holds {rows} valid rows in {share} (bytes [{start}, {end})){why}, fewer than "
-                             f"one batch of data.batch_size={cfg.batch_size}; lower data.batch_size, raise "
-                             f"data.eval_fraction, set data.eval_path, or skip evaluation with data.eval_batches=0")
+                             f"one batch of data.batch_size={cfg.batch_size}; lower data.batch_size, {larger}, or "
+                             f"skip evaluation with data.eval_batches=0")
 
 
 COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}

@@ -198,8 +198,9 @@ def test_shard_check_names_the_rank_whose_eval_share_is_under_a_batch(tsv):
     with pytest.raises(ValueError, match=r"holds \d+ valid rows in rank [01]'s share \(of 2\).*data.batch_size=60"):
         check_shards(dataclasses.replace(cfg, batch_size=60), world_size=2)
     check_shards(dataclasses.replace(cfg, batch_size=60, eval_batches=0), world_size=2)  # no eval: no check
-    with pytest.raises(ValueError, match="fewer than one batch of data.batch_size=60"):
+    with pytest.raises(ValueError, match="fewer than one batch of data.batch_size=60") as refused:
         check_shards(dataclasses.replace(cfg, batch_size=60, eval_path=str(tsv), eval_fraction=0.0), world_size=8)
+    assert "use a larger data.eval_path" in str(refused.value) and "eval_fraction" not in str(refused.value)
 
 
 @pytest.mark.parametrize("edit, reason", [
