@@ -68,6 +68,8 @@ class Trainer:
         self._eval_size_said = False
         if run.data.eval_batches == 0:
             self.log("evaluation skipped: data.eval_batches=0 (no eval metrics in metrics.jsonl or summary.json)")
+        if unread := run.data.unread_settings():
+            self.log(f"data={run.data.name} does not read {', '.join(unread)}")
 
     # ---- loop -------------------------------------------------------------------------------------------
     def fit(self, start: int = 0) -> TrainState:

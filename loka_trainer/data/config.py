@@ -61,6 +61,14 @@ class OutlierConfig:
             raise ValueError(f"data.outliers.hot_scale must be > 0, got {self.hot_scale}")
 
 
+# what each source never reads (``outliers`` with criteo is refused in ``validate``)
+UNREAD_BY_SOURCE = {
+    "synthetic": ("path", "eval_path", "eval_fraction"),
+    "criteo": ("seed", "zipf_alpha", "multi_hot", "num_sequences", "max_sequence_length", "sequence_vocab_size",
+               "target_ctr", "teacher_logit_std", "teacher_latent_dim", "drift", "batches_per_day"),
+}
+
+
 @dataclasses.dataclass
 class DataConfig:
     """Where batches come from. Sizes are per rank; vocab sizes are Criteo-Kaggle-like, capped.
@@ -94,6 +102,13 @@ class DataConfig:
     prefetch: int = 2
     pin_memory: bool = True
     outliers: OutlierConfig = dataclasses.field(default_factory=OutlierConfig)
+
+    def unread_settings(self) -> list[str]:
+        """The fields set away from their defaults that the source ``name`` does not read (a shared override list,
+        a sweep over ``data``, may set them: named, not refused)."""
+        defaults = DataConfig()
+        return [f"data.{field}" for field in UNREAD_BY_SOURCE[self.name]
+                if getattr(self, field) != getattr(defaults, field)]
 
     def validate(self) -> None:
         """Raise a one-line ``ValueError`` naming the first bad field; never reads data files."""

@@ -129,3 +129,14 @@ def test_yaml_outliers_group_composes_and_validates(hydra_conf):
     assert not OmegaConf.to_object(compose("config").data).outliers.enabled
     with pytest.raises(Exception, match="spike_rat"):
         compose("config", overrides=["data.outliers.spike_rat=0.1"])
+
+
+def test_settings_the_source_does_not_read_are_named():
+    from loka_trainer.data.config import SOURCE_NAMES, UNREAD_BY_SOURCE
+    assert sorted(UNREAD_BY_SOURCE) == sorted(SOURCE_NAMES)
+    fields = {f.name for f in dataclasses.fields(DataConfig)}
+    assert all(set(unread) <= fields for unread in UNREAD_BY_SOURCE.values())
+    assert DataConfig().unread_settings() == []
+    assert DataConfig(eval_fraction=0.2, drift=0.5).unread_settings() == ["data.eval_fraction"]
+    assert DataConfig(name="criteo", path="x", drift=0.5, seed=3, eval_fraction=0.2).unread_settings() == [
+        "data.seed", "data.drift"]
