@@ -28,13 +28,19 @@ ParsedRow = tuple[int, list[int], list[int]]
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
+def row_text(line: bytes) -> bytes:
+    """The row of a line: without its line ending (LF or CRLF), trailing spaces (an editor's or export's; no field
+    holds a space) and a leading UTF-8 byte order mark."""
+    return line.rstrip(b"\r\n ").removeprefix(UTF8_BOM)
+
+
 def parse_line(line: bytes, vocab_sizes: Sequence[int]) -> Optional[ParsedRow]:
-    """(label, 13 counts, 26 ids hashed into ``vocab_sizes``) or None when the line is malformed. A line ending
-    (LF or CRLF) and a leading UTF-8 byte order mark are not part of the row.
+    """(label, 13 counts, 26 ids hashed into ``vocab_sizes``) or None when the line is malformed (``row_text``
+    says what of a line is not part of the row).
 
     Hash: ``int(hex, 16) % vocab`` (DLRM's preprocessing); the values in Criteo files are already hashes.
     """
-    line = line.rstrip(b"\r\n").removeprefix(UTF8_BOM)
+    line = row_text(line)
     if _LINE_RE.fullmatch(line) is None:
         return None
     fields = line.split(b"\t")
@@ -56,7 +62,7 @@ _FIELD_NAMES = ("label", *(f"I{i}" for i in range(1, CRITEO_NUM_DENSE + 1)),
 def malformed_reason(line: bytes) -> str:
     """Why ``parse_line`` refuses ``line``, naming the first bad field: 'I3 is b'1.5', not an integer count or
     empty'. For messages only; ``parse_line`` decides."""
-    fields = line.rstrip(b"\r\n").removeprefix(UTF8_BOM).split(b"\t")
+    fields = row_text(line).split(b"\t")
     if len(fields) != len(_FIELD_NAMES):
         return f"{len(fields)} tab-separated fields, not {len(_FIELD_NAMES)} (label, I1..I13, C1..C26)"
     rules = [_FIELD_RULES[0]] + [_FIELD_RULES[1]] * CRITEO_NUM_DENSE + [_FIELD_RULES[2]] * CRITEO_NUM_SPARSE

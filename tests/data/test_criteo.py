@@ -82,9 +82,10 @@ def test_missing_and_negative_fields():
     assert parse_line(b"1\t+2" + b"\t" * 38, VOCAB) is None  # only plain integers
 
 
-def test_a_utf8_byte_order_mark_and_crlf_line_ends_leave_every_row_readable(tmp_path, tsv):
+@pytest.mark.parametrize("line_end", [b"\r\n", b"  \n", b" \r\n"])
+def test_a_utf8_byte_order_mark_crlf_and_trailing_spaces_leave_every_row_readable(tmp_path, tsv, line_end):
     path = tmp_path / "exported.txt"
-    path.write_bytes(b"\xef\xbb\xbf" + tsv.read_bytes().replace(b"\n", b"\r\n"))
+    path.write_bytes(b"\xef\xbb\xbf" + tsv.read_bytes().replace(b"\n", line_end))
     cfg = _criteo_cfg(path, batch_size=400, eval_batches=0)
     exported = next(build_stream(cfg, split="train", rank=0, world_size=1))
     assert_batches_equal(exported, next(build_stream(_criteo_cfg(tsv, batch_size=400, eval_batches=0),
