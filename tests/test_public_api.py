@@ -12,6 +12,7 @@ import loka_trainer
 from loka_trainer import DispatchPlan, LoKAConfig, apply_mods, convert_to_loka, register_weight_cache_hook
 from loka_trainer.mods.layers import BlockNorm, HardSwish
 from loka_trainer.mods.module import FusedLinearMods
+from loka_trainer.mods.transform import find_unfusable
 
 
 def _user_model() -> nn.Sequential:
@@ -50,6 +51,20 @@ def test_apply_mods_respects_the_filter_and_the_norms_width():
     assert model[0].bias is not None and isinstance(model[1], nn.LayerNorm)
     narrow = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(16), nn.ReLU())  # a norm over other features
     assert apply_mods(narrow) == []
+
+
+def test_apply_mods_keeps_the_hooks_on_the_norm_and_activation_it_replaces():
+    model = _user_model()
+    seen = []
+    handle = model[1].register_forward_hook(lambda mod, args, out: seen.append(type(mod).__name__))
+    model[2].register_forward_pre_hook(lambda mod, args: seen.append(type(mod).__name__))
+    apply_mods(model)
+    model(torch.randn(4, 64))
+    assert seen == ["BlockNorm", "HardSwish"]
+    handle.remove()  # the user's handle still removes it from the new norm
+    model(torch.randn(4, 64))
+    assert seen == ["BlockNorm", "HardSwish", "HardSwish"]
+    assert list(find_unfusable(model)) == ["0"]  # a hooked activation: the triple stays three modules
 
 
 def test_convert_to_loka_fuses_the_mods_blocks_of_a_user_model_and_keeps_its_function():

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 from torch import nn
 from torch.nn.utils import parametrize
 
-from loka_trainer.module_hooks import ALL_HOOKS, OUTPUT_HOOKS, STATE_DICT_HOOKS, held_hooks
+from loka_trainer.module_hooks import ALL_HOOKS, OUTPUT_HOOKS, STATE_DICT_HOOKS, carry_hooks, held_hooks
 from loka_trainer.mods import shapes
 from loka_trainer.mods.layers import BlockNorm, HardSwish
 from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
@@ -54,7 +54,9 @@ def apply_mods(model: nn.Module, *, block_size: int = 256, module_filter_fn: Opt
     activation (norm one of ``NORMS_TO_BLOCKNORM`` over the Linear's N outputs, activation one of
     ``ACTIVATIONS_TO_HARDSWISH``) becomes ``nn.Linear`` without bias -> ``BlockNorm(N, block_size)`` without
     affine -> ``HardSwish``, the triple ``convert_to_loka`` fuses into one ``FusedLinearMods``. Returns the
-    changed Linears' FQNs (those ``module_filter_fn(linear, fqn)`` accepts, when given).
+    changed Linears' FQNs (those ``module_filter_fn(linear, fqn)`` accepts, when given). The new norm and
+    activation take over the hooks registered on the ones they replace (a triple with such a hook stays three
+    modules: ``find_unfusable`` names it).
 
     This changes the model's function and drops parameters (the Linear's bias, the norm's affine and running
     statistics): apply it before training (and before building the optimizer), not to a trained model. The
@@ -76,8 +78,9 @@ def apply_mods(model: nn.Module, *, block_size: int = 256, module_filter_fn: Opt
             if module_filter_fn is not None and not module_filter_fn(lin, fqn):
                 continue
             lin.register_parameter("bias", None)
-            seq[i + 1] = BlockNorm(lin.out_features, block_size=block_size)
-            seq[i + 2] = HardSwish()
+            for index, new in ((i + 1, BlockNorm(lin.out_features, block_size=block_size)), (i + 2, HardSwish())):
+                carry_hooks(seq[index], new)
+                seq[index] = new
             changed.append(fqn)
     return changed
 
