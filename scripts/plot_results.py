@@ -12,11 +12,15 @@ Relative log loss (RLL) of a run = (its log loss - the BF16 run's log loss of th
 Noise floor = the spread of BF16 itself across seeds: the standard deviation over seeds of each BF16 run's
 eval log loss relative to the BF16 mean, in %. A precision is "within noise" when |mean RLL| <= that floor.
 LoKA vs BF16+Mods: the RLL of ``loka`` against ``bf16_mods`` (the same Mods model without FP8) of the same seed.
+Every "std" is the population standard deviation over the seeds (``statistics.pstdev``: divides by n, not n - 1).
+A metric a run recorded as null (non-finite, e.g. NE or AUC over one class, or no logged throughput) makes each
+statistic over it null: the table prints ``null``, not a mean of the other seeds.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Optional
@@ -24,7 +28,10 @@ from typing import Optional
 WINDOW = 5  # logged train points per trajectory window
 
 
-def rll(value: float, baseline: float) -> float:
+def rll(value: Optional[float], baseline: Optional[float]) -> float:
+    """(value - baseline) / baseline in %; NaN when either is null (a non-finite metric in the run's record)."""
+    if value is None or baseline is None:
+        return math.nan
     return 100.0 * (value - baseline) / baseline
 
 
@@ -37,11 +44,22 @@ def _by_key(result: dict) -> dict[tuple[str, str, int], dict]:
     return {(r["model"], r["precision"], r["seed"]): r for r in result["runs"]}
 
 
+def _finite(values: list[Optional[float]]) -> bool:
+    return all(v is not None and math.isfinite(v) for v in values)
+
+
+def _mean(values: list[Optional[float]]) -> float:
+    """The mean; NaN when a value is null or non-finite (``statistics`` cannot take them)."""
+    return statistics.mean(values) if _finite(values) else math.nan
+
+
 def _mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
-    """(mean, std over the values); the std is None below two values (one seed has no spread)."""
+    """(mean, population std over the values); the std is None below two values (one seed has no spread); both
+    NaN when a value is."""
     if not values:
         return None, None
-    return statistics.mean(values), statistics.pstdev(values) if len(values) > 1 else None
+    std = (statistics.pstdev(values) if _finite(values) else math.nan) if len(values) > 1 else None
+    return _mean(values), std
 
 
 def paired_rll(runs: dict, model: str, precision: str, baseline: str, seeds: list[int]) -> list[float]:
@@ -51,8 +69,11 @@ def paired_rll(runs: dict, model: str, precision: str, baseline: str, seeds: lis
 
 
 def noise_floor(logloss: list[float]) -> Optional[float]:
-    """Std over seeds of the BF16 eval log loss relative to its mean, in %; None below two seeds."""
-    return 100.0 * statistics.pstdev(logloss) / statistics.mean(logloss) if len(logloss) > 1 else None
+    """Population std over seeds of the BF16 eval log loss relative to its mean, in %; None below two seeds, NaN
+    when a seed's log loss is null."""
+    if len(logloss) < 2:
+        return None
+    return 100.0 * statistics.pstdev(logloss) / statistics.mean(logloss) if _finite(logloss) else math.nan
 
 
 def summarize(result: dict) -> list[dict]:
@@ -73,9 +94,9 @@ def summarize(result: dict) -> list[dict]:
             mean, std = _mean_std(rlls)
             row = {"model": m, "precision": p, "seeds": len(rs), "rll_pct_mean": mean, "rll_pct_std": std,
                    "rll_seeds": len(rlls), "noise_floor_pct": noise_floor(base), "noise_floor_seeds": len(base),
-                   "eval_ne": statistics.mean(r["eval"]["eval_ne"] for r in rs),
-                   "eval_auc": statistics.mean(r["eval"]["eval_auc"] for r in rs),
-                   "examples_per_s": statistics.mean(r["examples_per_s"] for r in rs)}
+                   "eval_ne": _mean([r["eval"]["eval_ne"] for r in rs]),
+                   "eval_auc": _mean([r["eval"]["eval_auc"] for r in rs]),
+                   "examples_per_s": _mean([r["examples_per_s"] for r in rs])}
             mods = paired_rll(runs, m, p, MODS_BASELINES[p], seeds) if p in MODS_BASELINES else []
             if mods:
                 mean, std = _mean_std(mods)
@@ -85,9 +106,15 @@ def summarize(result: dict) -> list[dict]:
     return rows
 
 
+def _number(value: float, spec: str) -> str:
+    return format(value, spec) if math.isfinite(value) else "null"
+
+
 def _rll_cell(mean: Optional[float], std: Optional[float], n: int) -> str:
     if mean is None:
         return "n/a"
+    if not math.isfinite(mean):
+        return f"null (n={n})"
     return f"{mean:+.3f} (n={n})" if std is None else f"{mean:+.3f} ± {std:.3f} (n={n})"
 
 
@@ -97,12 +124,13 @@ def quality_table(result: dict) -> str:
             "| eval NE | eval AUC |")
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in summarize(result):
-        floor = "n/a" if r["noise_floor_pct"] is None else f"{r['noise_floor_pct']:.3f} (n={r['noise_floor_seeds']})"
+        floor = ("n/a" if r["noise_floor_pct"] is None
+                 else f"{_number(r['noise_floor_pct'], '.3f')} (n={r['noise_floor_seeds']})")
         mods = (_rll_cell(r["rll_vs_mods_pct_mean"], r["rll_vs_mods_pct_std"], r["rll_vs_mods_seeds"])
                 if "mods_baseline" in r else "")
         lines.append(f"| {r['model']} | {r['precision']} | {r['seeds']} | "
                      f"{_rll_cell(r['rll_pct_mean'], r['rll_pct_std'], r['rll_seeds'])} | {floor} | {mods} | "
-                     f"{r['eval_ne']:.4f} | {r['eval_auc']:.4f} |")
+                     f"{_number(r['eval_ne'], '.4f')} | {_number(r['eval_auc'], '.4f')} |")
     return "\n".join(lines)
 
 
@@ -169,7 +197,7 @@ def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
             xs = curves[0][0]
             mean = [statistics.mean(c[1][i] for c in curves) for i in range(len(xs))]
             ax.plot(xs, mean, label=f"{p} (n={len(curves)})")
-        if floors[m] is not None:
+        if floors[m] is not None and math.isfinite(floors[m]):
             ax.axhspan(-floors[m], floors[m], color="grey", alpha=0.2, label="BF16 seed noise (eval)")
         ax.axhline(0, color="black", lw=0.8)
         ax.set_title(f"{m} (mean over seeds)")

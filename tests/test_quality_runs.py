@@ -3,6 +3,7 @@ calls on CPU. Its run queue: tests/test_run_queue.py."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import torch
 
 from scripts import quality_runs as qr
 from scripts.provenance import source_digest
-from scripts.plot_results import mean_curve, plot_quality_curves, quality_table, summarize
+from scripts.plot_results import mean_curve, plot_quality, plot_quality_curves, quality_table, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,6 +161,22 @@ def test_table_of_a_partial_result_without_bf16_or_with_one_seed_says_n_a():
     assert "| wukong | loka | 1 | n/a | n/a | +0.000 (n=1) |" in table
     one = quality_table({"runs": [_run("bf16", 0, 0.5)]})
     assert "| wukong | bf16 | 1 | +0.000 (n=1) | n/a |" in one
+
+
+def test_a_null_metric_makes_its_statistics_null_instead_of_crashing_the_study(tmp_path):
+    """summary.json writes a non-finite metric as null (NE or AUC over one class; examples/s when a run logged no
+    step): each statistic over that run is null in the table, the other cells and the plots are still made (it was
+    a TypeError raised after the run finished, which stopped every other run of the study)."""
+    runs = [_run(p, s, 0.5 + 0.01 * s) for p in ("bf16", "loka") for s in (0, 1)]
+    runs[3]["eval"]["eval_auc"] = None
+    runs[3]["examples_per_s"] = None
+    runs[1]["eval"]["eval_logloss"] = None  # bf16 seed 1: its RLL pairs and the noise floor cannot be computed
+    rows = {r["precision"]: r for r in summarize({"runs": runs})}
+    assert rows["loka"]["eval_ne"] == pytest.approx(0.9) and math.isnan(rows["loka"]["eval_auc"])
+    assert math.isnan(rows["loka"]["examples_per_s"]) and math.isnan(rows["bf16"]["noise_floor_pct"])
+    table = quality_table({"runs": runs})
+    assert "| wukong | loka | 2 | null (n=2) | null (n=2) |  | 0.9000 | null |" in table
+    assert plot_quality({"runs": runs}, tmp_path) == tmp_path / "quality_rll.png"
 
 
 def test_mean_curve_averages_the_steps_every_seed_has():
