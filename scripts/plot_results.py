@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-WINDOW = 5  # logged train points per trajectory window
+WINDOW = 5  # log intervals per train-loss trajectory window
 
 
 def rll(value: Optional[float], baseline: Optional[float]) -> float:
@@ -134,15 +134,24 @@ def quality_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def trajectory_rll(run: dict, base: dict) -> tuple[list[int], list[float]]:
-    """Windowed train-loss RLL over the trajectory (same batches in both runs, so windows align)."""
-    steps, loss = zip(*run["train"])
-    _, base_loss = zip(*base["train"])
-    xs, ys = [], []
-    for i in range(0, len(loss) - WINDOW + 1, WINDOW):
-        xs.append(steps[i + WINDOW - 1])
-        ys.append(rll(sum(loss[i:i + WINDOW]), sum(base_loss[i:i + WINDOW])))
-    return xs, ys
+def trajectory_rll(run: dict, base: dict) -> list[list[float]]:
+    """Windowed train-loss RLL over the trajectory: [[last step of the window, RLL %], ...].
+
+    ``run["train"]`` and ``base["train"]``: [[step, loss of the log window ending there], ...] (read_run). A window
+    is ``WINDOW`` log intervals of the baseline (its interval: the gcd of its logged steps), ending at a multiple of
+    ``WINDOW`` intervals, so every seed's windows end at the same steps; only windows the baseline reached are
+    drawn. Each compares the two runs' summed losses over the steps of the window that both logged (the same step
+    of two runs of one seed trained on the same batches), so a step only one run logged (a log window skipped for a
+    non-finite loss) never pairs different steps; a window without such a step is left out."""
+    loss, base_loss = dict(run["train"]), dict(base["train"])
+    if not loss or not base_loss:
+        return []
+    span = WINDOW * math.gcd(*base_loss)
+    windows: dict[int, list[int]] = {}
+    for s in sorted(base_loss.keys() & loss.keys()):
+        windows.setdefault(-(-s // span) * span, []).append(s)
+    return [[end, rll(sum(loss[s] for s in steps), sum(base_loss[s] for s in steps))]
+            for end, steps in windows.items() if end <= max(base_loss)]
 
 
 def pyplot():
@@ -194,9 +203,7 @@ def plot_quality(result: dict, out_dir: Path) -> Optional[Path]:
             curves = [trajectory_rll(runs[(m, p, s)], runs[(m, "bf16", s)]) for s in paired(m, p)]
             if not curves:
                 continue
-            xs = curves[0][0]
-            mean = [statistics.mean(c[1][i] for c in curves) for i in range(len(xs))]
-            ax.plot(xs, mean, label=f"{p} (n={len(curves)})")
+            ax.plot(*mean_curve(curves), label=f"{p} (n={len(curves)})")
         if floors[m] is not None and math.isfinite(floors[m]):
             ax.axhspan(-floors[m], floors[m], color="grey", alpha=0.2, label="BF16 seed noise (eval)")
         ax.axhline(0, color="black", lw=0.8)

@@ -14,7 +14,8 @@ import torch
 
 from scripts import quality_runs as qr
 from scripts.provenance import source_digest
-from scripts.plot_results import mean_curve, plot_quality, plot_quality_curves, quality_table, summarize
+from scripts.plot_results import (mean_curve, plot_quality, plot_quality_curves, quality_table, summarize,
+                                  trajectory_rll)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,6 +177,24 @@ def test_a_null_metric_makes_its_statistics_null_instead_of_crashing_the_study(t
     assert math.isnan(rows["loka"]["examples_per_s"]) and math.isnan(rows["bf16"]["noise_floor_pct"])
     table = quality_table({"runs": runs})
     assert "| wukong | loka | 2 | null (n=2) | null (n=2) |  | 0.9000 | null |" in table
+    assert plot_quality({"runs": runs}, tmp_path) == tmp_path / "quality_rll.png"
+
+
+def test_train_loss_windows_pair_the_same_steps_when_a_run_logged_fewer(tmp_path):
+    """A log window all skipped (non-finite loss: no ``loss`` in that record) in the run or in its BF16 baseline:
+    each window compares the losses of the steps both runs logged and ends at the same step for every seed (it
+    paired the i-th records, so every later window compared different batches, and the seeds' windows ended at
+    different steps); a run without train records draws no curve."""
+    base = {"train": [[s, 1.0 / s] for s in range(10, 110, 10)]}
+    run = {"train": [[s, 1.01 / s] for s in range(10, 110, 10) if s != 30]}
+    rows = trajectory_rll(run, base)
+    assert [x for x, _ in rows] == [50, 100] and [y for _, y in rows] == pytest.approx([1.0, 1.0])
+    gap = {"train": [r for r in base["train"] if r[0] != 30]}
+    rows = trajectory_rll({"train": [[s, 1.02 / s] for s in range(10, 110, 10)]}, gap)
+    assert [x for x, _ in rows] == [50, 100] and [y for _, y in rows] == pytest.approx([2.0, 2.0])
+    assert trajectory_rll({"train": []}, base) == [] and trajectory_rll(run, {"train": []}) == []
+    runs = [{**_run("bf16", 0, 0.5), **base}, {**_run("loka", 0, 0.5), **run},
+            {**_run("bf16", 1, 0.5), **gap}, {**_run("loka", 1, 0.5), **base}]
     assert plot_quality({"runs": runs}, tmp_path) == tmp_path / "quality_rll.png"
 
 
