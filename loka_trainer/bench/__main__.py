@@ -59,7 +59,8 @@ def _typed(node: Any, cls: Optional[type] = None) -> Any:
 
 
 def _example(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
-    return ExampleProvider(bench["example"], batch_size=bench["batch_size"] or 8), bench["example"]
+    name = bench.get("example") or DEFAULT_EXAMPLE
+    return ExampleProvider(name, batch_size=bench["batch_size"] or 8), name
 
 
 def _factory(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
@@ -78,6 +79,10 @@ def _zoo(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
                        loka_mods=bench["loka_mods"]), str(name)
 
 
+DEFAULT_EXAMPLE = "nanogpt"  # bench.provider=example without bench.example
+# the bench settings only one provider reads: set under another, the run would measure another model than named
+READ_BY_PROVIDER_ONLY = {"example": "example", "factory": "factory", "loka_mods": "zoo"}
+
 # bench.provider -> (the composed config, the bench section) -> (provider, a short name for the output files)
 PROVIDER_BUILDERS: dict[str, Callable[[DictConfig, dict], tuple[Provider, str]]] = {
     "zoo": _zoo, "example": _example, "factory": _factory}
@@ -88,9 +93,10 @@ def build_provider(cfg: DictConfig, bench: dict) -> tuple[Provider, str]:
     kind = bench["provider"]
     if kind not in PROVIDER_BUILDERS:
         raise ValueError(f"bench.provider={kind!r} is unknown; valid values: {sorted(PROVIDER_BUILDERS)}")
-    if bench.get("factory") and kind != "factory":  # else the run measures another model than the one named
-        raise ValueError(f"bench.factory={bench['factory']} is read only with bench.provider=factory, not "
-                         f"bench.provider={kind}; add bench.provider=factory")
+    for key, reader in READ_BY_PROVIDER_ONLY.items():
+        if bench.get(key) and kind != reader:
+            raise ValueError(f"bench.{key}={bench[key]} is read only with bench.provider={reader}, not "
+                             f"bench.provider={kind}; add bench.provider={reader}")
     return PROVIDER_BUILDERS[kind](cfg, bench)
 
 

@@ -125,11 +125,20 @@ def test_cli_a_model_whose_forward_raises_is_one_line_exit_2_and_writes_nothing(
     assert not out.exists()
 
 
-def test_cli_a_factory_without_provider_factory_is_one_line(conf_dir, tmp_path):
+@pytest.mark.parametrize("overrides, line", [
+    (["bench.factory=tests.bench.user_modules:two_towers"],
+     "bench.factory=tests.bench.user_modules:two_towers is read only with bench.provider=factory, not "
+     "bench.provider=zoo; add bench.provider=factory"),
+    (["bench.example=mlp_tree"],
+     "bench.example=mlp_tree is read only with bench.provider=example, not bench.provider=zoo; "
+     "add bench.provider=example"),
+    (["bench.provider=example", "bench.loka_mods=true"],
+     "bench.loka_mods=True is read only with bench.provider=zoo, not bench.provider=example; "
+     "add bench.provider=zoo"),
+])
+def test_cli_a_setting_of_another_provider_is_one_line(conf_dir, tmp_path, overrides, line):
     out = tmp_path / "run"
-    proc = _run(conf_dir, "bench.factory=tests.bench.user_modules:two_towers", f"hydra.run.dir={out}")
+    proc = _run(conf_dir, *overrides, f"hydra.run.dir={out}")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    [line] = proc.stderr.strip().splitlines()
-    assert line == ("error: bench.factory=tests.bench.user_modules:two_towers is read only with "
-                    "bench.provider=factory, not bench.provider=zoo; add bench.provider=factory"), line
+    assert proc.stderr.strip().splitlines() == [f"error: {line}"]
     assert not out.exists()
