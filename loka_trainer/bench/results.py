@@ -5,7 +5,7 @@ from pathlib import Path
 
 from loka_trainer.bench.icicle import write_icicle
 from loka_trainer.bench.plugins import ResultPlugin
-from loka_trainer.bench.table import NUMERIC_COLUMNS, rows, write_csv, write_json, write_markdown
+from loka_trainer.bench.table import NUMERIC_COLUMNS, markdown_table, rows, write_csv, write_json, write_markdown
 from loka_trainer.bench.tree import BenchResult
 
 
@@ -51,13 +51,12 @@ class TensorBoard(_Named):
         from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 -- optional result
 
         log_dir = out_dir / "tensorboard"
-        md = write_markdown(result, out_dir / f"{self.stem}.md", title=self.title)
         with SummaryWriter(str(log_dir)) as writer:
             for r in rows(result):
                 for col, _, _ in NUMERIC_COLUMNS:
                     if r[col] is not None:
                         writer.add_scalar(f"{col}/{r['component_name']}", r[col], 0)
-            writer.add_text("table", md.read_text())
+            writer.add_text("table", markdown_table(result, title=self.title))
         return [log_dir]
 
 

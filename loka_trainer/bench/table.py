@@ -82,7 +82,8 @@ def _mfu_cell(r: dict[str, Any], dtype: str) -> str:
     return f"{r['mfu_pct']:.3g}% of {r['peak_tflops']:.0f} {dtype}"
 
 
-def write_markdown(result: BenchResult, path: Path, *, title: Optional[str] = None) -> Path:
+def markdown_table(result: BenchResult, *, title: Optional[str] = None) -> str:
+    """The result as a Markdown document: a title, the device line and one table row per module."""
     cols = ["component_name", "type", "status", "latency_fwd_ms", "latency_fwd_bwd_ms", "model_size_mb",
             "tflops_per_s", "MFU (peak TFLOP/s)", "est_bw_gbps", "bw_util_pct", "peak_mem_mb"]
     h = header(result)
@@ -93,7 +94,11 @@ def write_markdown(result: BenchResult, path: Path, *, title: Optional[str] = No
         cells = [r["component_name"], r["type"], r["status"]] + [fmt(r[c]) for c in cols[3:7]]
         cells += [_mfu_cell(r, h["compute_dtype"])] + [fmt(r[c]) for c in cols[8:]]
         lines.append("| " + " | ".join(cells) + " |")
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(result: BenchResult, path: Path, *, title: Optional[str] = None) -> Path:
+    path.write_text(markdown_table(result, title=title))
     return path
 
 

@@ -51,6 +51,7 @@ def test_icicle_is_offline_and_values_are_consistent(nanogpt_result, tmp_path):
 def test_tensorboard_result_writes_events(nanogpt_result, tmp_path):
     (log_dir,) = write_results(nanogpt_result, tmp_path, ["tensorboard"], stem="t")
     assert any(p.name.startswith("events.out.tfevents") for p in log_dir.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tensorboard"]  # only the files it names
 
 
 @pytest.mark.skipif(not HAS_CHROMIUM, reason="needs Debian's chromium at /usr/bin/chromium")
