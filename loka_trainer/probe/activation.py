@@ -11,7 +11,9 @@ Representation (bounded memory): the scatter is kept block-diagonal, as a (G, Kb
 Also kept per feature: the max |x| seen (merges by max), for outlier inspection; it is not used to sample.
 
 Row sampling (``sample_rows``): an observed input with more rows than that folds a uniform sample of its rows (drawn
-with replacement from a generator of the tracker's own, so the training's random stream is untouched) into the
+with replacement from a generator of the tracker's own, so the training's random stream is untouched; the n-th
+observed call draws from seed (tracker seed, n), so a run resumed from a checkpoint, which carries n, draws the rows
+the uninterrupted run would have) into the
 count, mean and scatter; the rows are i.i.d., so the estimates stay unbiased, and the cost of the scatter, the
 (B, K) x (B, K) product that dominates an observation, is bounded by sample_rows * K^2. max |x| still covers every row.
 
@@ -180,6 +182,7 @@ class ActivationTracker:
             raise ValueError(f"sample_rows={sample_rows}; valid values: 0 (every row) or a row count >= 1")
         self.sample_rows, self.seed = sample_rows, seed
         self._generator: Optional[torch.Generator] = None  # made on the first input's device
+        self.calls = 0  # observed calls folded in so far: numbers each call's row sample
         self.block = choose_block(num_features, max_full_covariance=max_full_covariance,
                                   covariance_block=covariance_block)
         self.moments = empty_moments(num_features, self.block, dtype=STATS_DTYPES[stats_dtype], device=device)
@@ -200,21 +203,25 @@ class ActivationTracker:
                               generator=self._rows_generator(x.device))
         self.moments = merge_moments(self.moments, batch)
         self.rows_per_call = x.numel() // x.shape[-1]
+        self.calls += 1
         return batch
 
     def _rows_generator(self, device: torch.device) -> Optional[torch.Generator]:
-        """The tracker's own random stream for row sampling (None when every row is folded)."""
+        """The tracker's own random stream for the row sample of call number ``calls`` (None when every row is
+        folded): seeded from (seed, calls) rather than carried on, so that it depends on nothing a checkpoint lacks.
+        Seeding is host-side state, no device sync."""
         if self.sample_rows == 0:
             return None
         if self._generator is None or self._generator.device != device:
             self._generator = torch.Generator(device=device)
-            self._generator.manual_seed(self.seed)
+        # 32 bits: the CPU generator keeps only those; an odd step makes every call's seed distinct (mod 2^32)
+        self._generator.manual_seed((self.seed + self.calls * 0x9E3779B9) & 0xFFFFFFFF)
         return self._generator
 
     def state_dict(self) -> dict:
         m = self.moments
         return {"count": m.count, "mean": m.mean, "scatter": m.scatter, "max_abs": m.max_abs,
-                "representation": self.representation, "rows_per_call": self.rows_per_call}
+                "representation": self.representation, "rows_per_call": self.rows_per_call, "calls": self.calls}
 
     def load_state_dict(self, state: dict) -> None:
         dtype, device = self.moments.mean.dtype, self.moments.mean.device
@@ -224,6 +231,7 @@ class ActivationTracker:
                              f"expected {tuple(self.moments.scatter.shape)}")
         self.moments = loaded
         self.rows_per_call = int(state.get("rows_per_call", 0))
+        self.calls = int(state.get("calls", 0))
 
 
 def moments_from_state(state: dict) -> Moments:

@@ -5,7 +5,7 @@ File layout (``STATS_DIR/stats.pt``, torch.save of plain dicts and tensors, load
     {"version": 2, "step": int, "world_size": int, "sha256": str,
      "layers": {fqn: {"in_features": I, "out_features": O, "has_bias": bool,
                       "activation": {"count": (), "mean": (I,), "scatter": (G, Kb, Kb), "max_abs": (I,),
-                                     "representation": str, "rows_per_call": int},
+                                     "representation": str, "rows_per_call": int, "calls": int},
                       "weight": {"count": int, "mean": (O, I), "u": (O, O)|(O,), "v": (I, I)|(I,),
                                  "momentum": float, "representation": str}}}}
 

@@ -134,3 +134,19 @@ def test_summary_scalars_are_the_inputs_mean_std_and_max_abs(block):
     assert mean == pytest.approx(float(x.mean()), rel=1e-5)
     assert std == pytest.approx(float(x.std(unbiased=False)), rel=1e-4)
     assert max_abs == 50.0
+
+
+def test_a_tracker_restored_from_its_state_samples_the_rows_the_uninterrupted_one_does():
+    gen = torch.Generator().manual_seed(4)
+    batches = [torch.randn(64, 5, generator=gen) for _ in range(4)]
+    uninterrupted, first = (ActivationTracker(5, sample_rows=8, seed=7) for _ in range(2))
+    for x in batches:
+        uninterrupted.update(x)
+    for x in batches[:2]:
+        first.update(x)
+    resumed = ActivationTracker(5, sample_rows=8, seed=7)
+    resumed.load_state_dict(first.state_dict())  # a checkpoint between the second and third observation
+    for x in batches[2:]:
+        resumed.update(x)
+    for got, expected in zip(resumed.moments.tensors(), uninterrupted.moments.tensors()):
+        assert torch.equal(got, expected)
