@@ -264,7 +264,9 @@ class ProbeCallback(Callback):
 
     # ----- checkpointing ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Rank-local partial statistics (merging needs all ranks, which state_dict may not be called on)."""
+        """Rank-local partial statistics (merging needs all ranks, which state_dict may not be called on):
+        {"rank": int, "layers": {fqn: {"activation": ActivationTracker.state_dict() (its ``calls`` numbers the
+        row samples, so a resumed run samples the rows the uninterrupted run would), "weight": ...}}}."""
         self._weights.wait()
         return {"rank": self.rank, "layers": {fqn: {"activation": lp.activation.state_dict(),
                                                      "weight": lp.weight.state_dict()}

@@ -11,11 +11,12 @@ Representation (bounded memory): the scatter is kept block-diagonal, as a (G, Kb
 Also kept per feature: the max |x| seen (merges by max), for outlier inspection; it is not used to sample.
 
 Row sampling (``sample_rows``): an observed input with more rows than that folds a uniform sample of its rows (drawn
-with replacement from a generator of the tracker's own, so the training's random stream is untouched; the n-th
-observed call draws from seed (tracker seed, n), so a run resumed from a checkpoint, which carries n, draws the rows
-the uninterrupted run would have) into the
+with replacement from a generator of the tracker's own, so the training's random stream is untouched) into the
 count, mean and scatter; the rows are i.i.d., so the estimates stay unbiased, and the cost of the scatter, the
 (B, K) x (B, K) product that dominates an observation, is bounded by sample_rows * K^2. max |x| still covers every row.
+The n-th observed call (n from 0) draws from the seed (tracker seed, n); the state dict carries n as ``calls``, so a
+run resumed from a checkpoint draws the rows the uninterrupted run would have. A state without ``calls`` loads with
+n = 0: the samples stay uniform, but are not the uninterrupted run's.
 
 Chan merge of (n_a, mu_a, S_a) and (n_b, mu_b, S_b), n = n_a + n_b, d = mu_b - mu_a:
   mu = mu_a + (n_b / n) d,   S = S_a + S_b + (n_a n_b / n) d d^T.   Covariance = S / (n - 1).
@@ -219,6 +220,8 @@ class ActivationTracker:
         return self._generator
 
     def state_dict(self) -> dict:
+        """count (), mean (K,), scatter (G, Kb, Kb), max_abs (K,), representation, rows_per_call, and ``calls``: the
+        number of observed calls, which numbers the next call's row sample."""
         m = self.moments
         return {"count": m.count, "mean": m.mean, "scatter": m.scatter, "max_abs": m.max_abs,
                 "representation": self.representation, "rows_per_call": self.rows_per_call, "calls": self.calls}

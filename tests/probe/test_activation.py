@@ -150,3 +150,16 @@ def test_a_tracker_restored_from_its_state_samples_the_rows_the_uninterrupted_on
         resumed.update(x)
     for got, expected in zip(resumed.moments.tensors(), uninterrupted.moments.tensors()):
         assert torch.equal(got, expected)
+
+
+def test_a_state_without_the_call_number_loads_and_numbers_the_next_call_from_zero():
+    gen = torch.Generator().manual_seed(5)
+    seen, nxt = torch.randn(64, 5, generator=gen), torch.randn(64, 5, generator=gen)
+    first = ActivationTracker(5, sample_rows=8, seed=7)
+    first.update(seen)
+    state = {k: v for k, v in first.state_dict().items() if k != "calls"}  # a checkpoint that lacks the number
+    resumed = ActivationTracker(5, sample_rows=8, seed=7)
+    resumed.load_state_dict(state)
+    assert resumed.calls == 0 and torch.equal(resumed.moments.count, first.moments.count)
+    fresh = ActivationTracker(5, sample_rows=8, seed=7)
+    assert torch.equal(resumed.update(nxt).mean, fresh.update(nxt).mean)  # the row sample of call 0
