@@ -91,7 +91,6 @@ class ProbeCallback(Callback):
         self._weights = WeightUpdates()
         self._pending_state: Optional[dict] = None
         self._last_saved_step: Optional[int] = None
-        self._last_observed_step: Optional[int] = None
         self._scalars = PendingScalars()
 
     @classmethod
@@ -185,7 +184,6 @@ class ProbeCallback(Callback):
         if self._observing:
             self._fold_inputs()
             self._observing = False
-            self._last_observed_step = state.step
             self._log_scalars(state.step)
         if (state.step + 1) % self.config.save_interval == 0:
             self.save(state.step)
@@ -237,9 +235,16 @@ class ProbeCallback(Callback):
         self._saver.submit(lambda: seal_stats(to_cpu(snapshot)), self.stats_path)
 
     def on_train_end(self, state: TrainState) -> None:
-        if self._last_saved_step != state.step and self._last_observed_step is not None:
+        if self._last_saved_step != state.step and self._holds_statistics():
             self.save(state.step)
         self.close()
+
+    def _holds_statistics(self) -> bool:
+        """Whether any layer's weight was observed in this run or restored from a checkpoint: the same answer on
+        every rank (weights are observed at the same steps everywhere and restored on every rank), so that the
+        collective save is called by all ranks or none. A run resumed past its last observed step holds the
+        checkpoint's statistics, which the file must still get."""
+        return any(layer.weight.count > 0 for layer in self.layers.values())
 
     def on_exception(self, state: TrainState, exc: BaseException) -> None:
         self.close()  # finish writes already queued; the last complete file stays valid

@@ -33,19 +33,22 @@ class MyLinear(nn.Linear):
     """Stands in for Float8Linear / LoKALinear: any nn.Linear subclass is a target."""
 
 
-def run_plain_loop(probe: ProbeCallback, *, steps: int, model: nn.Module | None = None, seed: int = 0) -> TrainState:
+def run_plain_loop(probe: ProbeCallback, *, steps: int, model: nn.Module | None = None, seed: int = 0,
+                   start: int = 0, end: bool = True) -> TrainState:
+    """Steps [start, steps); ``end=False``: stops as a killed run does, without on_train_end."""
     torch.manual_seed(seed)
     model = model or Tower()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    state = TrainState(model=model)
+    state = TrainState(model=model, step=start)
     probe.on_train_start(state)
-    for step in range(steps):
+    for step in range(start, steps):
         state.step = step
         probe.on_step_start(state)
         loss = model(torch.randn(ROWS, 8)).square().mean()
         loss.backward(); opt.step(); opt.zero_grad()
         probe.on_step_end(state)
-    probe.on_train_end(state)
+    if end:
+        probe.on_train_end(state)
     return state
 
 
@@ -227,6 +230,19 @@ def test_checkpoint_round_trip_resumes_statistics(tmp_path):
     other_rank.load_state_dict(state)  # rank 0's rows must not be counted again on rank 1
     assert float(other_rank.layers["head"].activation.moments.count) == 0
     assert other_rank.layers["head"].weight.count == 3
+
+
+def test_a_run_resumed_past_its_last_observation_still_writes_the_checkpointed_statistics(tmp_path):
+    killed = ProbeCallback(interval=5, save_interval=100, out_dir=str(tmp_path), tensorboard=False)
+    run_plain_loop(killed, steps=3, end=False)  # observed at step 0, checkpointed after step 2, then killed
+    state = killed.state_dict()
+    killed.close()
+    assert not (tmp_path / "stats.pt").exists()
+    resumed = ProbeCallback(interval=5, save_interval=100, out_dir=str(tmp_path), tensorboard=False)
+    resumed.load_state_dict(state)
+    run_plain_loop(resumed, steps=5, start=3)  # steps 3 and 4: none observed
+    stats = load_stats(tmp_path)
+    assert stats["step"] == 4 and float(stats["layers"]["head"]["activation"]["count"]) == ROWS
 
 
 def _observe_loop(model: nn.Module, forward, probe: ProbeCallback, steps: int) -> None:
