@@ -242,10 +242,24 @@ class WeightTracker:
         return {"count": self.count, "mean": self.mean, "u": self.u, "v": self.v,
                 "momentum": self.momentum, "representation": self.representation}
 
+    def factor_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of U and V in this tracker's representation: (O, O) or (O,), and (I, I) or (I,)."""
+        out_f, in_f = self.shape
+        return ((out_f,) if self.diagonal_u else (out_f, out_f)), ((in_f,) if self.diagonal_v else (in_f, in_f))
+
     def load_state_dict(self, state: dict) -> None:
-        self.count = int(state["count"])
-        if self.count == 0:
+        """A state of another shape or factor representation (another ``max_full_covariance``, i.e.
+        ``callbacks.probe.max_full_weight_factor``) is refused with one ValueError line, the tracker unchanged."""
+        count = int(state["count"])
+        if count == 0:
+            self.count, self.mean, self.u, self.v = 0, None, None, None
             return
-        self.mean, self.u, self.v = (state[k].to(self.dtype) for k in ("mean", "u", "v"))
-        if tuple(self.mean.shape) != self.shape:
-            raise ValueError(f"weight state has mean {tuple(self.mean.shape)}, expected {self.shape}")
+        mean, u, v = (state[k].to(self.dtype) for k in ("mean", "u", "v"))
+        if tuple(mean.shape) != self.shape:
+            raise ValueError(f"weight state has mean {tuple(mean.shape)}, expected {self.shape}")
+        if (tuple(u.shape), tuple(v.shape)) != self.factor_shapes():
+            u_shape, v_shape = self.factor_shapes()
+            raise ValueError(f"weight state of {self.shape} has factors U {tuple(u.shape)}, V {tuple(v.shape)}; this "
+                             f"tracker keeps U {u_shape}, V {v_shape} ({self.representation}): another "
+                             f"max_full_weight_factor")
+        self.count, self.mean, self.u, self.v = count, mean, u, v

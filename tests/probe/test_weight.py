@@ -162,3 +162,16 @@ def test_shape_mismatch_and_bad_momentum_are_rejected():
     tracker = WeightTracker(3, 4)
     with pytest.raises(ValueError, match="shape"):
         tracker.update(torch.randn(4, 3))
+
+
+@pytest.mark.parametrize("saved_full, now_full", [(1, 100), (100, 1)])
+def test_a_state_of_another_factor_representation_is_refused_and_changes_nothing(saved_full, now_full):
+    gen = torch.Generator().manual_seed(3)
+    saved = WeightTracker(6, 8, max_full_covariance=saved_full)
+    for _ in range(3):
+        saved.update(torch.randn(6, 8, generator=gen))
+    tracker = WeightTracker(6, 8, max_full_covariance=now_full)
+    with pytest.raises(ValueError, match="max_full_weight_factor") as info:
+        tracker.load_state_dict(saved.state_dict())
+    assert "\n" not in str(info.value)
+    assert tracker.count == 0 and tracker.mean is None  # the tracker is as it was
