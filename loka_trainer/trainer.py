@@ -268,12 +268,12 @@ class Trainer:
             for cb in self.callbacks.callbacks:
                 if cb.state_key in local["callbacks"]:
                     cb.load_state_dict(local["callbacks"][cb.state_key])
+            self.state.checkpoint_dir = path
+            self.callbacks.fire("on_checkpoint_load", self.state)  # where a callback checks its state (the Probe)
         except (KeyError, ValueError, TypeError) as exc:
             raise ckpt.CheckpointError(f"{path} does not fit this run ({type(exc).__name__}: {exc})") from None
         self.train_iter = iter(self.streams.train)
-        self.state.checkpoint_dir = path
         self.log(f"resumed from {path} at step {extra['step']}")
-        self.callbacks.fire("on_checkpoint_load", self.state)
         return int(extra["step"])
 
 

@@ -232,3 +232,16 @@ def test_a_run_stopped_between_its_last_checkpoint_and_its_summary_finishes_on_r
     assert "nothing to do" not in proc.stdout
     again = json.loads((run_dir / "summary.json").read_text())
     assert again["steps"] == summary["steps"] and _records(run_dir) == records
+
+
+@pytest.mark.slow
+def test_a_resume_with_other_probe_settings_stops_in_one_line(tmp_path):
+    run_dir = tmp_path / "probe"
+    probed = [*COMMON, "callbacks.probe.enabled=true", "callbacks.probe.interval=2", "trainer.steps=4",
+              f"hydra.run.dir={run_dir}"]
+    run_train([*probed, "trainer.stop_after=2"])
+    proc = run_train([*probed, "callbacks.probe.covariance_block=4", "callbacks.probe.max_full_covariance=4"],
+                     check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = _error_lines(proc.stderr)
+    assert "does not fit this run" in line and "Probe statistics of layer" in line and "Traceback" not in proc.stderr

@@ -284,7 +284,16 @@ class ProbeCallback(Callback):
         else:
             self._pending_state = state_dict
 
+    def on_checkpoint_load(self, state: TrainState) -> None:
+        """Attach to ``state.model`` now if a loaded state waits for it, so that a state that does not fit this
+        run's layers or settings is refused while the checkpoint is loaded (the trainer's one-line error), not at
+        the first step."""
+        if self._pending_state is not None and not self.layers:
+            self.attach(state.model, rank=state.rank, world_size=state.world_size)
+
     def _apply_state(self, state: dict) -> None:
+        """ValueError naming the layer when its saved statistics do not fit its tracker (another shape, or other
+        ``max_full_covariance`` / ``covariance_block`` / ``max_full_weight_factor`` settings)."""
         # A checkpoint written by another rank carries that rank's rows: adopting them here would count them
         # twice in the merge, so only the (rank-identical) weight statistics are restored in that case.
         same_rank = state.get("rank", 0) == self.rank
@@ -292,9 +301,12 @@ class ProbeCallback(Callback):
             if fqn not in self.layers:
                 warnings.warn(f"ProbeCallback: checkpoint layer {fqn!r} is not a target now; skipped")
                 continue
-            self.layers[fqn].weight.load_state_dict(entry["weight"])
-            if same_rank:
-                self.layers[fqn].activation.load_state_dict(entry["activation"])
+            try:
+                self.layers[fqn].weight.load_state_dict(entry["weight"])
+                if same_rank:
+                    self.layers[fqn].activation.load_state_dict(entry["activation"])
+            except ValueError as exc:
+                raise ValueError(f"Probe statistics of layer {fqn!r} do not fit: {exc}") from None
 
 
 class PendingScalars:

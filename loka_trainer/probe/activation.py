@@ -230,8 +230,9 @@ class ActivationTracker:
         dtype, device = self.moments.mean.dtype, self.moments.mean.device
         loaded = Moments(*(state[k].to(dtype=dtype, device=device) for k in ("count", "mean", "scatter", "max_abs")))
         if loaded.scatter.shape != self.moments.scatter.shape or loaded.mean.shape != self.moments.mean.shape:
-            raise ValueError(f"activation state has scatter {tuple(loaded.scatter.shape)}, "
-                             f"expected {tuple(self.moments.scatter.shape)}")
+            raise ValueError(f"activation state has scatter {tuple(loaded.scatter.shape)}, this tracker keeps "
+                             f"{tuple(self.moments.scatter.shape)} ({self.representation}): another number of "
+                             f"features, max_full_covariance or covariance_block")
         self.moments = loaded
         self.rows_per_call = int(state.get("rows_per_call", 0))
         self.calls = int(state.get("calls", 0))

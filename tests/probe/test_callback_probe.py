@@ -245,6 +245,18 @@ def test_a_run_resumed_past_its_last_observation_still_writes_the_checkpointed_s
     assert stats["step"] == 4 and float(stats["layers"]["head"]["activation"]["count"]) == ROWS
 
 
+@pytest.mark.parametrize("setting", [{"covariance_block": 4, "max_full_covariance": 4},
+                                     {"max_full_weight_factor": 4}], ids=["activation", "weight"])
+def test_a_checkpoint_of_other_probe_settings_is_refused_when_it_is_loaded(tmp_path, setting):
+    first = ProbeCallback(interval=1, save_interval=100, out_dir=str(tmp_path), tensorboard=False)
+    run_plain_loop(first, steps=2)
+    resumed = ProbeCallback(interval=1, out_dir=str(tmp_path), tensorboard=False, **setting)
+    resumed.load_state_dict(first.state_dict())  # not attached yet: as a trainer restores, before training starts
+    with pytest.raises(ValueError, match="Probe statistics of layer 'inner.0' do not fit") as info:
+        resumed.on_checkpoint_load(TrainState(model=Tower()))
+    assert "\n" not in str(info.value)
+
+
 def _observe_loop(model: nn.Module, forward, probe: ProbeCallback, steps: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     state = TrainState(model=model)
