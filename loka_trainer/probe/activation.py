@@ -85,9 +85,11 @@ def batch_moments(x: torch.Tensor, *, block: int, compute_dtype: torch.dtype = t
     ``sample_rows`` > 0 and fewer than the B rows of x: count, mean and scatter come from that many rows drawn
     uniformly with replacement (``generator`` on x's device); max_abs always covers all B rows. The scatter is
     formed from the *centered* rows, so computing it in fp32 loses little even when the mean is large; the caller
-    accumulates the merged result in its (usually fp64) stats dtype.
+    accumulates the merged result in its (usually fp64) stats dtype. B = 0 gives empty moments (count 0).
     """
     rows = x.detach().reshape(-1, x.shape[-1])  # (B, K), x's dtype
+    if rows.shape[0] == 0:  # an empty call (B = 0) adds nothing; its mean would be NaN and poison the merge
+        return empty_moments(rows.shape[1], block, dtype=compute_dtype, device=rows.device)
     max_abs = torch.linalg.vector_norm(rows, ord=float("inf"), dim=0).to(compute_dtype)  # one pass, no |x| copy
     if 0 < sample_rows < rows.shape[0]:
         picked = torch.randint(rows.shape[0], (sample_rows,), device=rows.device, generator=generator)
@@ -203,7 +205,8 @@ class ActivationTracker:
         batch = batch_moments(x, block=self.block, sample_rows=self.sample_rows,
                               generator=self._rows_generator(x.device))
         self.moments = merge_moments(self.moments, batch)
-        self.rows_per_call = x.numel() // x.shape[-1]
+        if x.numel():  # an empty call says nothing about the GEMM's M
+            self.rows_per_call = x.numel() // x.shape[-1]
         self.calls += 1
         return batch
 

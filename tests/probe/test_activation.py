@@ -163,3 +163,14 @@ def test_a_state_without_the_call_number_loads_and_numbers_the_next_call_from_ze
     assert resumed.calls == 0 and torch.equal(resumed.moments.count, first.moments.count)
     fresh = ActivationTracker(5, sample_rows=8, seed=7)
     assert torch.equal(resumed.update(nxt).mean, fresh.update(nxt).mean)  # the row sample of call 0
+
+
+@pytest.mark.parametrize("sample_rows", [0, 8])
+def test_an_observed_call_with_no_rows_leaves_the_statistics_as_they_were(sample_rows):
+    tracker = ActivationTracker(5, sample_rows=sample_rows, covariance_block=2, max_full_covariance=2)
+    tracker.update(torch.randn(16, 5))
+    before = [t.clone() for t in tracker.moments.tensors()]
+    tracker.update(torch.randn(0, 3, 5))  # e.g. a rank whose batch holds no rows
+    for got, expected in zip(tracker.moments.tensors(), before):
+        assert torch.equal(got, expected)
+    assert tracker.rows_per_call == 16  # the GEMM's M that the report uses
