@@ -87,8 +87,6 @@ class Trainer:
                     batch = next(self.train_iter)
                 self._train_step(batch)
                 done = step + 1
-                if done % t.log_interval == 0 and done <= last and (signum := stop.agreed(self.dist.device)):
-                    self._stop_on_signal(signum, done)
                 if t.eval_interval and done % t.eval_interval == 0 and done != t.steps:
                     self._raise_if_nonfinite()
                     with phase_range("eval"):
@@ -97,6 +95,9 @@ class Trainer:
                     self._raise_if_nonfinite()
                     with phase_range("checkpoint"):
                         self._save_checkpoint(done)
+                # last: a resume at `done` runs neither the evaluation nor the periodic save of `done` again
+                if done % t.log_interval == 0 and done <= last and (signum := stop.agreed(self.dist.device)):
+                    self._stop_on_signal(signum, done)
             self.state.step = last  # the last step trained, also when a resume at the end trained none
             self._raise_if_nonfinite()
             if last + 1 == t.steps:
@@ -113,7 +114,7 @@ class Trainer:
         return self.state
 
     def _stop_on_signal(self, signum: int, done: int) -> None:
-        """Every rank: save the state after `done` steps (unless that step was just saved), then `RunStopped`."""
+        """Every rank: save the state after `done` steps (unless the loop just saved it), then `RunStopped`."""
         self._raise_if_nonfinite()
         if not _saved_at(self.run.trainer, done):
             self._save_checkpoint(done)

@@ -104,3 +104,16 @@ def test_a_signal_saves_an_agreed_step_and_the_same_command_resumes_there(tmp_pa
     run_train([*COMMON, f"trainer.steps={step + 4}", f"hydra.run.dir={run_dir}"], nproc=nproc)
     assert f"resumed from {saved} at step {step}" in (run_dir / "train.log").read_text()
     assert [r["step"] for r in _records(run_dir) if "loss" in r] == list(range(2, step + 5, 2))
+
+
+@pytest.mark.slow
+def test_a_signal_at_a_periodic_checkpoint_and_eval_step_saves_and_evaluates_that_step(tmp_path):
+    every_log_step = ["trainer.log_interval=2", "trainer.checkpoint_interval=2", "trainer.eval_interval=2"]
+    run_dir, args = tmp_path / "run", [*COMMON, *every_log_step, "trainer.steps=100000"]
+    proc = _start_and_signal(args, run_dir, nproc=1, signum=signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    [line] = [line for line in (run_dir / "train.log").read_text().splitlines() if "stopped by" in line]
+    step = int(line.split("stopped by SIGTERM after step ")[1].split(":")[0])
+    saved = run_dir / "checkpoints" / f"step_{step:06d}"
+    assert str(saved) in line and verify_checkpoint(saved)["step"] == step
+    assert [r["step"] for r in _records(run_dir) if "eval_auc" in r] == list(range(2, step + 1, 2))
