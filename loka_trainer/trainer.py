@@ -79,6 +79,7 @@ class Trainer:
         self.state.step = start
         self.warmup = build_warmup(self.dense_optimizer, base_lr=t.lr, warmup_steps=t.warmup_steps, start_step=start)
         self.callbacks.fire("on_train_start", self.state)
+        self._window_start = time.perf_counter()  # start-up and a checkpoint's restore are not training throughput
         stop = StopSignals(enabled=t.stop_on_signal, announce=self.dist.is_rank_zero)
         try:
             for step in range(start, last + 1):
@@ -89,11 +90,11 @@ class Trainer:
                 done = step + 1
                 if t.eval_interval and done % t.eval_interval == 0 and done != t.steps:
                     self._raise_if_nonfinite()
-                    with phase_range("eval"):
+                    with phase_range("eval"), self._outside_throughput():
                         self._evaluate()
                 if _saved_at(t, done):
                     self._raise_if_nonfinite()
-                    with phase_range("checkpoint"):
+                    with phase_range("checkpoint"), self._outside_throughput():
                         self._save_checkpoint(done)
                 # last: a resume at `done` runs neither the evaluation nor the periodic save of `done` again
                 if done % t.log_interval == 0 and done <= last and (signum := stop.agreed(self.dist.device)):
@@ -177,6 +178,16 @@ class Trainer:
         self._window, self._window_start = [], time.perf_counter()
         return out
 
+    @contextlib.contextmanager
+    def _outside_throughput(self):
+        """Leave the time spent inside (an evaluation, a checkpoint save) out of the logged examples/s: the window's
+        start moves later by as much, so the window's steps before it still count with their own time."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._window_start += time.perf_counter() - began
+
     def _update_metrics(self) -> dict[str, float]:
         """``lr`` (the dense learning rate of this step) under a warm-up; ``grad_norm_max`` (the largest dense
         gradient norm before clipping since the last log, all ranks) under clipping."""
@@ -210,7 +221,6 @@ class Trainer:
         self.log(f"eval @ step {self.state.step + 1}: auc {m['eval_auc']:.4f}  logloss {m['eval_logloss']:.4f}  "
                  f"ne {m['eval_ne']:.4f}")
         self.callbacks.fire("on_eval_end", self.state)
-        self._window_start = time.perf_counter()  # eval time is not training throughput
 
     def _count_malformed_rows(self) -> None:
         """Skipped malformed data rows, summed over ranks (train and eval), into train.log and summary.json."""

@@ -1,0 +1,75 @@
+"""examples_per_s in metrics.jsonl counts training time only: an evaluation, a checkpoint save or a restore leaves the
+steps of its log window counted with their own time, wherever it falls in the window."""
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from tests.launch import SMALL
+from tests.spawn import run_on_ranks
+
+WORLD = 2
+BATCH = 256  # SMALL's data.batch_size, per rank
+PAUSE_SECONDS = 100.0  # each evaluation, checkpoint save and checkpoint load
+# log windows of 4 steps; evaluations and saves fall inside them, not on their edges
+SETTINGS = ["model=dlrm", *SMALL, "trainer.log_interval=4", "trainer.eval_interval=3", "trainer.checkpoint_interval=5",
+            "callbacks.tensorboard=false"]
+
+
+def _clock(step_seconds: float):
+    """A callback that is also the trainer's clock: every step takes `step_seconds`, every pause PAUSE_SECONDS."""
+    from loka_trainer.callbacks.base import Callback
+
+    class Clock(Callback):
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+        def on_step_start(self, state) -> None:
+            self.now += step_seconds
+
+        def on_eval_end(self, state) -> None:
+            self.now += PAUSE_SECONDS
+
+        def on_checkpoint_save(self, state) -> None:
+            self.now += PAUSE_SECONDS
+
+        def on_checkpoint_load(self, state) -> None:
+            self.now += PAUSE_SECONDS
+
+    return Clock()
+
+
+def _worker(rank: int, out_dir: str) -> None:
+    import torch
+
+    import loka_trainer.trainer as trainer_module
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+    from loka_trainer.sharding.dist import DistInfo
+
+    register_schemas()
+    dist_info = DistInfo(rank=rank, world_size=WORLD, local_rank=rank, device=torch.device("cpu"), backend="gloo")
+    checkpoint = None
+    # steps 1-8, stopped there; then a resumed run, twice as slow per step, trains 9-12
+    for overrides, step_seconds in ((["trainer.steps=12", "trainer.stop_after=8"], 1.0), (["trainer.steps=12"], 2.0)):
+        cfg, _ = compose_config("config", [*SETTINGS, *overrides])
+        clock = _clock(step_seconds)
+        trainer_module.time = types.SimpleNamespace(perf_counter=clock.perf_counter)
+        trainer = trainer_module.Trainer(to_run_config(cfg), run_dir=Path(out_dir), dist_info=dist_info,
+                                         extra_callbacks=[clock])
+        start = trainer.restore(checkpoint) if checkpoint is not None else 0
+        trainer.fit(start)
+        checkpoint = trainer.state.checkpoint_dir
+
+
+@pytest.mark.slow
+def test_evaluations_checkpoints_and_a_restore_inside_a_log_window_do_not_count_as_training_time(tmp_path):
+    run_on_ranks(_worker, WORLD, str(tmp_path))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    throughput = {r["step"]: r["examples_per_s"] for r in records if "loss" in r}
+    assert throughput == pytest.approx({4: WORLD * BATCH / 1.0, 8: WORLD * BATCH / 1.0, 12: WORLD * BATCH / 2.0})
