@@ -1,5 +1,6 @@
 """examples_per_s in metrics.jsonl counts training time only: an evaluation, a checkpoint save or a restore leaves the
-steps of its log window counted with their own time, wherever it falls in the window."""
+steps of its log window counted with their own time, wherever it falls in the window. summary.json's mean covers the
+whole run, also when it was resumed."""
 from __future__ import annotations
 
 import json
@@ -67,9 +68,24 @@ def _worker(rank: int, out_dir: str) -> None:
         checkpoint = trainer.state.checkpoint_dir
 
 
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory) -> Path:
+    """The run directory of `_worker`'s two runs (steps 1-8, then resumed for 9-12)."""
+    run_dir = tmp_path_factory.mktemp("resumed_run")
+    run_on_ranks(_worker, WORLD, str(run_dir))
+    return run_dir
+
+
 @pytest.mark.slow
-def test_evaluations_checkpoints_and_a_restore_inside_a_log_window_do_not_count_as_training_time(tmp_path):
-    run_on_ranks(_worker, WORLD, str(tmp_path))
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+def test_evaluations_checkpoints_and_a_restore_inside_a_log_window_do_not_count_as_training_time(resumed_run):
+    records = [json.loads(line) for line in (resumed_run / "metrics.jsonl").read_text().splitlines()]
     throughput = {r["step"]: r["examples_per_s"] for r in records if "loss" in r}
     assert throughput == pytest.approx({4: WORLD * BATCH / 1.0, 8: WORLD * BATCH / 1.0, 12: WORLD * BATCH / 2.0})
+
+
+@pytest.mark.slow
+def test_a_resumed_runs_summary_averages_the_throughput_of_every_logged_window(resumed_run):
+    records = [json.loads(line) for line in (resumed_run / "metrics.jsonl").read_text().splitlines()]
+    logged = [r["examples_per_s"] for r in records if "loss" in r]
+    summary = json.loads((resumed_run / "summary.json").read_text())
+    assert len(logged) == 3 and summary["examples_per_s"] == pytest.approx(sum(logged) / len(logged))

@@ -6,11 +6,11 @@ Run-directory contract (other tools and tests rely on it):
   was skipped has only ``step, skipped_steps``) and per evaluation (``step, eval_auc, eval_logloss, eval_ne``);
   appended across resumes (a resume first drops the records after its checkpoint: `loka_trainer.resume`).
 - ``summary.json``: written at the end (model, precision, world_size, steps, final eval metrics, mean examples_per_s
-  over the steps this process logged (null when none), skipped_steps, the run totals in ``TrainState.counts`` such as
-  ``malformed_rows``, and on CUDA ``peak_gpu_memory_gib``: rank 0's allocator high-water mark from the first step on,
-  i.e. training and evaluation with FP8 weight caches and kept activations, not the model build or the Dispatch plan's
-  timing); where it ran: ``device`` (the CUDA device's name, else ``cpu``), ``torch`` (version) and ``finished`` (UTC
-  time, ISO 8601).
+  over every step the run logged, a resumed run's steps before its checkpoint included (the checkpoint keeps them;
+  null when none), skipped_steps, the run totals in ``TrainState.counts`` such as ``malformed_rows``, and on CUDA
+  ``peak_gpu_memory_gib``: rank 0's allocator high-water mark from the first step on, i.e. training and evaluation
+  with FP8 weight caches and kept activations, not the model build or the Dispatch plan's timing); where it ran:
+  ``device`` (the CUDA device's name, else ``cpu``), ``torch`` (version) and ``finished`` (UTC time, ISO 8601).
 - ``tensorboard/``: event files (scalars under ``train/`` and ``eval/``).
 """
 from __future__ import annotations
@@ -65,6 +65,15 @@ class MetricsLogger(Callback):
                        torch=torch.__version__,
                        finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         atomic_write_text(self.summary_path, json.dumps(_finite_or_none(summary), indent=2) + "\n")  # tools read it
+
+    def state_dict(self) -> dict[str, Any]:
+        """What summary.json is computed from, so that a resumed run's summary covers the steps before its
+        checkpoint too (rank 0's; the other ranks' lists stay empty)."""
+        return {"throughputs": list(self.throughputs), "last_eval": dict(self.last_eval)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.throughputs = [float(v) for v in state_dict.get("throughputs", [])]
+        self.last_eval = dict(state_dict.get("last_eval", {}))
 
     def _append(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
