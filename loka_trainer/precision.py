@@ -17,6 +17,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
+import torch
 from torch import nn
 
 from loka_trainer.dispatch.broadcast import rank0_print
@@ -84,6 +85,28 @@ def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear],
     targets = set(linears)
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulates_fp8(device))
     convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in targets)
+    if _has_high_precision_gemm(config):
+        for fqn in targets:
+            model.get_submodule(fqn).register_forward_pre_hook(_input_in_cpu_autocast_dtype)
+
+
+def _has_high_precision_gemm(config) -> bool:
+    """Whether a GEMM of torchao's ``Float8LinearConfig`` takes an operand unscaled, in its own dtype
+    (rowwise_with_gw_hp's weight gradient)."""
+    from torchao.float8.config import ScalingType  # noqa: PLC0415 -- torchao imports slowly
+
+    casts = [getattr(config, f.name) for f in dataclasses.fields(config) if f.name.startswith("cast_config_")]
+    return any(cast.scaling_type is ScalingType.DISABLED for cast in casts)
+
+
+def _input_in_cpu_autocast_dtype(module: nn.Module, args: tuple) -> Optional[tuple]:
+    """Forward pre-hook of a torchao ``Float8Linear``: under CPU autocast its input (N, K) in the autocast dtype.
+    torchao casts it under CUDA autocast only; on the CPU an FP32 input then meets the BF16 output gradient in
+    the high-precision weight-gradient GEMM, which fails in backward."""
+    x, *rest = args
+    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return None
+    return (x.to(torch.get_autocast_dtype("cpu")), *rest)
 
 
 def unread_by_preset(config: PrecisionConfig) -> list[str]:

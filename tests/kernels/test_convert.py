@@ -346,3 +346,19 @@ def test_an_exclude_typo_names_the_closest_targets_not_every_one():
     assert "layers.5.out" not in message
     with pytest.raises(ValueError, match=r"none is close among its 63 targets, e.g. \['layers.0.out'"):
         check_exclude(["zzz"], targets, where="precision")
+
+
+def test_torchao_high_precision_weight_gradient_trains_under_cpu_autocast():
+    """rowwise_with_gw_hp under BF16 CPU autocast: an FP32 input (mlp.0's, from the embedding sum) and the BF16
+    output gradient meet in its weight-gradient GEMM."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    m = TinyModel()
+    apply_precision(m, config=PrecisionConfig(name="fp8_rowwise_gw_hp", compute_dtype="bfloat16",
+                                              fp8_recipe="rowwise_with_gw_hp"),
+                    device="cpu", calibration_batch=_batch(), log=lambda s: None)
+    assert isinstance(m.mlp[0], Float8Linear)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = m(_batch()).float()
+    logits.sum().backward()
+    assert m.mlp[0].weight.grad is not None and torch.isfinite(m.mlp[0].weight.grad).all()
