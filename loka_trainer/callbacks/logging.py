@@ -88,17 +88,29 @@ class TensorBoardLogger(Callback):
         self.writer = None
 
     def on_train_start(self, state: TrainState) -> None:
-        if state.is_rank_zero:
-            from torch.utils.tensorboard import SummaryWriter
+        if not state.is_rank_zero:
+            return
+        from torch.utils.tensorboard import SummaryWriter
 
-            # a resumed run (state.step = its checkpoint's step S) hides what an earlier run logged after S, as
-            # metrics.jsonl drops those records: TensorBoard shows one series
-            self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=state.step + 1 if state.step else None)
+        # A resumed run (state.step = its checkpoint's step S) hides what an earlier run logged after S, as
+        # metrics.jsonl drops those records: TensorBoard shows one series. Resumed at the last step, it evaluates
+        # S again: TensorBoard hides whole steps only, so S goes too and the train scalars kept at S are rewritten.
+        final = bool(state.step) and state.step == state.total_steps
+        purge_step = (state.step if final else state.step + 1) if state.step else None
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
+        if final and state.run_dir is not None:
+            for record in _records_at(Path(state.run_dir) / "metrics.jsonl", state.step):
+                if not any(key.startswith("eval_") for key in record):
+                    self._add("train", record, state.step)
 
     def on_step_end(self, state: TrainState) -> None:
         if self.writer is not None and state.metrics:
-            for key, value in state.metrics.items():
-                self.writer.add_scalar(f"train/{key}", value, state.step + 1)
+            self._add("train", state.metrics, state.step + 1)
+
+    def _add(self, prefix: str, metrics: dict[str, Any], step: int) -> None:
+        for key, value in metrics.items():
+            if key != "step" and value is not None:
+                self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def on_eval_end(self, state: TrainState) -> None:
         if self.writer is not None:
@@ -142,6 +154,14 @@ class ProgressBar(Callback):
 
     def on_exception(self, state: TrainState, exc: BaseException) -> None:
         self.on_train_end(state)
+
+
+def _records_at(path: Path, step: int) -> list[dict[str, Any]]:
+    """The records of `path` (metrics.jsonl) logged at `step` (none when it does not exist)."""
+    if not path.is_file():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r.get("step") == step]
 
 
 def _finite_or_none(record: dict[str, Any]) -> dict[str, Any]:

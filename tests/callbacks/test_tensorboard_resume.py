@@ -32,3 +32,29 @@ def test_a_resumed_run_hides_what_the_interrupted_one_logged_after_the_checkpoin
     acc.Reload()
     seen = [(e.step, e.value) for e in acc.Scalars("train/loss")]
     assert seen == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 1.0), (5, 2.0), (6, 2.0), (7, 2.0), (8, 2.0)]
+
+
+def test_a_run_resumed_at_its_last_step_shows_its_final_evaluation_once_and_keeps_the_train_scalars(tmp_path):
+    """Stopped after its final evaluation but before summary.json: the resumed run evaluates the last step again."""
+    steps, log_dir = 4, tmp_path / "tensorboard"
+    state = TrainState(model=nn.Linear(1, 1), run_dir=tmp_path, total_steps=steps)
+    logger = TensorBoardLogger(log_dir)
+    logger.on_train_start(state)
+    for step in range(steps):
+        state.step, state.metrics = step, {"loss": 1.0}
+        logger.on_step_end(state)
+    state.eval_metrics = {"eval_auc": 0.6}
+    logger.on_eval_end(state)
+    logger.on_train_end(state)
+    # what metrics.jsonl holds after the resume's trim: the train records, the final evaluation's dropped
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in range(1, steps + 1)))
+    state = TrainState(model=nn.Linear(1, 1), step=steps, run_dir=tmp_path, total_steps=steps)
+    logger = TensorBoardLogger(log_dir)
+    logger.on_train_start(state)
+    state.step, state.eval_metrics = steps - 1, {"eval_auc": 0.6}
+    logger.on_eval_end(state)
+    logger.on_train_end(state)
+    acc = event_accumulator.EventAccumulator(str(log_dir), purge_orphaned_data=True)
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("eval/auc")] == [(steps, pytest.approx(0.6))]
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, steps + 1))
