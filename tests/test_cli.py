@@ -170,9 +170,12 @@ def test_row_wise_embedding_sharding_is_offered_on_gpus_only():
 
 
 @pytest.mark.slow
-def test_multirun_runs_each_point_in_its_own_dir(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_multirun_runs_each_point_in_its_own_dir(tmp_path, nproc):
+    """On 2 ranks each point starts a process group in the same processes (a second one used to hang)."""
     sweep = tmp_path / "sweep"
-    proc = run_train(["-m", "precision=fp32,bf16", *TINY, f"hydra.sweep.dir={sweep}"], check=False)
+    proc = run_train(["-m", "precision=fp32,bf16", *TINY, f"hydra.sweep.dir={sweep}"], nproc=nproc, check=False,
+                     timeout=240)
     assert proc.returncode == 0, proc.stderr[-5000:]
     summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(2)]
     assert [s["precision"] for s in summaries] == ["fp32", "bf16"]

@@ -6,11 +6,15 @@ Under torchrun the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import socket
 
 import torch
 import torch.distributed as dist
+
+
+_GROUPS_STARTED = itertools.count()  # default process groups this process started under torchrun
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +59,11 @@ def init_distributed(device: str = "auto") -> DistInfo:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+            store, _, _ = next(dist.rendezvous("env://"))
+            # Keys of their own for each group this process starts: a sweep (-m) starts one per point in the same
+            # processes and torchrun's store, where the previous point's keys made gloo's rendezvous hang.
+            store = dist.PrefixStore(f"loka_trainer/{next(_GROUPS_STARTED)}/", store)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
         else:
             dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
                                     rank=0, world_size=1)
