@@ -59,7 +59,7 @@ def init_distributed(device: str = "auto") -> DistInfo:
         torch.cuda.set_device(dev)
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
-            store, _, _ = next(dist.rendezvous("env://"))
+            store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size))
             # Keys of their own for each group this process starts: a sweep (-m) starts one per point in the same
             # processes and torchrun's store, where the previous point's keys made gloo's rendezvous hang.
             store = dist.PrefixStore(f"loka_trainer/{next(_GROUPS_STARTED)}/", store)
