@@ -85,7 +85,7 @@ def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear],
     targets = set(linears)
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulates_fp8(device))
     convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in targets)
-    if _has_high_precision_gemm(config):
+    if torch.device(device).type == "cpu" and _has_high_precision_gemm(config):
         for fqn in targets:
             model.get_submodule(fqn).register_forward_pre_hook(_input_in_cpu_autocast_dtype)
 
@@ -102,10 +102,10 @@ def _has_high_precision_gemm(config) -> bool:
 def _input_in_cpu_autocast_dtype(module: nn.Module, args: tuple) -> Optional[tuple]:
     """Forward pre-hook of a torchao ``Float8Linear``: under CPU autocast its input (N, K) in the autocast dtype.
     torchao casts it under CUDA autocast only; on the CPU an FP32 input then meets the BF16 output gradient in
-    the high-precision weight-gradient GEMM, which fails in backward."""
-    x, *rest = args
-    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+    the high-precision weight-gradient GEMM, which fails in backward. Registered for a CPU model only."""
+    if not args or not torch.is_autocast_enabled("cpu") or args[0].device.type != "cpu":
         return None
+    x, *rest = args
     return (x.to(torch.get_autocast_dtype("cpu")), *rest)
 
 

@@ -362,3 +362,17 @@ def test_torchao_high_precision_weight_gradient_trains_under_cpu_autocast():
         logits = m(_batch()).float()
     logits.sum().backward()
     assert m.mlp[0].weight.grad is not None and torch.isfinite(m.mlp[0].weight.grad).all()
+
+
+@pytest.mark.parametrize("recipe, device, hooked", [("rowwise_with_gw_hp", "cpu", True),
+                                                    ("rowwise_with_gw_hp", "cuda", False), ("rowwise", "cpu", False)])
+def test_only_a_cpu_models_high_precision_weight_gradient_recipe_casts_its_input_under_cpu_autocast(recipe, device,
+                                                                                                     hooked):
+    """torchao casts the input itself under CUDA autocast, and a recipe whose every GEMM is scaled takes any dtype."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    m = TinyModel()
+    apply_precision(m, config=PrecisionConfig(name="torchao", compute_dtype="bfloat16", fp8_recipe=recipe),
+                    device=device, calibration_batch=_batch(), log=lambda s: None)
+    converted = [mod for mod in m.modules() if isinstance(mod, Float8Linear)]
+    assert converted and all(bool(mod._forward_pre_hooks) is hooked for mod in converted)
