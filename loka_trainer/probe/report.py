@@ -37,6 +37,7 @@ from typing import Iterator, Optional
 import torch
 from tqdm import tqdm
 
+from loka_trainer.atomic_files import atomic_write_text
 from loka_trainer.probe.activation import moments_from_state
 from loka_trainer.probe.flush import gemm_flushed_fraction
 from loka_trainer.probe.mere import (DEFAULT_ZERO_FLOOR, OPERAND_DTYPES, GemmFn, accumulate_mere, median_time,
@@ -203,14 +204,15 @@ def describe_device(device: torch.device) -> str:
 
 
 def write_report(report: dict, out_dir: Path) -> list[Path]:
-    """report.json, report.md, report.png in out_dir; returns the paths written."""
+    """report.json, report.md, report.png in out_dir; returns the paths written. Each file is replaced whole
+    (``atomic_files``): a failure or a kill while one is written leaves the earlier one as it was."""
     from loka_trainer.probe.report_render import render_markdown, render_plot
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "report.json", out_dir / "report.md", out_dir / "report.png"]
-    paths[0].write_text(json.dumps(report, indent=2) + "\n")
-    paths[1].write_text(render_markdown(report))
+    atomic_write_text(paths[0], json.dumps(report, indent=2) + "\n")
+    atomic_write_text(paths[1], render_markdown(report))
     render_plot(report, paths[2])
     return paths
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loka_trainer.atomic_files import atomic_write
+
 
 def _fmt(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
@@ -36,12 +38,14 @@ def render_markdown(report: dict) -> str:
 
 
 def render_plot(report: dict, path: Path) -> None:
-    """``render_figure`` written to ``path`` (PNG)."""
+    """``render_figure`` written to ``path`` (PNG), replacing it whole (``atomic_files.atomic_write``)."""
     import matplotlib.pyplot as plt
 
     fig = render_figure(report)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        atomic_write(Path(path), lambda f: fig.savefig(f, format="png", dpi=120))
+    finally:
+        plt.close(fig)
 
 
 def render_figure(report: dict):

@@ -183,3 +183,55 @@ def test_the_plot_gives_each_backend_one_colour_in_both_panels():
         return {c.get_label(): c.patches[0].get_facecolor() for c in ax.containers if c.get_label() in names}
     assert colours(err) == colours(speed) and len(set(colours(err).values())) == len(names)
     plt.close(fig)
+
+
+def _report_files(out) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in ("report.json", "report.md", "report.png")}
+
+
+def test_a_disk_that_fills_while_report_json_is_written_leaves_the_earlier_report(stats_dir, tmp_path, capsys):
+    """The rewrite runs under RLIMIT_FSIZE (a file may not grow past 100 bytes: a full disk, or a quota)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "report"
+    assert main([str(stats_dir), "--num-samples", "1", "--backends", "bf16", "--out-dir", str(out)]) == 0
+    before = _report_files(out)
+    rewrite = ("import json, resource, signal, sys\n"
+               "from pathlib import Path\n"
+               "from loka_trainer.probe.report import write_report\n"
+               "out = Path(sys.argv[1])\n"
+               "report = {**json.loads((out / 'report.json').read_text()), 'num_samples': 7}\n"
+               "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+               "write_report(report, out)\n")
+    proc = subprocess.run([sys.executable, "-c", rewrite, str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode != 0 and "File too large" in proc.stderr, proc.stderr[-2000:]
+    assert _report_files(out) == before
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md", "report.png"]  # no partial file
+
+
+def test_a_plot_that_fails_while_written_leaves_the_earlier_png(stats_dir, tmp_path, monkeypatch, capsys):
+    from matplotlib.figure import Figure
+
+    out = tmp_path / "report"
+    assert main([str(stats_dir), "--num-samples", "1", "--backends", "bf16", "--out-dir", str(out)]) == 0
+    before = _report_files(out)
+
+    def half_written(self, target, **kwargs):
+        data = b"\x89PNG\r\n\x1a\n" + b"\0" * 10
+        if hasattr(target, "write"):
+            target.write(data)
+        else:
+            with open(target, "wb") as f:
+                f.write(data)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    assert main([str(stats_dir), "--num-samples", "2", "--backends", "bf16", "--out-dir", str(out)]) == 2
+    assert "cannot write the report" in capsys.readouterr().err
+    assert (out / "report.png").read_bytes() == before["report.png"]
+    assert json.loads((out / "report.json").read_text())["num_samples"] == 2  # the files written before it: whole
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md", "report.png"]
