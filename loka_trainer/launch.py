@@ -28,7 +28,7 @@ from loka_trainer.config import build_small_model, check_plan_file, register_sch
 from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.output_dirs import RunDirInUse, RunDirLock, unwritable_reason
 from loka_trainer.resume import (METRICS_FILE, SUMMARY_FILE, checkpoint_root, model_identity, nothing_left, plan_start,
-                                 prepare_resumed_run, set_aside_previous_run)
+                                 prepare_resumed_run, set_aside_previous_run, set_aside_probe_outputs)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
 from loka_trainer.stop_signal import RunStopped
 
@@ -81,9 +81,7 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     plan_note = None
     if start.checkpoint is not None and run.precision.dispatch:
         run, plan_note = _with_resumed_plan(run, run_dir, start.checkpoint)
-    plan_inputs = [Path(run.precision.plan)] if run.precision.plan else []
-    notes = (set_aside_previous_run(run_dir, ckpt_root, inputs=plan_inputs)
-             if rank == 0 and start.checkpoint is None else [])
+    notes = _set_aside_earlier_outputs(run, run_dir, ckpt_root) if rank == 0 and start.checkpoint is None else []
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank=rank)
     logger = logging.getLogger("loka_trainer")
@@ -122,6 +120,20 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
         raise SystemExit(exc.exit_status) from None
     finally:
         shutdown_distributed(wait_for_all=finished)  # after an error another rank may never reach a barrier
+
+
+def _set_aside_earlier_outputs(run, run_dir: Path, ckpt_root: Path) -> list[str]:
+    """A fresh start (rank 0): an earlier run's outputs in the run directory, and its Probe files in an explicit
+    ``callbacks.probe.out_dir``, move to ``previous/`` (`resume`); the files this run reads are copied. Lines to log."""
+    from loka_trainer.dispatch.probe_report import report_path
+
+    inputs = [Path(run.precision.plan)] if run.precision.plan else []
+    inputs += [report_path(run.precision.probe_stats)] if run.precision.probe_stats else []
+    notes = set_aside_previous_run(run_dir, ckpt_root, inputs=inputs)
+    probe = run.callbacks.probe
+    if probe.enabled and probe.out_dir is not None:
+        notes += set_aside_probe_outputs(Path(probe.out_dir), inputs=inputs)
+    return notes
 
 
 def _with_resumed_plan(run, run_dir: Path, checkpoint: Path):

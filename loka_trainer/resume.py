@@ -16,14 +16,15 @@ Rules (`docs/trainer.md`, "Run directory", states them for users):
   (``trainer.resume=false``, or ``trainer.resume=true`` with no checkpoint at all) first moves those outputs
   (checkpoints, ``metrics.jsonl``, ``summary.json``, ``.hydra/``, ``train.log``, ``dispatch_plan.json``,
   ``profile.json``, ``tensorboard/``, ``probe/``) into ``<run dir>/previous/<date>_<time>/`` and says so. Nothing
-  is deleted.
+  is deleted. A Probe writing to its own ``callbacks.probe.out_dir`` has an earlier run's files there (``stats.pt``
+  and its report) moved to ``<out_dir>/previous/<date>_<time>/`` the same way.
 - Resuming from step S keeps one series in ``metrics.jsonl``: records with ``step <= S`` stay, later ones
   (written after the checkpoint by the interrupted run; this run writes them again) are dropped, after the whole
   original file was copied to ``previous/<date>_<time>/metrics.jsonl``. Incomplete checkpoint directories newer
   than S move there too (this run writes those steps again), and ``latest`` names S.
 
-`plan_start` only reads; `set_aside_previous_run` (fresh start) and `prepare_resumed_run` (after a successful
-load) are rank 0's writes.
+`plan_start` only reads; `set_aside_previous_run` and `set_aside_probe_outputs` (fresh start) and
+`prepare_resumed_run` (after a successful load) are rank 0's writes.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"  # written last, by the run's on_train_end: its presence marks a finished run
 RUN_OUTPUTS = (".hydra", "train.log", METRICS_FILE, SUMMARY_FILE, "dispatch_plan.json", "profile.json", "tensorboard",
                "probe")
+PROBE_OUTPUTS = ("stats.pt", "report.json", "report.md", "report.png")  # the Probe's statistics and report files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,12 +147,7 @@ def set_aside_previous_run(run_dir: Path, checkpoint_root: Path, *, inputs: Sequ
     if not ckpt_entries and not outputs:
         return []
     dest = _new_previous_dir(run_dir)
-    kept = {q.resolve() for q in inputs}
-    for path in outputs:
-        if path.resolve() in kept and path.is_file():
-            shutil.copy2(str(path), str(dest / path.name))
-        else:
-            shutil.move(str(path), str(dest / path.name))
+    _move_aside(outputs, dest, inputs=inputs)
     if ckpt_entries:
         (dest / "checkpoints").mkdir()
         for path in ckpt_entries:
@@ -158,6 +155,20 @@ def set_aside_previous_run(run_dir: Path, checkpoint_root: Path, *, inputs: Sequ
     moved = ", ".join([p.name for p in outputs] + ([f"{len(ckpt_entries)} checkpoint entries"] if ckpt_entries
                                                     else []))
     return [f"starting at step 0: the earlier run's outputs ({moved}) were moved to {dest}"]
+
+
+def set_aside_probe_outputs(out_dir: Path, *, inputs: Sequence[Path] = ()) -> list[str]:
+    """Before a run starts at step 0 with its Probe writing to ``callbacks.probe.out_dir``: move an earlier run's
+    Probe files there (``PROBE_OUTPUTS``: its ``stats.pt`` and report) into ``<out_dir>/previous/<stamp>/``, as
+    `set_aside_previous_run` does with ``<run dir>/probe``; other files there stay. A file the new run reads
+    (``inputs``, e.g. the ``precision.probe_stats`` report) is copied there instead, and stays. Lines to log."""
+    outputs = [out_dir / name for name in PROBE_OUTPUTS if (out_dir / name).is_file()]
+    if not outputs:
+        return []
+    dest = _new_previous_dir(out_dir)
+    _move_aside(outputs, dest, inputs=inputs)
+    return [f"starting at step 0: the earlier run's Probe files in callbacks.probe.out_dir "
+            f"({', '.join(p.name for p in outputs)}) were moved to {dest}"]
 
 
 def prepare_resumed_run(run_dir: Path, checkpoint_root: Path, plan: StartPlan, *, steps: int) -> list[str]:
@@ -211,6 +222,16 @@ def _split_records(lines: list[str], step: int, *, final: bool = False) -> tuple
     return kept, dropped
 
 
+def _move_aside(paths: Sequence[Path], dest: Path, *, inputs: Sequence[Path] = ()) -> None:
+    """Move each of ``paths`` into ``dest``; a file among ``inputs`` is copied instead (the run reads it)."""
+    kept = {q.resolve() for q in inputs}
+    for path in paths:
+        if path.resolve() in kept and path.is_file():
+            shutil.copy2(str(path), str(dest / path.name))
+        else:
+            shutil.move(str(path), str(dest / path.name))
+
+
 def _new_previous_dir(run_dir: Path) -> Path:
     base = run_dir / PREVIOUS / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     path, n = base, 1
@@ -221,4 +242,4 @@ def _new_previous_dir(run_dir: Path) -> Path:
 
 
 __all__ = ["SUMMARY_FILE", "StartPlan", "checkpoint_root", "identity_difference", "model_identity", "nothing_left",
-           "plan_start", "prepare_resumed_run", "set_aside_previous_run"]
+           "plan_start", "prepare_resumed_run", "set_aside_previous_run", "set_aside_probe_outputs"]

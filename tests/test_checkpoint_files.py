@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from loka_trainer import checkpoint as ckpt
-from loka_trainer.resume import plan_start, prepare_resumed_run, set_aside_previous_run
+from loka_trainer.resume import plan_start, prepare_resumed_run, set_aside_previous_run, set_aside_probe_outputs
 
 
 def _save(root: Path, step: int, *, model=None) -> Path:
@@ -129,6 +129,27 @@ def test_fresh_start_keeps_the_plan_file_it_is_told_to_run(tmp_path):
     [dest] = list((run_dir / "previous").iterdir())
     assert plan.read_text() == (dest / "dispatch_plan.json").read_text() == '{"version": 1, "layers": {}}\n'
     assert not (run_dir / "metrics.jsonl").exists() and (dest / "metrics.jsonl").exists()
+
+
+def test_fresh_start_moves_the_probe_files_of_an_explicit_out_dir_aside(tmp_path):
+    """callbacks.probe.out_dir outside the run directory: an earlier run's stats.pt and report move to
+    <out_dir>/previous/<stamp>/ (same bytes), the report this run reads (precision.probe_stats) is copied, a file
+    that is not the Probe's stays."""
+    out = tmp_path / "shared_probe"
+    out.mkdir()
+    files = {"stats.pt": b"PK\x03\x04 earlier stats", "report.json": b'{"version": 1}\n', "report.png": b"png"}
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    (out / "notes.txt").write_text("mine\n")
+    [line] = set_aside_probe_outputs(out, inputs=[out / "report.json"])
+    [dest] = list((out / "previous").iterdir())
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == files
+    assert str(dest) in line and "stats.pt" in line and "callbacks.probe.out_dir" in line
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "previous", "report.json"]
+    assert (out / "report.json").read_bytes() == files["report.json"]
+    (out / "report.json").unlink()
+    assert set_aside_probe_outputs(out) == []  # nothing left to move: no empty folder, no line
+    assert set_aside_probe_outputs(tmp_path / "missing") == [] and not (tmp_path / "missing").exists()
 
 
 def test_resume_keeps_one_metrics_series_and_moves_newer_incomplete_checkpoints(three):

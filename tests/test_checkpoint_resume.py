@@ -245,3 +245,23 @@ def test_a_resume_with_other_probe_settings_stops_in_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = _error_lines(proc.stderr)
     assert "does not fit this run" in line and "Probe statistics of layer" in line and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_fresh_run_moves_an_earlier_runs_stats_in_its_probe_out_dir_aside(tmp_path):
+    """Two runs pointing callbacks.probe.out_dir at one folder: the second's fresh start moves the first's stats.pt
+    to <out_dir>/previous/ untouched; resuming the second leaves its own stats.pt where it is."""
+    out = tmp_path / "shared_probe"
+    probed = [*COMMON, "callbacks.probe.enabled=true", "callbacks.probe.interval=2", "trainer.steps=4",
+              f"callbacks.probe.out_dir={out}"]
+    run_train([*probed, f"hydra.run.dir={tmp_path / 'first'}"])
+    first = (out / "stats.pt").read_bytes()
+    second = tmp_path / "second"
+    run_train([*probed, "trainer.stop_after=2", f"hydra.run.dir={second}"])
+    [dest] = list((out / "previous").iterdir())
+    assert (dest / "stats.pt").read_bytes() == first
+    assert (out / "stats.pt").read_bytes() != first
+    assert f"were moved to {dest}" in (second / "train.log").read_text()
+    run_train([*probed, f"hydra.run.dir={second}"])
+    assert [p.name for p in (out / "previous").iterdir()] == [dest.name]  # a resume moves nothing
+    assert "resumed from" in (second / "train.log").read_text()
