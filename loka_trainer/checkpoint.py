@@ -133,10 +133,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load_rank_state(file: Path) -> dict[str, Any]:
-    """One rank's ``rankN.pt`` with ``weights_only=True``; `CheckpointError` (one line) for anything else."""
+def load_rank_state(file: Path, *, mmap: bool = False) -> dict[str, Any]:
+    """One rank's ``rankN.pt`` with ``weights_only=True``; `CheckpointError` (one line) for anything else. With
+    ``mmap`` the tensors are mapped, not read: a look at their shapes costs no reading of their data."""
     try:
-        state = torch.load(file, weights_only=True, map_location="cpu")
+        state = torch.load(file, weights_only=True, map_location="cpu", mmap=mmap)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{file} was refused by torch.load(weights_only=True): it holds more than "

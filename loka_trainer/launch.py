@@ -6,7 +6,8 @@ start ranks and train.
 
 Order, so that nothing in the run directory is overwritten before the resume decision (`loka_trainer.resume`):
 config -> resume decision (every rank reads the same files; no checkpoint usable: exit 2; a resumed LoKA run
-loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing) -> a fresh start moves
+loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing; its Probe statistics must fit
+``callbacks.probe``) -> a fresh start moves
 an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
 `.hydra/` -> train. Exit status: 2 for a bad config or an unusable checkpoint, 3 for a non-finite loss or
 gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0). 128 + N after
@@ -81,6 +82,8 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     plan_note = None
     if start.checkpoint is not None and run.precision.dispatch:
         run, plan_note = _with_resumed_plan(run, run_dir, start.checkpoint)
+    if start.checkpoint is not None and probe.enabled:
+        _check_probe_checkpoint(run, start.checkpoint, rank=rank)
     notes = _set_aside_earlier_outputs(run, run_dir, ckpt_root) if rank == 0 and start.checkpoint is None else []
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank=rank)
@@ -134,6 +137,25 @@ def _set_aside_earlier_outputs(run, run_dir: Path, ckpt_root: Path) -> list[str]
     if probe.enabled and probe.out_dir is not None:
         notes += set_aside_probe_outputs(Path(probe.out_dir), inputs=inputs)
     return notes
+
+
+def _check_probe_checkpoint(run, checkpoint: Path, *, rank: int) -> None:
+    """One ``error:`` line and exit 2, before anything is written (train.log included), when the checkpoint's Probe
+    statistics do not fit this run's ``callbacks.probe`` settings (`callbacks.probe.check_saved_state`, on this
+    rank's memory-mapped ``rankN.pt``)."""
+    from loka_trainer.callbacks.probe import ProbeCallback, check_saved_state  # lazy: imports torch
+    from loka_trainer.checkpoint import load_rank_state, rank_file
+
+    try:
+        saved = load_rank_state(rank_file(checkpoint, rank), mmap=True).get("callbacks", {})
+    except CheckpointError:
+        return  # a file that cannot be mapped: the checkpoint's load reads it and names what is wrong
+    try:
+        if ProbeCallback.__name__ in saved:  # the callback's state_key
+            check_saved_state(saved[ProbeCallback.__name__], run.callbacks.probe, rank=rank)
+    except (KeyError, ValueError, TypeError) as exc:
+        fail(f"{checkpoint} does not fit this run ({type(exc).__name__}: {exc}); nothing was changed: resume with "
+             f"its callbacks.probe settings, or set trainer.resume=false to start over")
 
 
 def _with_resumed_plan(run, run_dir: Path, checkpoint: Path):

@@ -240,11 +240,13 @@ def test_a_resume_with_other_probe_settings_stops_in_one_line(tmp_path):
     probed = [*COMMON, "callbacks.probe.enabled=true", "callbacks.probe.interval=2", "trainer.steps=4",
               f"hydra.run.dir={run_dir}"]
     run_train([*probed, "trainer.stop_after=2"])
+    before = _tree(run_dir)
     proc = run_train([*probed, "callbacks.probe.covariance_block=4", "callbacks.probe.max_full_covariance=4"],
                      check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    [line] = _error_lines(proc.stderr)
-    assert "does not fit this run" in line and "Probe statistics of layer" in line and "Traceback" not in proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "does not fit this run" in line and "Probe statistics of layer" in line and "callbacks.probe" in line
+    assert _tree(run_dir) == before  # train.log included: refused before anything is written
 
 
 @pytest.mark.slow

@@ -43,12 +43,14 @@ import torch
 from torch import nn
 
 from loka_trainer.callbacks.base import Callback, TrainState
-from loka_trainer.callbacks.probe_config import to_probe_config
+from loka_trainer.callbacks.probe_config import ProbeConfig, to_probe_config
 from loka_trainer.callbacks.probe_layer import SCALAR_NAMES, LayerProbe, WeightUpdates
 from loka_trainer.output_dirs import unwritable_reason
+from loka_trainer.probe.activation import ActivationTracker
 from loka_trainer.probe.distributed import all_reduce_moments
 from loka_trainer.probe.stats_io import STATS_FILE, STATS_VERSION, AsyncSaver, seal_stats, to_cpu
 from loka_trainer.probe.targets import ModuleFilter, select_linears
+from loka_trainer.probe.weight import WeightTracker
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +309,30 @@ class ProbeCallback(Callback):
                     self.layers[fqn].activation.load_state_dict(entry["activation"])
             except ValueError as exc:
                 raise ValueError(f"Probe statistics of layer {fqn!r} do not fit: {exc}") from None
+
+
+def check_saved_state(state: dict[str, Any], config: ProbeConfig, *, rank: int = 0) -> None:
+    """ValueError (one line, naming the layer) when a saved ``ProbeCallback.state_dict()`` holds a layer's statistics
+    in another shape than ``config``'s trackers keep (other ``max_full_covariance``, ``covariance_block`` or
+    ``max_full_weight_factor``), as ``load_state_dict`` would refuse it once attached. Every layer of ``state`` is
+    checked, targets of this run or not. Shapes only: the tensors go to the meta device, so a memory-mapped state
+    is not read; the activation statistics are checked where ``rank`` is the state's, as they are loaded."""
+    for fqn, entry in state.get("layers", {}).items():
+        activation, weight = _to_meta(entry["activation"]), _to_meta(entry["weight"])
+        try:
+            if state.get("rank", 0) == rank:
+                ActivationTracker(activation["mean"].shape[0], max_full_covariance=config.max_full_covariance,
+                                  covariance_block=config.covariance_block,
+                                  device=torch.device("meta")).load_state_dict(activation)
+            if int(weight["count"]) > 0:
+                WeightTracker(*weight["mean"].shape, momentum=config.momentum,
+                              max_full_covariance=config.max_full_weight_factor).load_state_dict(weight)
+        except ValueError as exc:
+            raise ValueError(f"Probe statistics of layer {fqn!r} do not fit: {exc}") from None
+
+
+def _to_meta(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
 
 
 class PendingScalars:

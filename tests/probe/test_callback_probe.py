@@ -10,8 +10,8 @@ from torch import nn
 
 import loka_trainer.callbacks.probe as probe_mod
 from loka_trainer.callbacks.base import TrainState
-from loka_trainer.callbacks.probe import ProbeCallback
-from loka_trainer.callbacks.probe_config import ProbeConfig
+from loka_trainer.callbacks.probe import ProbeCallback, check_saved_state
+from loka_trainer.callbacks.probe_config import ProbeConfig, to_probe_config
 from loka_trainer.callbacks.probe_layer import full_parameter
 from loka_trainer.models.layers import TokenMix
 from loka_trainer.probe.stats_io import AsyncSaver, load_stats
@@ -255,6 +255,23 @@ def test_a_checkpoint_of_other_probe_settings_is_refused_when_it_is_loaded(tmp_p
     with pytest.raises(ValueError, match="Probe statistics of layer 'inner.0' do not fit") as info:
         resumed.on_checkpoint_load(TrainState(model=Tower()))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("setting", [{"covariance_block": 4, "max_full_covariance": 4},
+                                     {"max_full_weight_factor": 4}], ids=["activation", "weight"])
+def test_a_saved_state_of_other_probe_settings_is_refused_from_its_shapes_alone(tmp_path, setting):
+    """What train.py checks before it writes anything: the saved state alone, its tensors on the meta device."""
+    first = ProbeCallback(interval=1, save_interval=100, out_dir=str(tmp_path), tensorboard=False)
+    run_plain_loop(first, steps=2)
+    saved = first.state_dict()
+    check_saved_state(saved, to_probe_config({}))  # this run's own settings: fits
+    with pytest.raises(ValueError, match="Probe statistics of layer 'inner.0' do not fit") as info:
+        check_saved_state(saved, to_probe_config(setting))
+    assert "\n" not in str(info.value)
+    meta = {**saved, "layers": {f: {k: {n: t.to("meta") if torch.is_tensor(t) else t for n, t in part.items()}
+                                    for k, part in entry.items()} for f, entry in saved["layers"].items()}}
+    with pytest.raises(ValueError, match="do not fit"):  # shapes are all it reads
+        check_saved_state(meta, to_probe_config(setting))
 
 
 def _observe_loop(model: nn.Module, forward, probe: ProbeCallback, steps: int) -> None:
