@@ -22,9 +22,25 @@ status, port and wall time `<out>/runs/<name>.launch.json`. A finished run's rec
 is ignored): committed, a study spread over several machines or checkouts goes on where it stopped. `--no-run`
 starts nothing and rewrites `quality.json` and the plots from the finished records of the selection (say, after
 records came from another machine, or a call that ran a subset of the precisions wrote a table of that subset).
+It only redraws: `quality.json` keeps the metadata of the call that trained the study (`command`, `steps`,
+`extra_overrides`, ...: those of the `quality.json` it replaces) and adds `redrawn_by`, the `--no-run` command line;
+where no `quality.json` with a `command` is there, the metadata are the `--no-run` call's, as for a call that trains.
+
+A finished run is reused only where the train.py overrides its `.launch.json` records are those this command would
+launch it with. Any other difference (another `--steps` or `--eval-interval`, another override after `--`) prints
+one line per such run naming the differing overrides, then one `error:` line, exit 2, before any run starts or
+`quality.json` is written (training it again would overwrite a good record): give the command the runs were trained
+with, or `--accept-recorded` to count them as recorded (each then carries its `differs_from_command` in
+`quality.json`). A run whose `.launch.json` records no train.py command is not compared.
+Not compared: overrides that change where a run trains, not what (`run_queue.LAUNCH_ONLY`: the run directory, the
+progress bar, TensorBoard, checkpoints; the launcher and its port are no overrides), precision settings the run does
+not read (`train_runs.unread_precision_fields`: `precision.exclude` of a BF16 run), and under `--share-plan` the
+study's shared plan (`precision.plan=.../plans/<model>_<precision>.json`) that a run loaded.
 
 `--reuse-from DIR` starts from another study's records: its finished runs of `--reuse` (default bf16 bf16_mods) and
 its shared plans are copied in first, so a study that changes only LoKA (say `precision.exclude`) trains only LoKA.
+A run of DIR trained with other overrides than this command's (compared as above, so not for a BF16 run's missing
+`precision.exclude`) is not copied, with a line saying so; `--accept-recorded` copies it.
 
 `--share-plan`: the runs of a Dispatch precision (loka) share one plan, `<out>/plans/<model>_<precision>.json`,
 measured by the first seed's run while no other run uses the device (concurrent runs would skew its timings);
@@ -54,9 +70,11 @@ from typing import Callable, Optional
 
 from loka_trainer.arg_types import writable_dir
 from scripts.plot_results import plot_quality, plot_quality_curves, quality_table
-from scripts.run_queue import Job, Launcher, adopt_plan, record_problem, reuse_from, run_jobs, start_order
-from scripts.train_runs import (LAUNCHERS, PRECISION_VARIANTS, checked_run_configs, known_variants,
-                                precision_overrides)
+from scripts.result_files import previous_result
+from scripts.run_queue import (Job, Launcher, adopt_plan, job_differences, record_problem, reuse_from, run_jobs,
+                               start_order)
+from scripts.train_runs import (LAUNCHERS, PRECISION_VARIANTS, checked_run_configs, composed_precisions,
+                                composed_unread_precision, known_variants, precision_overrides)
 
 
 def run_overrides(out: Path, model: str, variant: str, seed: int, *, steps: int, eval_interval: int,
@@ -109,9 +127,42 @@ def read_run(job: Job) -> dict:
     return record
 
 
-def write_results(out: Path, meta: dict, jobs: list[Job], not_run: list[tuple[Job, str]]) -> tuple[dict, list[Path]]:
-    """quality.json (atomically) and the plots from every finished run so far; returns (result, plot files)."""
-    result = {**meta, "runs": [read_run(j) for j in jobs if j.finished()],
+def recorded_differences() -> Callable[[Job, Path], list[str]]:
+    """``differs(job, run_dir)``: how the overrides of the run recorded in ``run_dir`` differ from ``job``'s
+    (``run_queue.job_differences``), leaving out the precision settings the job's (model, precision) does not read
+    (``train_runs.unread_precision_fields``: e.g. ``precision.exclude`` of a BF16 run; its config is composed once,
+    where a record differs at all)."""
+    unread: dict[tuple[str, str], set[str]] = {}
+
+    def differs(job: Job, run_dir: Path) -> list[str]:
+        pair = (job.model, job.variant)
+        if pair not in unread and job_differences(job, run_dir):
+            unread[pair] = {f"precision.{f}" for f in composed_unread_precision(job.overrides)}
+        return job_differences(job, run_dir, unread[pair]) if pair in unread else []
+
+    return differs
+
+
+def redraw_meta(previous: Optional[dict], meta: dict, command: str) -> dict:
+    """``--no-run``'s metadata in quality.json: where the quality.json it replaces (``previous``) names the command
+    that trained the study, that call's metadata (each key of ``meta`` it has; the precisions it lacks from
+    ``meta``) and ``redrawn_by``: ``command`` (this call's); else ``meta``."""
+    if previous is None or "command" not in previous:
+        return meta
+    kept = {k: previous.get(k, v) for k, v in meta.items()}
+    recorded = previous.get("precision_overrides")
+    kept["precision_overrides"] = {**meta["precision_overrides"], **(recorded if isinstance(recorded, dict) else {})}
+    return {**kept, "redrawn_by": command}
+
+
+def write_results(out: Path, meta: dict, jobs: list[Job], not_run: list[tuple[Job, str]],
+                  differing: Optional[dict[str, list[str]]] = None) -> tuple[dict, list[Path]]:
+    """quality.json (atomically) and the plots from every finished run so far; a run counted although trained with
+    other overrides (``differing``: run name -> the differences, ``--accept-recorded``) carries them as
+    ``differs_from_command``. Returns (result, plot files)."""
+    differing = differing or {}
+    result = {**meta, "runs": [{**read_run(j), **({"differs_from_command": differing[j.name]}
+                                                  if j.name in differing else {})} for j in jobs if j.finished()],
               "not_run": [{"run": j.name, "why": why} for j, why in not_run]}
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "quality.json.tmp"
@@ -121,15 +172,17 @@ def write_results(out: Path, meta: dict, jobs: list[Job], not_run: list[tuple[Jo
     return result, [p for p in plots if p is not None]
 
 
-def dispatch_pairs(jobs: list[Job]) -> set[tuple[str, str]]:
-    """Compose and validate the config of each (model, variant)'s first run before any run starts (a bad
+def dispatch_pairs(jobs: list[Job], *, check: bool = True) -> set[tuple[str, str]]:
+    """Compose and (``check``) validate the config of each (model, variant)'s first run before any run starts (a bad
     override: one ``error:`` line, exit 2); returns the pairs whose runs measure a Dispatch plan (Dispatch on and
-    no plan file given)."""
+    no plan file given). Without ``check`` (``--no-run``: the records, not a device, are read) it is composed
+    alone: no file or device is looked at."""
     first: dict[tuple[str, str], list[str]] = {}
     for job in jobs:
         first.setdefault((job.model, job.variant), job.overrides)
-    configs = checked_run_configs(list(first.values()))
-    return {pair for pair, run in zip(first, configs) if run.precision.dispatch and run.precision.plan is None}
+    runs = list(first.values())
+    precisions = [c.precision for c in checked_run_configs(runs)] if check else composed_precisions(runs)
+    return {pair for pair, p in zip(first, precisions) if p.dispatch and p.plan is None}
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -156,6 +209,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--reuse", nargs="+", default=["bf16", "bf16_mods"], help="the precisions --reuse-from copies")
     ap.add_argument("--no-run", action="store_true",
                     help="start nothing: rewrite quality.json and the plots from the finished runs")
+    ap.add_argument("--accept-recorded", action="store_true",
+                    help="count finished runs trained with other train.py overrides than this command's as they "
+                         "are (without it such runs stop the call)")
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = ap.parse_args(argv)
     args.launcher = args.launcher or ("python" if args.nproc == 1 else "torchrun")
@@ -185,16 +241,30 @@ def main(argv: Optional[list[str]] = None) -> None:
     out = args.out.resolve()
     overrides = lambda m, v, s: run_overrides(out, m, v, s, steps=args.steps, eval_interval=args.eval_interval,
                                               extra=args.extra)
-    measured = set() if args.no_run else dispatch_pairs(  # --no-run: the records, not a device, need no config
-        build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides, dispatch=lambda m, v: False,
-                   share_plan=False))
+    every = build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides,
+                       dispatch=lambda m, v: False, share_plan=False)
+    if args.no_run:  # it reads records, not a device: the config is only composed, to know the shared plans
+        measured = dispatch_pairs(every, check=False) if args.share_plan else set()
+    else:
+        measured = dispatch_pairs(every)
     jobs = build_jobs(out, args.models, args.precisions, args.seeds, overrides=overrides,
                       share_plan=args.share_plan, dispatch=lambda m, v: (m, v) in measured)
+    differs = recorded_differences()
     if args.reuse_from is not None:
-        for line in reuse_from(jobs, out, args.reuse_from.resolve(), args.reuse):
+        for line in reuse_from(jobs, out, args.reuse_from.resolve(), args.reuse,
+                               differs=(lambda job, src: []) if args.accept_recorded else differs):
             print(line)
     for line in filter(None, map(adopt_plan, jobs)):  # measured by a run of an earlier call
         print(line)
+    differing = {j.name: found for j in jobs if j.finished() and (found := differs(j, j.run_dir))}
+    for name, found in differing.items():
+        print(f"{name}: trained with other overrides than this command's ({'; '.join(found)})"
+              + ("; counted as recorded (--accept-recorded)" if args.accept_recorded else ""))
+    if differing and not args.accept_recorded:
+        print(f"error: {len(differing)} finished run(s) were trained with other train.py overrides than this "
+              f"command's (listed above); give the command they were trained with, or --accept-recorded to count "
+              f"them as recorded", file=sys.stderr)
+        raise SystemExit(2)
     todo = [j for j in jobs if not j.finished()]
     for job in todo:
         if (job.run_dir / "summary.json").exists():
@@ -203,12 +273,15 @@ def main(argv: Optional[list[str]] = None) -> None:
           f"up to {args.concurrent} at once ({args.launcher}, {args.nproc} rank(s) each)", flush=True)
     if measured and args.concurrent > 1 and not args.share_plan:
         print("note: a Dispatch plan measured while other runs use the device is skewed; see --share-plan")
-    command = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--no-run"]  # the one that trains
+    given = sys.argv[1:] if argv is None else argv
+    command = [a for a in given if a != "--no-run"]  # the one that trains
     meta = {"command": " ".join(["quality_runs.py", *command]),
             "steps": args.steps, "nproc": args.nproc, "launcher": args.launcher, "concurrent": args.concurrent,
             "gpus": args.gpus,
             "eval_interval": args.eval_interval, "share_plan": args.share_plan, "extra_overrides": args.extra,
             "precision_overrides": {v: precision_overrides(v) for v in args.precisions}}
+    if args.no_run:
+        meta = redraw_meta(previous_result(out / "quality.json"), meta, " ".join(["quality_runs.py", *given]))
     threads = max(1, (os.cpu_count() or 1) // (args.concurrent * args.nproc))
     launcher = Launcher(args.launcher, args.nproc, threads, gpus=args.gpus)
     failed: list[tuple[Job, str]] = []
@@ -217,7 +290,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         launcher.finish(job, code)
         if not job.finished():
             failed.append((job, f"failed: exit {code}, log {job.run_dir.with_suffix('.log')}"))
-        write_results(out, meta, jobs, failed)
+        write_results(out, meta, jobs, failed, differing)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the runs are stopped
     if args.no_run:
@@ -225,7 +298,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     else:
         not_run = run_jobs(start_order(todo), concurrent=args.concurrent, budget_s=args.time_budget,
                            start=launcher.start, on_finish=on_finish)
-    result, plots = write_results(out, meta, jobs, failed + not_run)
+    result, plots = write_results(out, meta, jobs, failed + not_run, differing)
     print(quality_table(result))
     print(f"plots: {', '.join(map(str, plots)) or 'none'}")
     for entry in result["not_run"]:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable, Optional, Protocol, Sequence
+from typing import IO, Callable, Collection, Optional, Protocol, Sequence
 
 from loka_trainer.atomic_files import atomic_copy
 from loka_trainer.dispatch.convert import PLAN_FILE
@@ -78,6 +78,72 @@ def record_problem(run_dir: Path) -> Optional[str]:
     return None
 
 
+# overrides that change where or how visibly a run trains, not what it trains: its output directory (and Hydra's
+# other settings), the progress bar, TensorBoard logs, checkpoints written along the way
+LAUNCH_ONLY = ("hydra", "callbacks.progress", "callbacks.tensorboard", "trainer.checkpoint_at_end",
+               "trainer.checkpoint_interval")
+
+
+def recorded_overrides(run_dir: Path) -> Optional[list[str]]:
+    """train.py's overrides as ``<run dir>.launch.json`` recorded them (its ``command`` after ``train.py``); None
+    where there is no readable record of a train.py command."""
+    launch, _ = json_object(run_dir.with_suffix(".launch.json"), ("command",))
+    command = launch["command"] if launch is not None else None
+    if not isinstance(command, list):
+        return None
+    at = next((i for i, arg in enumerate(command) if str(arg).endswith("train.py")), None)
+    return None if at is None else [str(arg) for arg in command[at + 1:]]
+
+
+def override_map(overrides: Sequence[str]) -> dict[str, Optional[str]]:
+    """Hydra overrides -> {key: value}, the last of a key winning as in Hydra; ``+``/``++`` dropped from the key,
+    the repository's path dropped from a value (``.launch.json`` records paths relative to it); an item without
+    ``=`` maps to None."""
+    result: dict[str, Optional[str]] = {}
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        result[key.lstrip("+")] = value.replace(f"{ROOT}/", "") if eq else None
+    return result
+
+
+def launch_only(key: str) -> bool:
+    """Whether the override ``key`` is one of ``LAUNCH_ONLY`` (or below one)."""
+    return any(key == k or key.startswith(f"{k}.") for k in LAUNCH_ONLY)
+
+
+def override_differences(recorded: Sequence[str], wanted: Sequence[str], *,
+                         unread: Collection[str] = ()) -> list[str]:
+    """How ``wanted`` (the overrides a command would launch a run with) differs from ``recorded`` (those it was
+    trained with), one phrase per key in key order: ``k=v (recorded k=u)``, ``k=v (not recorded)``, ``k=u (recorded,
+    not in this command)``. ``launch_only`` keys and the keys in ``unread`` (settings the run does not read, e.g.
+    ``precision.exclude`` of a BF16 run) are not compared."""
+    old, new = override_map(recorded), override_map(wanted)
+    phrases = []
+    for key in sorted(old.keys() | new.keys()):
+        if launch_only(key) or key in unread or old.get(key, ...) == new.get(key, ...):
+            continue
+        if key not in old:
+            phrases.append(f"{key}={new[key]} (not recorded)")
+        elif key not in new:
+            phrases.append(f"{key}={old[key]} (recorded, not in this command)")
+        else:
+            phrases.append(f"{key}={new[key]} (recorded {key}={old[key]})")
+    return phrases
+
+
+def job_differences(job: Job, run_dir: Path, unread: Collection[str] = ()) -> list[str]:
+    """``override_differences`` between the train.py overrides recorded in ``<run_dir>.launch.json`` and ``job``'s
+    (none where no train.py command is recorded). The study's shared plan is not compared: a run that loaded it
+    (`precision.plan=.../plans/<its file name>`) trains the layers of the run that measured it."""
+    recorded = recorded_overrides(run_dir)
+    if recorded is None:
+        return []
+    if job.shared_plan is not None:
+        shared = f"plans/{job.shared_plan.name}"
+        recorded = [o for o in recorded if not (o.startswith("precision.plan=") and o.endswith(shared))]
+    return override_differences(recorded, job.overrides, unread=unread)
+
+
 def start_order(jobs: list[Job]) -> list[Job]:
     """``jobs`` in the order to start them: model by model, its plan-measuring runs first (they need the device to
     themselves, ``readiness``; the others of their variant wait for their plan)."""
@@ -95,14 +161,20 @@ def adopt_plan(job: Job) -> Optional[str]:
     return f"shared plan {job.shared_plan} (measured by {job.name})"
 
 
-def reuse_from(jobs: list[Job], out: Path, source: Path, variants: Sequence[str]) -> list[str]:
+def reuse_from(jobs: list[Job], out: Path, source: Path, variants: Sequence[str],
+               differs: Callable[[Job, Path], list[str]] = lambda job, src: []) -> list[str]:
     """Start a study from another one's records: each finished run of ``variants`` under the study folder ``source``
     (same run name) is copied into ``out`` where the job has not finished, with its ``.launch.json`` and ``.log``
-    (they keep its own command and commit), and so is each shared plan ``out`` lacks. Returns a line per copy."""
+    (they keep its own command and commit), and so is each shared plan ``out`` lacks. A run for which
+    ``differs(job, its run dir in source)`` names differences (the job's overrides against its record's) is not
+    copied. Returns a line per copy and per run left out."""
     lines = []
     for job in jobs:
         src = source / job.run_dir.relative_to(out)
-        if job.variant in variants and not job.finished() and record_problem(src) is None:
+        reusable = job.variant in variants and not job.finished() and record_problem(src) is None
+        if reusable and (found := differs(job, src)):
+            lines.append(f"{job.name}: not reused from {source}: trained with other overrides ({'; '.join(found)})")
+        elif reusable:
             shutil.copytree(src, job.run_dir, dirs_exist_ok=True)
             for suffix in (".launch.json", ".log"):
                 if src.with_suffix(suffix).is_file():

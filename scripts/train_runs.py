@@ -2,6 +2,7 @@
 its own rendezvous port), one blocking run, and reading its logged throughput. Concurrent runs: ``run_queue``."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -10,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, Optional
+
+from loka_trainer.dispatch.config import MEASUREMENT_FIELDS, LoKAConfig
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
 PRESETS = ROOT / "conf" / "precision"
@@ -99,6 +102,45 @@ def checked_run_configs(runs: list[list[str]]) -> list:
     configs = [typed_config(compose_config("config", overrides)[0], to_run_config) for overrides in runs]
     GlobalHydra.instance().clear()
     return configs
+
+
+# precision fields that only FP8 conversion reads (Dispatch or a torchao recipe); the rest (name, compute_dtype, mods,
+# dispatch, fp8_recipe, compile) shape every run
+FP8_SETTINGS = frozenset({*(f.name for f in dataclasses.fields(LoKAConfig)), "fp8_filter"}
+                         - {"mods", "compute_dtype", "dispatch", "compile"})
+TORCHAO_READS = frozenset({"min_features", "exclude", "fp8_filter"})  # configured_targets and the recipe's filter
+
+
+def unread_precision_fields(dispatch: bool, fp8_recipe: Optional[str], plan: Optional[str]) -> frozenset[str]:
+    """The ``precision`` fields a run does not read, from its composed ``precision.dispatch``, ``fp8_recipe`` and
+    ``plan``: without Dispatch or a torchao recipe nothing is converted to FP8, so no ``FP8_SETTINGS`` field; a
+    torchao recipe reads ``TORCHAO_READS`` alone; Dispatch reads no ``fp8_filter``, and with a loaded plan no setting
+    of the measurement (``MEASUREMENT_FIELDS``: the plan runs as it was measured)."""
+    if not dispatch and fp8_recipe is None:
+        return FP8_SETTINGS
+    if fp8_recipe is not None:
+        return FP8_SETTINGS - TORCHAO_READS
+    return frozenset({"fp8_filter", *(MEASUREMENT_FIELDS if plan is not None else ())})
+
+
+def composed_precisions(runs: list[list[str]]) -> list:
+    """The composed ``precision`` node of each override list's config (Hydra alone: nothing validated, no file or
+    device looked at; a bad override: its one ``error:`` line, exit 2)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas
+
+    register_schemas()
+    precisions = [compose_config("config", overrides)[0].precision for overrides in runs]
+    GlobalHydra.instance().clear()
+    return precisions
+
+
+def composed_unread_precision(overrides: list[str]) -> frozenset[str]:
+    """``unread_precision_fields`` of the config ``overrides`` compose (``composed_precisions``)."""
+    p = composed_precisions([overrides])[0]
+    return unread_precision_fields(p.dispatch, p.fp8_recipe, p.plan)
 
 
 def logged_windows_after(steps: int, log_interval: int, warmup_steps: int) -> int:
