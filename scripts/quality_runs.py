@@ -26,6 +26,9 @@ It only redraws: `quality.json` keeps the metadata of the call that trained the 
 `extra_overrides`, ...: those of the `quality.json` it replaces) and adds `redrawn_by`, the `--no-run` command line;
 where no `quality.json` with a `command` is there, the metadata are the `--no-run` call's, as for a call that trains.
 
+A `quality.json` there that holds runs whose records are not under `runs/` (a study published before records were
+kept) stops the call in one `error:` line, the file left as it is: a table written now would lose them.
+
 A finished run is reused only where the train.py overrides its `.launch.json` records are those this command would
 launch it with. Any other difference (another `--steps` or `--eval-interval`, another override after `--`) prints
 one line per such run naming the differing overrides, then one `error:` line, exit 2, before any run starts or
@@ -125,6 +128,15 @@ def read_run(job: Job) -> dict:
         launched = json.loads(launch.read_text())
         record.update({k: launched[k] for k in ("wall_s", "commit", "dirty", "source") if k in launched})
     return record
+
+
+def unrecorded_runs(previous: Optional[dict], out: Path) -> list[str]:
+    """The runs a quality.json written earlier (``previous``) holds whose records are not under ``out/runs/`` (a
+    study published before the records were kept, or records lost): a table written now would drop them for good."""
+    runs = previous.get("runs", []) if previous is not None else []
+    names = [f"{r['model']}_{r['precision']}_seed{r['seed']}" for r in runs
+             if isinstance(r, dict) and {"model", "precision", "seed"} <= r.keys()]
+    return [n for n in names if record_problem(out / "runs" / n) is not None]
 
 
 def recorded_differences() -> Callable[[Job, Path], list[str]]:
@@ -264,6 +276,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"error: {len(differing)} finished run(s) were trained with other train.py overrides than this "
               f"command's (listed above); give the command they were trained with, or --accept-recorded to count "
               f"them as recorded", file=sys.stderr)
+        raise SystemExit(2)
+    if lost := unrecorded_runs(previous_result(out / "quality.json"), out):
+        print(f"error: {out / 'quality.json'} holds {len(lost)} run(s) with no record under {out / 'runs'} "
+              f"({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}): a new table would lose them; it is left "
+              f"as it is: move it away to write one", file=sys.stderr)
         raise SystemExit(2)
     todo = [j for j in jobs if not j.finished()]
     for job in todo:

@@ -277,6 +277,24 @@ def test_no_run_rewrites_the_whole_table_from_committed_records_and_starts_nothi
                                                                      argv.index("--seeds")]) * 3
 
 
+def test_a_table_whose_runs_have_no_records_is_not_rewritten(tmp_path, monkeypatch, capsys):
+    """A study published before run records were kept (docs/results/quality_cpu): its command again, with or
+    without --no-run, would write a table without its runs; it stops in one line and leaves the file alone."""
+    published = ROOT / "docs" / "results" / "quality_cpu"
+    shutil.copy(published / "quality.json", tmp_path / "quality.json")
+    before = (tmp_path / "quality.json").read_bytes()
+    argv = json.loads(before)["command"].split()[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    monkeypatch.setattr(qr.Launcher, "start", lambda *a: pytest.fail("a run started"))
+    for extra in (["--no-run"], []):
+        with pytest.raises(SystemExit) as stop:
+            qr.main([*extra, *argv])
+        assert stop.value.code == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"error: {tmp_path / 'quality.json'} holds ") and "no record under" in line, line
+        assert (tmp_path / "quality.json").read_bytes() == before
+
+
 # docs/results/quality_interformer_h200_warmup's command after its selection of runs: its flags and its overrides
 WARMUP_FLAGS = ["--steps", "2400", "--eval-interval", "200", "--nproc", "1", "--share-plan"]
 WARMUP_OVERRIDES = ["trainer.device=cuda", "trainer.compile=true", "data.batch_size=4096", "data.eval_batches=12",
