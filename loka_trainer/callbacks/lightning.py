@@ -9,7 +9,9 @@ observable separately in Lightning, so only on_step_end fires there (with ``stat
 output); on_validation_end -> on_eval_end (``state.eval_metrics`` from ``trainer.callback_metrics``);
 on_save_checkpoint / on_load_checkpoint -> the callback's state_dict is stored in / restored from Lightning's
 checkpoint under ``loka_callbacks/<state_key>``; on_train_end and on_exception as named.
-``state.step`` is Lightning's ``global_step`` (optimizer steps taken before this batch).
+``state.step`` is Lightning's ``global_step`` (optimizer steps taken before this batch). Under
+``accumulate_grad_batches=k`` one step is k batches: on_step_start fires at the first of them and on_step_end after
+the one whose optimizer step ran, as in the loka trainer; on_train_end gets the last step trained.
 """
 from __future__ import annotations
 
@@ -24,11 +26,18 @@ from loka_trainer.callbacks.base import Callback, TrainState
 CHECKPOINT_KEY = "loka_callbacks"
 
 
+def stepped(open_step: Optional[int], global_step: int) -> bool:
+    """Whether the batch that just ended ran the optimizer step opened at ``open_step`` (Lightning's
+    ``global_step`` then; it counts optimizer steps), so the loka step ends here."""
+    return open_step is not None and global_step > open_step
+
+
 class LightningAdapter(pl.Callback):
     def __init__(self, callback: Callback, *, run_dir: Optional[str | Path] = None):
         self.callback = callback
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.state: Optional[TrainState] = None
+        self._open_step: Optional[int] = None  # global_step when the step in flight fired on_step_start
 
     def _state(self, trainer: pl.Trainer, module: pl.LightningModule) -> TrainState:
         if self.state is None:
@@ -41,11 +50,15 @@ class LightningAdapter(pl.Callback):
         return self.state
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._open_step = None
         self.callback.on_train_start(self._state(trainer, pl_module))
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         state = self._state(trainer, pl_module)
+        if self._open_step is not None:  # a later batch of an accumulated step: the step started already
+            return
+        self._open_step = trainer.global_step
         state.metrics = {}
         self.callback.on_step_start(state)
 
@@ -55,6 +68,9 @@ class LightningAdapter(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         state = self._state(trainer, pl_module)
+        if not stepped(self._open_step, trainer.global_step):  # gradients accumulate: the step goes on
+            return
+        self._open_step = None
         state.step = trainer.global_step - 1  # the step that just finished, as in the loka trainer
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         state.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
@@ -78,7 +94,9 @@ class LightningAdapter(pl.Callback):
         self.callback.on_checkpoint_load(self._state(trainer, pl_module))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.callback.on_train_end(self._state(trainer, pl_module))
+        state = self._state(trainer, pl_module)
+        state.step = trainer.global_step - 1  # the last step trained, as in the loka trainer
+        self.callback.on_train_end(state)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self.callback.on_exception(self._state(trainer, pl_module), exception)

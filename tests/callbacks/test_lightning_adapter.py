@@ -8,6 +8,8 @@ pl = pytest.importorskip("pytorch_lightning")
 
 from loka_trainer.callbacks.base import Callback, TrainState  # noqa: E402
 from loka_trainer.callbacks.lightning import LightningAdapter  # noqa: E402
+from loka_trainer.callbacks.probe import ProbeCallback  # noqa: E402
+from loka_trainer.probe.stats_io import load_stats  # noqa: E402
 
 
 class Recorder(Callback):
@@ -70,8 +72,43 @@ def test_adapter_fires_loka_events_in_lightning_order(tmp_path):
                           ("step_start", 0), ("after_backward", 0), ("step_end", 0),
                           ("step_start", 1), ("after_backward", 1), ("step_end", 1),
                           ("step_start", 2), ("after_backward", 2), ("step_end", 2),
-                          ("train_end", 3)]
+                          ("train_end", 2)]
     assert len(rec.losses) == 3 and all(v > 0 for v in rec.losses)
+
+
+def test_adapter_fires_one_loka_step_per_accumulated_optimizer_step(tmp_path):
+    rec = Recorder()
+    trainer = pl.Trainer(max_steps=2, accumulate_grad_batches=2, accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         callbacks=[LightningAdapter(rec)], enable_checkpointing=False)
+    trainer.fit(TinyModule(), _loader())
+    assert rec.events == [("train_start", 0),
+                          ("step_start", 0), ("after_backward", 0), ("after_backward", 0), ("step_end", 0),
+                          ("step_start", 1), ("after_backward", 1), ("after_backward", 1), ("step_end", 1),
+                          ("train_end", 1)]
+
+
+class SavesSeen(ProbeCallback):
+    def __init__(self, **fields):
+        super().__init__(**fields)
+        self.saved_at: list[int] = []
+
+    def save(self, step: int) -> None:
+        self.saved_at.append(step)
+        super().save(step)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_probe_under_lightning_saves_each_step_once(tmp_path, accumulate):
+    probe = SavesSeen(interval=1, save_interval=2, out_dir=str(tmp_path / "probe"), tensorboard=False)
+    trainer = pl.Trainer(max_steps=4, accumulate_grad_batches=accumulate, accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         callbacks=[LightningAdapter(probe)], enable_checkpointing=False)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64)),
+                                         batch_size=8)
+    trainer.fit(TinyModule(), loader)
+    assert probe.saved_at == [1, 3]
+    assert load_stats(tmp_path / "probe")["step"] == 3
 
 
 def test_adapter_round_trips_callback_state_through_lightning_checkpoint(tmp_path):
