@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 EVENTS = (
@@ -53,11 +54,20 @@ EVENTS = (
 )
 
 
+def process_group_rank_and_size() -> tuple[int, int]:
+    """(this process's rank, the world size) of torch.distributed's default group, or (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 @dataclasses.dataclass
 class TrainState:
     """What callbacks see. The trainer owns and updates it; callbacks must not mutate it.
 
-    Fields a plain loop needs to set: ``model`` and ``step``. Everything else has a usable default.
+    Fields a plain loop needs to set: ``model`` and ``step``. Everything else has a usable default: ``rank`` and
+    ``world_size`` are torch.distributed's when a process group is up (a DDP loop's Probe then merges and writes its
+    statistics from rank 0 alone), else 0 and 1.
     """
 
     model: nn.Module
@@ -67,8 +77,8 @@ class TrainState:
     batch_size: int = 0  # local examples per step on this rank
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    rank: int = 0
-    world_size: int = 1
+    rank: int = dataclasses.field(default_factory=lambda: process_group_rank_and_size()[0])
+    world_size: int = dataclasses.field(default_factory=lambda: process_group_rank_and_size()[1])
     run_dir: Optional[Path] = None
     total_steps: Optional[int] = None
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
