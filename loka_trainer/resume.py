@@ -138,8 +138,8 @@ def nothing_left(start: StartPlan, *, steps: int, stop_after: Optional[int] = No
 
 def set_aside_previous_run(run_dir: Path, checkpoint_root: Path, *, inputs: Sequence[Path] = ()) -> list[str]:
     """Before a run starts at step 0: move an earlier run's outputs into ``previous/<stamp>/``; lines to log.
-    An output the new run reads (``inputs``, e.g. ``precision.plan`` pointing at the run's own plan file) is
-    copied there instead, and stays in place."""
+    A file the new run reads (``inputs``, e.g. ``precision.plan`` pointing at the run's own plan file, or the report
+    in ``probe/`` that ``precision.probe_stats`` names) is copied there instead, and stays in place."""
     ckpt_entries = [p for _, p in checkpoint_dirs(checkpoint_root)]
     if (checkpoint_root / LATEST).is_file():
         ckpt_entries.append(checkpoint_root / LATEST)
@@ -223,13 +223,18 @@ def _split_records(lines: list[str], step: int, *, final: bool = False) -> tuple
 
 
 def _move_aside(paths: Sequence[Path], dest: Path, *, inputs: Sequence[Path] = ()) -> None:
-    """Move each of ``paths`` into ``dest``; a file among ``inputs`` is copied instead (the run reads it)."""
-    kept = {q.resolve() for q in inputs}
+    """Move each of ``paths`` into ``dest``; a file among ``inputs`` is copied instead, and one inside a moved
+    folder (``precision.probe_stats=<run dir>/probe``) is copied back to its place: the run reads it."""
+    kept = {q.resolve() for q in inputs if q.is_file()}
     for path in paths:
-        if path.resolve() in kept and path.is_file():
+        if path.resolve() in kept:
             shutil.copy2(str(path), str(dest / path.name))
-        else:
-            shutil.move(str(path), str(dest / path.name))
+            continue
+        inside = [q.relative_to(path.resolve()) for q in kept if q.is_relative_to(path.resolve())]
+        shutil.move(str(path), str(dest / path.name))
+        for rel in inside:
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(str(dest / path.name / rel), str(path / rel))
 
 
 def _new_previous_dir(run_dir: Path) -> Path:

@@ -131,6 +131,21 @@ def test_fresh_start_keeps_the_plan_file_it_is_told_to_run(tmp_path):
     assert not (run_dir / "metrics.jsonl").exists() and (dest / "metrics.jsonl").exists()
 
 
+def test_fresh_start_keeps_the_probe_report_it_is_told_to_read_in_place(tmp_path):
+    """precision.probe_stats=<run dir>/probe with a fresh start in that run directory: the earlier probe/ moves
+    aside whole, and the report this run reads is back at its place (same bytes); the rest of probe/ is not."""
+    run_dir = tmp_path / "run"
+    (run_dir / "probe").mkdir(parents=True)
+    report = run_dir / "probe" / "report.json"
+    report.write_text('{"version": 1}\n')
+    (run_dir / "probe" / "stats.pt").write_bytes(b"PK stats")
+    [line] = set_aside_previous_run(run_dir, run_dir / "checkpoints", inputs=[report])
+    [dest] = list((run_dir / "previous").iterdir())
+    assert report.read_text() == (dest / "probe" / "report.json").read_text() == '{"version": 1}\n'
+    assert (dest / "probe" / "stats.pt").read_bytes() == b"PK stats" and not (run_dir / "probe" / "stats.pt").exists()
+    assert "probe" in line
+
+
 def test_fresh_start_moves_the_probe_files_of_an_explicit_out_dir_aside(tmp_path):
     """callbacks.probe.out_dir outside the run directory: an earlier run's stats.pt and report move to
     <out_dir>/previous/<stamp>/ (same bytes), the report this run reads (precision.probe_stats) is copied, a file
