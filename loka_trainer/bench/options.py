@@ -34,7 +34,9 @@ def choices() -> dict[str, Sequence[str]]:
 class BenchOptions:
     """depth: deepest module level profiled (root = 0); include/exclude: fnmatch globs on paths
     (``model.dense_arch*``), exclude drops a subtree, include limits which nodes are measured (others are
-    estimated from children); replicate: batch replication factor; precision: auto = bf16 on CUDA, fp32 on CPU.
+    estimated from children); both match a module on every path it has, so a shared (tied) module is one module:
+    measured once, at its shallowest path, and dropped with any subtree it is in; replicate: batch replication
+    factor; precision: auto = bf16 on CUDA, fp32 on CPU.
     List fields take a list or tuple of strings (a plain string is refused: ``results="csv"`` is not ``["csv"]``).
     """
 

@@ -16,8 +16,8 @@ from loka_trainer.bench.options import BenchOptions
 from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, RunContext, make
 from loka_trainer.bench.preprocessors import BatchReplicate, Precision, compute_dtype
 from loka_trainer.bench.profilers import PROFILERS, judge
-from loka_trainer.bench.tree import (CONTAINERS, BenchResult, ModuleInputs, Node, build_nodes, capture_inputs,
-                                     check_globs, module_paths, walk)
+from loka_trainer.bench.tree import (CONTAINERS, BenchResult, ModuleInputs, Node, all_paths, build_nodes,
+                                     capture_inputs, check_globs, module_paths, walk)
 from loka_trainer.globs import unmatched
 from loka_trainer.kernels.triton_env import triton_importable
 from loka_trainer.timing import CUDA_BENCH_TIMERS, default_bench_timer
@@ -52,13 +52,14 @@ def check_filters(model: nn.Module, opts: BenchOptions) -> None:
     submodule at all, is a ValueError naming the closest paths (else the run would measure nothing it was asked
     to, or everything it was asked not to). A ModuleList / ModuleDict is never called, so it is measured only
     through its entries: a glob naming only containers selects nothing. An exclude glob matching the root would
-    leave nothing to measure."""
+    leave nothing to measure. A module with several paths (a shared layer) is matched on each of them."""
     if dropping_root := [glob for glob in opts.exclude if fnmatch.fnmatchcase(opts.root_name, glob)]:
         raise ValueError(f"bench.exclude: {dropping_root} match(es) the root {opts.root_name!r}, which would drop "
                          f"every module; exclude submodules, e.g. '{opts.root_name}.NAME'")
     entries = walk(model, max_depth=opts.depth, root_name=opts.root_name, exclude=opts.exclude)
-    walked = [path for path, module, _ in entries if not isinstance(module, CONTAINERS)]
-    containers = [path for path, module, _ in entries if isinstance(module, CONTAINERS)]
+    paths_of = all_paths(model, opts.root_name)
+    walked = [p for _, module, _ in entries if not isinstance(module, CONTAINERS) for p in paths_of[id(module)]]
+    containers = [p for _, module, _ in entries if isinstance(module, CONTAINERS) for p in paths_of[id(module)]]
     only_containers = [glob for glob in unmatched(opts.include, walked) if not unmatched([glob], containers)]
     if only_containers:
         first = next(p for p in containers if fnmatch.fnmatchcase(p, only_containers[0]))
@@ -150,7 +151,7 @@ def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Uni
     pre = default_pre if preprocessors is None else list(preprocessors)
     profs = default_prof if profilers is None else list(profilers)
     entries = walk(component.model, max_depth=opts.depth, root_name=opts.root_name, exclude=opts.exclude)
-    nodes = build_nodes(entries, include=opts.include)
+    nodes = build_nodes(entries, include=opts.include, paths_of=all_paths(component.model, opts.root_name))
     captured = _captured_inputs(component, entries)
     modules = {path: module for path, module, _ in entries}
     for node in tqdm(list(nodes.values()), desc="bench", unit="module", disable=not opts.progress):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import fnmatch
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -83,19 +83,45 @@ def _selected(path: str, include: Sequence[str], exclude: Sequence[str]) -> bool
     return not include or any(fnmatch.fnmatchcase(path, p) for p in include)
 
 
+def _named(model: nn.Module, root_name: str) -> list[tuple[str, nn.Module]]:
+    """``(path, module)`` for every path of every submodule, a shared module once per path."""
+    return [(f"{root_name}.{name}" if name else root_name, module)
+            for name, module in model.named_modules(remove_duplicate=False)]
+
+
+def all_paths(model: nn.Module, root_name: str = "model") -> dict[int, list[str]]:
+    """``id(module)`` -> every path of that module (``root_name`` + FQN): a module registered at several places
+    (a tied / shared layer) has several, in ``named_modules`` order."""
+    out: dict[int, list[str]] = {}
+    for path, module in _named(model, root_name):
+        out.setdefault(id(module), []).append(path)
+    return out
+
+
+def excluded_modules(model: nn.Module, *, root_name: str = "model", exclude: Sequence[str] = ()) -> set[int]:
+    """``id``s of the modules ``exclude`` drops: each module with any path matching a glob, and every module under
+    it. The exclusion is by module object, so a shared module is dropped under all of its paths."""
+    dropped: set[int] = set()
+    for path, module in _named(model, root_name):
+        if id(module) not in dropped and any(fnmatch.fnmatchcase(path, g) for g in exclude):
+            dropped.update(id(m) for m in module.modules())
+    return dropped
+
+
 def walk(model: nn.Module, *, max_depth: int, root_name: str = "model",
          exclude: Sequence[str] = ()) -> list[tuple[str, nn.Module, int]]:
-    """Breadth-first ``(path, module, depth)`` to ``max_depth`` (root = depth 0); an excluded path drops its subtree.
+    """Breadth-first ``(path, module, depth)`` to ``max_depth`` (root = depth 0), without `excluded_modules`.
 
-    A module reachable by two paths is kept at its first (shallowest) path only. Containers (ModuleList,
-    ModuleDict) take their parent's depth.
+    A module reachable by two paths is one module: kept at its first (shallowest) path only, and dropped when a
+    glob of ``exclude`` matches either path. Containers (ModuleList, ModuleDict) take their parent's depth.
     """
+    dropped = excluded_modules(model, root_name=root_name, exclude=exclude) if exclude else set()
     seen: set[int] = set()
     out: list[tuple[str, nn.Module, int]] = []
     queue = collections.deque([(root_name, model, 0)])
     while queue:
         path, module, depth = queue.popleft()
-        if id(module) in seen or any(fnmatch.fnmatchcase(path, p) for p in exclude):
+        if id(module) in seen or id(module) in dropped:
             continue
         seen.add(id(module))
         out.append((path, module, depth))
@@ -119,18 +145,26 @@ def check_globs(option: str, patterns: Sequence[str], paths: Sequence[str], *, s
 
 def module_paths(model: nn.Module, root_name: str = "model") -> list[str]:
     """Every submodule's path at any depth (``root_name`` + FQN), each path of a shared module included."""
-    return [f"{root_name}.{name}" if name else root_name
-            for name, _ in model.named_modules(remove_duplicate=False)]
+    return [path for paths in all_paths(model, root_name).values() for path in paths]
 
 
-def build_nodes(entries: list[tuple[str, nn.Module, int]], *, include: Sequence[str]) -> dict[str, Node]:
-    """Nodes for the walked modules; a node not matching ``include`` is kept (for the tree) but marked estimated."""
+def build_nodes(entries: list[tuple[str, nn.Module, int]], *, include: Sequence[str],
+                paths_of: Optional[Mapping[int, Sequence[str]]] = None) -> dict[str, Node]:
+    """Nodes for the walked modules; a node none of whose paths matches ``include`` is kept (for the tree) but
+    marked estimated.
+
+    paths_of: `all_paths` of the model; a module with more than one path is matched on all of them and its node
+    notes the others (it is one module, measured once). None: each module's walked path only.
+    """
     nodes: dict[str, Node] = {}
     for path, module, depth in entries:
         parent = path.rsplit(".", 1)[0] if "." in path else None
         node = Node(path=path, type_name=type(module).__name__, depth=depth, parent=parent)
-        if not _selected(path, include, ()):
+        others = [p for p in (paths_of or {}).get(id(module), ()) if p != path]
+        if not any(_selected(p, include, ()) for p in [path, *others]):
             node.status, node.notes = "estimated", ["not selected by bench.include"]
+        if others:
+            node.notes.append(f"also reachable as {', '.join(others)} (the same module, measured once)")
         nodes[path] = node
         if parent is not None:
             nodes[parent].children.append(path)

@@ -67,6 +67,15 @@ def test_an_include_naming_only_a_module_list_says_to_name_its_entries():
     runner.check_filters(Stack(), BenchOptions(include=("model.layers*",)))
 
 
+def test_an_include_naming_the_second_path_of_a_shared_module_selects_it(cpu):
+    lin = nn.Linear(2, 2)
+    model = nn.Sequential(lin, nn.ReLU(), lin)
+    opts = BenchOptions(include=("model.2",), warmup=0, repeats=1, progress=False, profilers=("params",))
+    result = run_bench(ModuleProvider(model, torch.randn(3, 2)).get_component(cpu), opts)
+    assert result.nodes["model.0"].status == "ok" and result.nodes["model.0"].metrics["param_bytes"] == 24
+    assert result.nodes["model.1"].status == "estimated"
+
+
 @pytest.mark.parametrize("glob", ["model", "*", "mod*"])
 def test_an_exclude_matching_the_root_is_one_value_error(glob):
     with pytest.raises(ValueError, match=r"bench.exclude: \[.*\] match\(es\) the root 'model', which would drop "

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from loka_trainer.bench.examples import MLPTree
-from loka_trainer.bench.tree import ModuleInputs, build_nodes, capture_inputs, walk
+from loka_trainer.bench.tree import ModuleInputs, all_paths, build_nodes, capture_inputs, walk
 
 
 def test_walk_is_breadth_first_with_known_paths():
@@ -23,6 +24,45 @@ def test_shared_module_kept_once():
     lin = nn.Linear(2, 2)
     model = nn.Sequential(lin, nn.ReLU(), lin)
     assert [p for p, _, _ in walk(model, max_depth=2, root_name="m")] == ["m", "m.0", "m.1"]
+
+
+class TwoTowersOneLayer(nn.Module):
+    """Two towers that share (tie) one Linear: ``m.a.0`` and ``m.b.0`` are the same module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(2, 2)
+        self.a, self.b = nn.Sequential(shared, nn.ReLU()), nn.Sequential(shared)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("glob", ["m.0", "m.2"])
+def test_excluding_either_path_of_a_shared_module_drops_it(glob):
+    lin = nn.Linear(2, 2)
+    model = nn.Sequential(lin, nn.ReLU(), lin)
+    entries = walk(model, max_depth=2, root_name="m", exclude=[glob])
+    assert [p for p, _, _ in entries] == ["m", "m.1"]
+    assert lin not in [m for _, m, _ in entries]
+
+
+@pytest.mark.parametrize("glob", ["m.a", "m.b"])
+def test_excluding_a_subtree_drops_its_shared_modules_under_every_path(glob):
+    model = TwoTowersOneLayer()
+    entries = walk(model, max_depth=3, root_name="m", exclude=[glob])
+    assert model.a[0] not in [m for _, m, _ in entries]
+    kept = {"m.a": ["m", "m.b"], "m.b": ["m", "m.a", "m.a.1"]}[glob]
+    assert [p for p, _, _ in entries] == kept
+
+
+def test_a_shared_module_is_one_node_selected_by_any_of_its_paths():
+    model = TwoTowersOneLayer()
+    entries = walk(model, max_depth=3, root_name="m")
+    assert [p for p, _, _ in entries] == ["m", "m.a", "m.b", "m.a.0", "m.a.1"]
+    nodes = build_nodes(entries, include=["m.b.0"], paths_of=all_paths(model, "m"))
+    assert nodes["m.a.0"].status == "ok" and nodes["m.a.1"].status == "estimated"
+    assert any("also reachable as m.b.0" in note for note in nodes["m.a.0"].notes)
 
 
 def test_nodes_parent_children_and_include():
