@@ -92,20 +92,50 @@ def default_plugins(opts: BenchOptions, device: torch.device) -> tuple[list[Prep
     return pre, [make(PROFILERS, n, "bench.profilers") for n in names]
 
 
+def _error_line(err: BaseException) -> str:
+    """``Type: first line of the message``."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+def join_errors(errors: Sequence[tuple[str, str]]) -> str:
+    """One line for ``(profiler name, error line)`` pairs, profilers with the same error named together:
+    ``latency_fwd, flops: OutOfMemoryError: ...; memory: RuntimeError: ...``."""
+    by_error: dict[str, list[str]] = {}
+    for name, line in errors:
+        by_error.setdefault(line, []).append(name)
+    return "; ".join(f"{', '.join(names)}: {line}" for line, names in by_error.items())
+
+
+def _release(job: Job, ctx: RunContext) -> None:
+    """After a failure: the module's gradients dropped and, on CUDA, the allocator's cached blocks freed."""
+    job.module.zero_grad(set_to_none=True)
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _profile_node(node: Node, job: Job, ctx: RunContext, pre: Sequence[Preprocessor],
                   profilers: Sequence[Profiler]) -> None:
+    """Preprocess ``job`` and run each profiler on it, into ``node``. A preprocessor that raises fails the node;
+    a profiler that raises fails only its own columns (n/a): the others are kept, and the node is "failed" with
+    each failing profiler and its error in ``node.error``. Any failure (OOM, an unreplayable input) leaves the
+    run going on."""
+    errors: list[tuple[str, str]] = []
     try:
         for p in pre:
             job = p.apply(job, ctx)
-        for prof in profilers:
+    except Exception as err:  # noqa: BLE001 -- nothing to profile without the prepared job
+        errors.append((f"preprocessor {p.name}", _error_line(err)))
+        _release(job, ctx)
+    for prof in profilers if not errors else ():
+        try:
             node.metrics.update(prof.profile(job, ctx, node.metrics))
-    except Exception as err:  # noqa: BLE001 -- any failure (OOM, unreplayable input) marks the node, run goes on
-        node.status, node.error = "failed", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()
-    finally:
-        node.notes.extend(job.notes)
-        job.module.zero_grad(set_to_none=True)
+        except Exception as err:  # noqa: BLE001 -- this profiler's columns only: n/a
+            errors.append((prof.name, _error_line(err)))
+            _release(job, ctx)
+    if errors:
+        node.status, node.error = "failed", join_errors(errors)
+    node.notes.extend(job.notes)
+    job.module.zero_grad(set_to_none=True)
 
 
 def estimate_from_children(nodes: dict[str, Node]) -> None:

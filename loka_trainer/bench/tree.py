@@ -35,8 +35,9 @@ class ModuleInputs:
 class Node:
     """One profiled (or estimated) submodule.
 
-    status: "ok" (measured), "failed" (profiling raised; no children to estimate from), "estimated"
-    (failed or not selected by the filters, additive metrics summed from children).
+    status: "ok" (measured), "failed" (a profiler raised: its columns n/a, the others kept, ``error`` names it;
+    nothing left to estimate from children), "estimated" (failed or not selected by the filters, missing
+    additive metrics summed from children).
     """
 
     path: str

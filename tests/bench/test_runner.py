@@ -121,3 +121,24 @@ def test_memory_snapshots_off_cuda_leave_no_empty_folders(fast_opts, cpu, tmp_pa
     result = run_bench(component, opts, out_dir=tmp_path)
     assert result.nodes["model.0"].metrics["memory_snapshot"] is None
     assert not (tmp_path / "memory_snapshots").exists()
+
+
+def test_a_failing_profiler_blanks_only_its_own_columns(fast_opts, cpu, monkeypatch):
+    def out_of_memory(self, job, ctx, so_far):
+        raise torch.cuda.OutOfMemoryError("simulated OOM\nsecond line")
+
+    monkeypatch.setattr(PROFILERS["memory"], "profile", out_of_memory)
+    monkeypatch.setattr(PROFILERS["flops"], "profile", out_of_memory)
+    component = ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu)
+    result = run_bench(component, fast_opts)  # memory runs between latency_fwd_bwd and bandwidth
+    leaf = result.nodes["model.0"]
+    for key in ("param_bytes", "latency_fwd_ms", "latency_fwd_bwd_ms", "bytes_moved"):
+        assert leaf.metrics.get(key), key
+    assert leaf.status == "failed" and leaf.error == "flops, memory: OutOfMemoryError: simulated OOM"
+    assert leaf.metrics.get("flops_fwd") is None and leaf.metrics.get("peak_mem_bytes") is None
+    from loka_trainer.bench.table import row
+
+    assert row(leaf)["notes"].startswith("flops, memory: OutOfMemoryError: simulated OOM")
+    assert row(leaf)["est_bytes_moved_mb"] is not None
+    root = result.nodes["model"]  # its child has no FLOPs either: nothing to estimate them from
+    assert root.status == "failed" and root.metrics["latency_fwd_ms"] > 0 and root.metrics.get("flops_fwd") is None
