@@ -237,6 +237,13 @@ def _move_aside(paths: Sequence[Path], dest: Path, *, inputs: Sequence[Path] = (
             shutil.copy2(str(dest / path.name / rel), str(path / rel))
 
 
+def move_to_previous(run_dir: Path, paths: Sequence[Path]) -> Path:
+    """Move each of ``paths`` into a new ``<run_dir>/previous/<date>_<time>/`` (nothing is deleted); returns it."""
+    dest = _new_previous_dir(run_dir)
+    _move_aside(paths, dest)
+    return dest
+
+
 def _new_previous_dir(run_dir: Path) -> Path:
     base = run_dir / PREVIOUS / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     path, n = base, 1
@@ -246,5 +253,6 @@ def _new_previous_dir(run_dir: Path) -> Path:
     return path
 
 
-__all__ = ["SUMMARY_FILE", "StartPlan", "checkpoint_root", "identity_difference", "model_identity", "nothing_left",
-           "plan_start", "prepare_resumed_run", "set_aside_previous_run", "set_aside_probe_outputs"]
+__all__ = ["SUMMARY_FILE", "StartPlan", "checkpoint_root", "identity_difference", "model_identity",
+           "move_to_previous", "nothing_left", "plan_start", "prepare_resumed_run", "set_aside_previous_run",
+           "set_aside_probe_outputs"]

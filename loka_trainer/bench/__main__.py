@@ -2,7 +2,8 @@
 module of yours: ``python -m loka_trainer.bench bench.provider=factory bench.factory=mypkg.models:build ...``.
 
 Composes ``conf/bench.yaml`` (same ``model=`` / ``data=`` groups as the trainer), profiles every submodule
-with a progress bar, and writes the table (CSV/JSON/Markdown) and the offline icicle HTML into DIR.
+with a progress bar, and writes the table (CSV/JSON/Markdown) and the offline icicle HTML into DIR; an earlier
+run's outputs there move to DIR/previous/<date>_<time>/ first (`set_aside_earlier_run`).
 Hydra's own flags work as for ``train.py`` (``--help``, ``--cfg job``, ``--config-dir``); every setting is checked
 before anything is written or measured.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -17,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from loka_trainer.bench import BenchOptions, ExampleProvider, FactoryProvider, ZooProvider, run_bench, write_results
 from loka_trainer.bench.plugins import Component, Provider
+from loka_trainer.bench.results import set_aside_earlier_run
 from loka_trainer.bench.runner import check_filters, check_timer, resolve_device
 
 PROVIDER_KEYS = ("provider", "example", "factory", "loka_mods")
@@ -151,6 +154,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         fail("-m/--multirun is not supported by the Component Benchmark: run one configuration per command")
     preflight("bench", args, bench_options)
     cfg, run_dir, opts, component, name = prepare(args)
+    for line in set_aside_earlier_run(run_dir):
+        print(line, file=sys.stderr)
     try:
         result = run_bench(component, opts, out_dir=run_dir)
     except ValueError as err:  # the model's forward failed: its own line, not its traceback

@@ -2,11 +2,38 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from loka_trainer.bench.icicle import write_icicle
 from loka_trainer.bench.plugins import ResultPlugin
 from loka_trainer.bench.table import NUMERIC_COLUMNS, markdown_table, rows, write_csv, write_json, write_markdown
 from loka_trainer.bench.tree import BenchResult
+
+# What a run writes into its run dir: the run config, the profilers' folders, TensorBoard's and the result files
+# (``bench_<name>`` + the suffix of each table / icicle writer).
+BENCH_DIRS = (".hydra", "traces", "memory_snapshots", "tensorboard")
+BENCH_FILES = ("bench_*.csv", "bench_*.json", "bench_*.md", "bench_*_icicle.html")
+
+
+def earlier_outputs(run_dir: Path, *, dirs: Sequence[str] = BENCH_DIRS,
+                    files: Sequence[str] = BENCH_FILES) -> list[Path]:
+    """The outputs an earlier benchmark run left in ``run_dir``: the folders named ``dirs`` and the files matching
+    the globs ``files`` (sorted by name)."""
+    found = [run_dir / name for name in dirs if (run_dir / name).exists()]
+    return found + sorted({p for g in files for p in run_dir.glob(g) if p.is_file()})
+
+
+def set_aside_earlier_run(run_dir: Path) -> list[str]:
+    """Before a run writes into ``run_dir``: an earlier run's outputs (`earlier_outputs`) move to
+    ``<run_dir>/previous/<date>_<time>/``, as the trainer's run dir does, so traces and TensorBoard events of two
+    runs never mix. Nothing is deleted. Returns the line to log ([] when nothing was there)."""
+    from loka_trainer.resume import move_to_previous  # noqa: PLC0415 -- the checkpoint stack, for this only
+
+    outputs = earlier_outputs(run_dir)
+    if not outputs:
+        return []
+    dest = move_to_previous(run_dir, outputs)
+    return [f"the earlier run's outputs ({', '.join(p.name for p in outputs)}) were moved to {dest}"]
 
 
 class _Named(ResultPlugin):

@@ -142,3 +142,19 @@ def test_cli_a_setting_of_another_provider_is_one_line(conf_dir, tmp_path, overr
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [f"error: {line}"]
     assert not out.exists()
+
+
+def test_cli_rerun_moves_the_earlier_runs_traces_and_tables_aside(conf_dir, tmp_path):
+    out = tmp_path / "run"
+    (out / "traces" / "model.gone").mkdir(parents=True)
+    (out / "traces" / "model.gone" / "old.pt.trace.json").write_text("{}")
+    (out / "bench_mlp_tree.csv").write_text("old\n")
+    proc = _run(conf_dir, "bench.provider=example", "bench.example=mlp_tree", "bench.depth=1", "bench.trace=true",
+                "bench.repeats=1", "bench.warmup=0", "bench.results=[csv]", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [dest] = (out / "previous").iterdir()
+    assert f"the earlier run's outputs (traces, bench_mlp_tree.csv) were moved to {dest}" in proc.stderr
+    assert (dest / "traces" / "model.gone" / "old.pt.trace.json").is_file()
+    assert (dest / "bench_mlp_tree.csv").read_text() == "old\n"
+    assert sorted(p.name for p in (out / "traces").iterdir()) == ["model", "model.head", "model.left", "model.right"]
+    assert (out / "bench_mlp_tree.csv").read_text().startswith("component_name,")

@@ -63,3 +63,30 @@ def test_icicle_renders_in_headless_chromium(nanogpt_result, tmp_path):
         assert f">{label}<" in dom, label
     png = screenshot_icicle.screenshot(path, tmp_path / "shot.png", size="800,600")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def _earlier_run(run_dir: Path) -> list[str]:
+    """Files an earlier benchmark run leaves in ``run_dir``, and one of the user's; their relative paths."""
+    files = [".hydra/config.yaml", "traces/model.0/host_1.pt.trace.json", "memory_snapshots/model/snapshot.pickle",
+             "tensorboard/events.out.tfevents.1", "bench_dlrm.csv", "bench_dlrm.json", "bench_dlrm.md",
+             "bench_dlrm_icicle.html", "notes.txt"]
+    for name in files:
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_text(name)
+    return files
+
+
+def test_an_earlier_runs_outputs_move_to_previous_and_nothing_is_deleted(tmp_path):
+    from loka_trainer.bench.results import set_aside_earlier_run
+
+    files = _earlier_run(tmp_path)
+    [line] = set_aside_earlier_run(tmp_path)
+    [dest] = (tmp_path / "previous").iterdir()
+    assert line == (f"the earlier run's outputs (.hydra, traces, memory_snapshots, tensorboard, bench_dlrm.csv, "
+                    f"bench_dlrm.json, bench_dlrm.md, bench_dlrm_icicle.html) were moved to {dest}")
+    for name in files[:-1]:
+        assert (dest / name).read_text() == name and not (tmp_path / name).exists()
+    assert (tmp_path / "notes.txt").read_text() == "notes.txt"  # not the benchmark's: stays
+    assert set_aside_earlier_run(tmp_path) == []  # nothing left to move: no empty folder, no line
+    assert len(list((tmp_path / "previous").iterdir())) == 1
+    assert set_aside_earlier_run(tmp_path / "new") == [] and not (tmp_path / "new").exists()
