@@ -185,26 +185,30 @@ def time_wall(fn: Callable[[], object], *, warmup: int, repeats: int, device: to
 
 
 def time_cuda_events(fn: Callable[[], object], *, warmup: int, repeats: int, device: torch.device) -> float:
-    """Median µs of ``fn`` between CUDA events recorded on the current stream."""
+    """Median µs of ``fn`` between CUDA events recorded on ``device``'s current stream (where ``fn``'s kernels on
+    that device run, whichever device is the process's current one)."""
     for _ in range(warmup):
         fn()
     n = max(1, repeats)
+    stream = torch.cuda.current_stream(device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for s, e in zip(starts, ends):
-        s.record()
+        s.record(stream)
         fn()
-        e.record()
+        e.record(stream)
     torch.cuda.synchronize(device)
     return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
 def time_do_bench(fn: Callable[[], object], *, warmup: int, repeats: int, device: torch.device) -> float:
-    """Median µs from ``triton.testing.do_bench`` (flushes L2 between calls); triton is imported lazily."""
+    """Median µs from ``triton.testing.do_bench`` (flushes L2 between calls) with ``device`` made the current
+    CUDA device, as do_bench's events, cache flush and synchronisation use it; triton is imported lazily."""
     from triton.testing import do_bench  # absent on CPU machines
 
-    del device, warmup, repeats  # do_bench sizes its own warm-up and repeats by time
-    return 1e3 * float(do_bench(fn, return_mode="median"))
+    del warmup, repeats  # do_bench sizes its own warm-up and repeats by time
+    with torch.cuda.device(device):
+        return 1e3 * float(do_bench(fn, return_mode="median"))
 
 
 BENCH_TIMERS: dict[str, Callable[..., float]] = {

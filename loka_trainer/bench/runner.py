@@ -1,11 +1,12 @@
 """The Component Benchmark workflow (paper Fig. 2): capture inputs, walk, preprocess, profile, estimate."""
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import ContextManager, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -74,6 +75,12 @@ def model_device(model: nn.Module, opts: BenchOptions) -> torch.device:
     """Where the model's parameters are; ``opts.device`` for a model without any."""
     first = next((p.device for p in model.parameters()), None)
     return first if first is not None else resolve_device(opts.device)
+
+
+def device_scope(device: torch.device) -> ContextManager:
+    """``device`` made the current CUDA device (for what uses the current one: Dispatch's GEMM timing, a plugin's
+    ``device="cuda"``); a no-op for any other device."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def make_context(opts: BenchOptions, device: torch.device, out_dir: Optional[Path]) -> RunContext:
@@ -182,16 +189,17 @@ def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Uni
     profs = default_prof if profilers is None else list(profilers)
     entries = walk(component.model, max_depth=opts.depth, root_name=opts.root_name, exclude=opts.exclude)
     nodes = build_nodes(entries, include=opts.include, paths_of=all_paths(component.model, opts.root_name))
-    captured = _captured_inputs(component, entries)
     modules = {path: module for path, module, _ in entries}
-    for node in tqdm(list(nodes.values()), desc="bench", unit="module", disable=not opts.progress):
-        if node.status == "estimated":
-            continue
-        if node.path not in captured:
-            node.status, node.error = "failed", "not called during the captured forward"
-            continue
-        job = Job(node.path, modules[node.path], captured[node.path], component.batch_size)
-        _profile_node(node, job, ctx, pre, profs)
+    with device_scope(device):
+        captured = _captured_inputs(component, entries)
+        for node in tqdm(list(nodes.values()), desc="bench", unit="module", disable=not opts.progress):
+            if node.status == "estimated":
+                continue
+            if node.path not in captured:
+                node.status, node.error = "failed", "not called during the captured forward"
+                continue
+            job = Job(node.path, modules[node.path], captured[node.path], component.batch_size)
+            _profile_node(node, job, ctx, pre, profs)
     estimate_from_children(nodes)
     for node in nodes.values():
         node.judged_by = judge(modules[node.path], node.metrics.get("flops_fwd"))
