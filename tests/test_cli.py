@@ -86,6 +86,7 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
      ["trainer.checkpoint_dir=shared_ck is shared by the sweep points precision=bf16 and precision=fp32"]),
     (["model.mods.block_size=0"], ["model.mods.block_size must be a positive int, got 0"]),
     (["model.mods.block_size=-8", "precision=loka"], ["model.mods.block_size must be a positive int, got -8"]),
+    (["precision=loka", "precision.min_speedup=inf"], ["precision.min_speedup: must be a finite number > 0, got inf"]),
     (["precision=loka", "precision.max_flushed_fraction=1.5"],
      ["precision.max_flushed_fraction: must be within [0, 1] (1 turns the check off), got 1.5"]),
     (["model=wukong", "precision=loka", "precision.exclude=[over_arch.mlpp.*]"],

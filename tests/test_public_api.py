@@ -92,5 +92,5 @@ def test_convert_to_loka_with_dispatch_plans_each_target_and_writes_the_plan(tmp
 
 
 def test_convert_to_loka_rejects_a_bad_config_in_one_line():
-    with pytest.raises(ValueError, match=r"LoKAConfig\.mere_threshold: must be > 0"):
+    with pytest.raises(ValueError, match=r"LoKAConfig\.mere_threshold: must be a finite number > 0"):
         convert_to_loka(_user_model(), LoKAConfig(mere_threshold=0.0), device="cpu")

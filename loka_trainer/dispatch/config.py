@@ -75,15 +75,13 @@ class LoKAConfig:
                 existing_report(self.probe_stats)
             except ValueError as exc:
                 raise ValueError(f"{at}.probe_stats: {exc}") from None
-        if not 0.0 < self.mere_threshold:
-            raise ValueError(f"{at}.mere_threshold: must be > 0, got {self.mere_threshold}")
+        from loka_trainer.dispatch.plan import PLAN_SETTINGS  # lazy: keep the schema import-light
+        for field, (valid, what) in PLAN_SETTINGS.items():  # the plan written with them must load again
+            if not valid(getattr(self, field)):
+                hint = " (1 turns the check off)" if field == "max_flushed_fraction" else ""
+                raise ValueError(f"{at}.{field}: must be {what}{hint}, got {getattr(self, field)}")
         if not 0.0 <= self.mere_zero_floor < float("inf"):
             raise ValueError(f"{at}.mere_zero_floor: must be a finite number >= 0, got {self.mere_zero_floor}")
-        if not 0.0 <= self.max_flushed_fraction <= 1.0:
-            raise ValueError(f"{at}.max_flushed_fraction: must be within [0, 1] (1 turns the check off), got "
-                             f"{self.max_flushed_fraction}")
-        if not self.min_speedup > 0.0:
-            raise ValueError(f"{at}.min_speedup: must be > 0, got {self.min_speedup}")
         if self.min_features < 16 or self.timing_repeats < 1:
             raise ValueError(f"{at}.min_features must be >= 16 and timing_repeats >= 1, got "
                              f"{self.min_features}, {self.timing_repeats}")

@@ -171,7 +171,8 @@ class DispatchPlan:
         return cls(device=str(d.get("device", "unknown")), layers=layers, **settings)
 
 
-# a plan's selection settings -> (valid, what they must be): the ranges LoKAConfig.validate accepts
+# a plan's selection settings -> (valid, what they must be); LoKAConfig.validate checks its own with them, so
+# that a plan measured under any accepted setting loads again
 PLAN_SETTINGS = {
     "mere_threshold": (lambda v: 0.0 < v < math.inf, "a finite number > 0"),
     "min_speedup": (lambda v: 0.0 < v < math.inf, "a finite number > 0"),

@@ -35,6 +35,23 @@ def test_a_loka_config_field_of_the_wrong_type_is_named_in_one_line(field, value
         LoKAConfig(**{field: value}).validate()
 
 
+@pytest.mark.parametrize("field, value, error", [
+    ("min_speedup", float("inf"), r"LoKAConfig.min_speedup: must be a finite number > 0, got inf"),
+    ("mere_threshold", float("inf"), r"LoKAConfig.mere_threshold: must be a finite number > 0, got inf"),
+    ("mere_threshold", float("nan"), r"LoKAConfig.mere_threshold: must be a finite number > 0, got nan"),
+    ("max_flushed_fraction", -0.5, r"LoKAConfig.max_flushed_fraction: must be within \[0, 1\] \(1 turns"),
+])
+def test_a_selection_setting_that_the_written_plan_could_not_hold_is_refused(field, value, error):
+    """The plan Dispatch writes records these settings and is loaded again (``DispatchPlan.from_dict``): a value
+    that the plan refuses is refused with the config, not after the model was built and measured."""
+    from loka_trainer import LoKAConfig
+    from loka_trainer.dispatch.plan import DispatchPlan
+    with pytest.raises(ValueError, match=error):
+        LoKAConfig(**{field: value}).validate()
+    with pytest.raises(ValueError, match=f"'{field}' must be"):
+        DispatchPlan.from_dict({"version": 1, "layers": {}, field: value})
+
+
 def test_a_plan_path_that_is_a_directory_says_so(tmp_path):
     from loka_trainer import LoKAConfig
     with pytest.raises(ValueError, match=r"LoKAConfig.plan: '.*' is not a file"):
