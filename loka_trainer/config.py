@@ -39,6 +39,7 @@ DENSE_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adagrad": torch.optim.Adagrad,
 }
 DEVICES = ("auto", "cpu", "cuda")
+SEED_RANGE = (-2**63, 2**64)  # what torch.manual_seed takes: [low, high)
 
 
 @dataclasses.dataclass
@@ -91,6 +92,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.nonfinite={self.nonfinite!r} is not one of {', '.join(NONFINITE_POLICIES)}")
         if self.device not in DEVICES:
             raise ValueError(f"trainer.device={self.device!r} is not one of {', '.join(DEVICES)}")
+        if not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]:  # torch.manual_seed overflows once the model is built
+            raise ValueError(f"trainer.seed must be in [-2**63, 2**64) (torch.manual_seed's range), got {self.seed}")
         if self.stop_after is not None and not 0 < self.stop_after <= self.steps:
             raise ValueError(f"trainer.stop_after must be in (0, trainer.steps], got {self.stop_after}")
 

@@ -134,11 +134,20 @@ NAN, INF = float("nan"), float("inf")
                               "norm), got nan"),
     ({"grad_clip_norm": -1.0}, "trainer.grad_clip_norm must be a number >= 0"),
     ({"warmup_steps": -1}, "trainer.warmup_steps must be >= 0, got -1"),
+    ({"seed": 2**64}, "trainer.seed must be in [-2**63, 2**64) (torch.manual_seed's range), got 18446744073709551616"),
+    ({"seed": -2**63 - 1}, "trainer.seed must be in [-2**63, 2**64)"),
 ])
 def test_trainer_numbers_out_of_range_are_one_line_naming_the_field(changes, message):
     with pytest.raises(ValueError) as err:
         TrainerConfig(**changes).validate()
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_every_seed_torch_takes_is_accepted():
+    import torch
+    for seed in (-2**63, -1, 0, 2**64 - 1):
+        TrainerConfig(seed=seed).validate()
+        torch.manual_seed(seed)
 
 
 def test_every_float_trainer_field_refuses_nan_and_inf_only_logs_the_gradient_norm():
