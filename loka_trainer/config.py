@@ -20,7 +20,7 @@ from loka_trainer.dispatch.plan import DispatchPlan, load_plan, validate_plan, w
 from loka_trainer.dispatch.targets import configured_targets, dispatch_exclude
 from loka_trainer.globs import closest
 from loka_trainer.kernels.backends import available_backends
-from loka_trainer.models.configs import MODEL_CONFIGS
+from loka_trainer.models.configs import MODEL_CONFIGS, PRESETS_DIR
 from loka_trainer.models.mods import LOKA_MODS, resolve_mods
 from loka_trainer.mods.modes import FORWARD_MODES
 from loka_trainer.nonfinite import NONFINITE_POLICIES
@@ -275,6 +275,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     run = RunConfig(**parts)
     for part in (run.data, run.precision, run.sharding, run.trainer, run.callbacks.profiler):
         part.validate()
+    check_model_name(run.model)
     if hasattr(run.model, "validate"):
         run.model.validate()
     if hasattr(run.callbacks.probe, "validate"):
@@ -296,6 +297,18 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     check_backends(run, device)
     check_probe_targets(run, model)
     return run
+
+
+def check_model_name(model: Any) -> None:
+    """``model.name`` is the model of the preset's schema: it does not pick another model (``model=<preset>`` does),
+    and another model's name would build that model from this one's config, or fail in the builder."""
+    schema = type(model)
+    owner = next((name for name, cls in MODEL_CONFIGS.items() if cls is schema), None)
+    if owner is not None and model.name != owner:
+        presets = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+        choose = f"model={model.name}" if model.name in presets else f"model=<preset>, one of {', '.join(presets)}"
+        raise ValueError(f"model.name={model.name!r} does not pick the model: this preset's schema is {owner!r} "
+                         f"(model.name must stay {owner!r}); choose a model with {choose}")
 
 
 def check_data_has_the_model_sequences(run: RunConfig) -> None:

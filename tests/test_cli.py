@@ -86,6 +86,7 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
      ["trainer.checkpoint_dir=shared_ck is shared by the sweep points precision=bf16 and precision=fp32"]),
     (["model.mods.block_size=0"], ["model.mods.block_size must be a positive int, got 0"]),
     (["model.mods.block_size=-8", "precision=loka"], ["model.mods.block_size must be a positive int, got -8"]),
+    (["model=dlrm_dcnv2", "model.name=dlrm"], ["model.name='dlrm' does not pick the model", "model=dlrm"]),
     (["precision=loka", "precision.min_speedup=inf"], ["precision.min_speedup: must be a finite number > 0, got inf"]),
     (["precision=loka", "precision.max_flushed_fraction=1.5"],
      ["precision.max_flushed_fraction: must be within [0, 1] (1 turns the check off), got 1.5"]),
@@ -264,6 +265,25 @@ def test_criteo_eval_slice_smaller_than_a_batch_fails_naming_the_sizes(tmp_path)
                     "eval slice", "data.eval_fraction=0.1", "fewer than one batch of data.batch_size=512")
     assert not run_dir.exists()
 
+
+
+@pytest.mark.parametrize("schema, name, message", [
+    ("dlrm_dcnv2", "dlrm", "model.name='dlrm' does not pick the model: this preset's schema is 'dlrm_dcnv2' "
+                           "(model.name must stay 'dlrm_dcnv2'); choose a model with model=dlrm"),
+    ("dlrm", "wukong", "choose a model with model=wukong"),
+    ("wukong", "wukong_h200", "choose a model with model=wukong_h200"),
+    ("interformer", "bert", "choose a model with model=<preset>, one of dlrm, dlrm_dcnv2"),
+])
+def test_model_name_that_is_not_the_presets_model_is_refused_naming_model_eq(schema, name, message):
+    """A dlrm_dcnv2 config named dlrm built a plain DLRM, its cross net settings unread; a dlrm config named wukong
+    failed in the builder with a message about OmegaConf.to_object."""
+    from loka_trainer.config import check_model_name
+    from loka_trainer.models.configs import MODEL_CONFIGS
+    with pytest.raises(ValueError) as err:
+        check_model_name(MODEL_CONFIGS[schema](name=name))
+    assert message in str(err.value), str(err.value)
+    for cls in MODEL_CONFIGS.values():
+        check_model_name(cls())
 
 
 @pytest.mark.parametrize("data, needle", [("criteo", "Criteo TSV has no sequence columns"),
