@@ -312,14 +312,20 @@ def check_model_name(model: Any) -> None:
 
 
 def check_data_has_the_model_sequences(run: RunConfig) -> None:
-    """A model that reads behaviour sequences (``model.num_sequences`` > 0) gets data with some; the model's own
-    check would otherwise fail on a derived setting (``model.num_recent_tokens``) and not say why."""
+    """A model that reads behaviour sequences (``model.num_sequences`` > 0) gets data with that many; the model's own
+    check would otherwise fail on a derived setting (``model.num_recent_tokens``) and not say why, and the model
+    is built for as many as the data provides, whatever ``model.num_sequences`` says."""
     wanted = getattr(run.model, "num_sequences", 0)
     if wanted > 0 and run.data.num_sequences == 0:
         why = ("Criteo TSV has no sequence columns: train it on data=synthetic" if run.data.name == "criteo"
                else "set data.num_sequences > 0 or leave it unset (it follows model.num_sequences)")
         raise ValueError(f"model={run.model.name} reads behaviour sequences (model.num_sequences={wanted}) but "
                          f"data={run.data.name} provides none (data.num_sequences=0); {why}")
+    if wanted > 0 and run.data.num_sequences != wanted:  # the model is built for every sequence the data has
+        raise ValueError(f"model.num_sequences={wanted} but data.num_sequences={run.data.num_sequences}: "
+                         f"model={run.model.name} reads every sequence the data provides, so one of them would be "
+                         f"overruled; set model.num_sequences={run.data.num_sequences} and leave data.num_sequences "
+                         f"unset (it follows model.num_sequences)")
 
 
 def check_profiler_window(run: RunConfig) -> None:

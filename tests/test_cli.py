@@ -1,6 +1,7 @@
 """train.py's command line: Hydra's own flags, one-line failures before anything starts, edge configs, counts."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import random
@@ -284,6 +285,26 @@ def test_model_name_that_is_not_the_presets_model_is_refused_naming_model_eq(sch
     assert message in str(err.value), str(err.value)
     for cls in MODEL_CONFIGS.values():
         check_model_name(cls())
+
+
+@pytest.mark.parametrize("model_seqs, data_seqs", [(2, 5), (3, 1)])
+def test_data_sequences_other_than_the_models_are_refused_naming_both(model_seqs, data_seqs):
+    """InterFormer is built for every sequence the data provides: data.num_sequences=5 under model.num_sequences=2
+    trained a 5-sequence model, model.num_sequences unread."""
+    from loka_trainer.config import check_data_has_the_model_sequences
+    from loka_trainer.data.config import DataConfig
+    from loka_trainer.models.configs import DLRMConfig, InterFormerConfig
+
+    def run(model, data_seqs):
+        return argparse.Namespace(model=model, data=DataConfig(num_sequences=data_seqs))
+
+    with pytest.raises(ValueError) as err:
+        check_data_has_the_model_sequences(run(InterFormerConfig(num_sequences=model_seqs), data_seqs))
+    assert str(err.value).startswith(f"model.num_sequences={model_seqs} but data.num_sequences={data_seqs}: "
+                                     f"model=interformer reads every sequence the data provides"), str(err.value)
+    assert f"set model.num_sequences={data_seqs}" in str(err.value)
+    check_data_has_the_model_sequences(run(InterFormerConfig(num_sequences=model_seqs), model_seqs))
+    check_data_has_the_model_sequences(run(DLRMConfig(), 0))
 
 
 @pytest.mark.parametrize("data, needle", [("criteo", "Criteo TSV has no sequence columns"),
