@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from loka_trainer.dispatch.broadcast import rank0_print
-from loka_trainer.dispatch.config import DISPATCH_ONLY_FIELDS, LoKAConfig
+from loka_trainer.dispatch.config import DISPATCH_ONLY_FIELDS, MEASUREMENT_FIELDS, LoKAConfig
 from loka_trainer.dispatch.convert import convert_to_loka
 from loka_trainer.dispatch.plan import DispatchPlan
 from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, drop_unaligned_rows
@@ -109,11 +109,25 @@ def _input_in_cpu_autocast_dtype(module: nn.Module, args: tuple) -> Optional[tup
     return (x.to(torch.get_autocast_dtype("cpu")), *rest)
 
 
-def unread_by_preset(config: PrecisionConfig) -> list[str]:
-    """The Dispatch settings set on a preset without Dispatch (nothing reads them); a shared override list (a
-    benchmark's runs) may set them for every precision, so they are named, not refused."""
-    torchao_reads = ("exclude",) if config.fp8_recipe is not None else ()
-    return [f"precision.{f}" for f in DISPATCH_ONLY_FIELDS if getattr(config, f) is not None and f not in torchao_reads]
+# who reads a precision setting that a preset without Dispatch may leave unread (fp32, bf16 read none of them)
+DISPATCH = "Dispatch: precision=loka"
+BOTH = "Dispatch and the torchao presets"
+READ_BY = {**{f: DISPATCH for f in (*DISPATCH_ONLY_FIELDS, *MEASUREMENT_FIELDS)},
+           **{f: BOTH for f in ("exclude", "min_features", "keep_declared_bf16")},
+           "fp8_filter": "the torchao presets: precision=fp8_*"}
+
+
+def unread_by_preset(config: PrecisionConfig) -> dict[str, list[str]]:
+    """Reader -> the settings of a preset without Dispatch that it leaves unread, set away from their defaults
+    (``READ_BY``); a shared override list (a benchmark's runs) may set them for every precision, so they are
+    named, not refused."""
+    defaults = {f.name: f.default for f in dataclasses.fields(PrecisionConfig)}
+    torchao = config.fp8_recipe is not None
+    unread: dict[str, list[str]] = {}
+    for field, reader in READ_BY.items():
+        if getattr(config, field) != defaults[field] and not (torchao and reader != DISPATCH):
+            unread.setdefault(reader, []).append(f"precision.{field}")
+    return unread
 
 
 def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,
@@ -122,6 +136,9 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
     """Transform ``model`` in place for ``config``: torchao's uniform recipe, or ``convert_to_loka`` when Dispatch
     is on (``compile``: the model will be compiled); returns the Dispatch plan then, else None."""
     config.validate()
+    if not config.dispatch and (unread := unread_by_preset(config)):
+        log(f"precision={config.name}: ignores " + "; ".join(f"{', '.join(fields)} (read by {reader})"
+                                                            for reader, fields in unread.items()))
     if config.fp8_recipe is not None:
         linears = configured_targets(model, config, module_filter_fn=module_filter_fn, log=log)
         linears = drop_unaligned_rows(model, linears, calibration_batch, log)
@@ -133,9 +150,6 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
             f"(fp8_filter={config.fp8_filter})")
         return None
     if not config.dispatch:
-        unread = unread_by_preset(config)
-        if unread:
-            log(f"precision={config.name}: ignores {', '.join(unread)} (read by Dispatch only: precision=loka)")
         return None
     return convert_to_loka(model, config.loka_config(compile=compile), calibration_batch=calibration_batch,
                            module_filter_fn=module_filter_fn, device=device, run_dir=run_dir, log=log)

@@ -55,7 +55,25 @@ def test_dispatch_settings_on_a_preset_without_dispatch_are_named_as_ignored(tmp
     logs, m = [], TinyModel()
     config = PrecisionConfig(name="bf16", compute_dtype="bfloat16", plan=str(plan), exclude=["mlp.0"])
     assert apply_precision(m, config=config, device="cpu", log=logs.append) is None
-    assert logs == ["precision=bf16: ignores precision.plan, precision.exclude (read by Dispatch only: precision=loka)"]
+    assert logs == ["precision=bf16: ignores precision.plan (read by Dispatch: precision=loka); precision.exclude "
+                    "(read by Dispatch and the torchao presets)"]
+
+
+@pytest.mark.parametrize("preset, settings, line", [
+    (dict(name="bf16", compute_dtype="bfloat16"), dict(mere_threshold=0.5, min_features=16, fp8_filter="auto"),
+     "precision=bf16: ignores precision.mere_threshold (read by Dispatch: precision=loka); precision.min_features "
+     "(read by Dispatch and the torchao presets); precision.fp8_filter (read by the torchao presets: "
+     "precision=fp8_*)"),
+    (dict(name="fp8_tensorwise", compute_dtype="bfloat16", fp8_recipe="tensorwise"),
+     dict(min_speedup=0.001, min_features=16, timing_rounds=1),
+     "precision=fp8_tensorwise: ignores precision.min_speedup, precision.timing_rounds (read by Dispatch: "
+     "precision=loka)"),
+])
+def test_measurement_settings_a_preset_does_not_read_are_named(preset, settings, line):
+    logs = []
+    apply_precision(TinyModel(), config=PrecisionConfig(**preset, **settings), device="cpu", log=logs.append)
+    assert logs[0] == line
+    assert not any("ignores" in entry for entry in logs[1:])
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
