@@ -328,6 +328,15 @@ def check_data_has_the_model_sequences(run: RunConfig) -> None:
                          f"unset (it follows model.num_sequences)")
 
 
+def unread_sequences(run: RunConfig) -> Optional[str]:
+    """A line for train.log when the data has behaviour sequences and the model reads none (DLRM, Wukong): they
+    are generated, and the planted teacher's labels depend on them, but the model never sees them."""
+    if run.data.num_sequences > 0 and not hasattr(run.model, "num_sequences"):
+        return (f"model={run.model.name} does not read behaviour sequences: the data's data.num_sequences="
+                f"{run.data.num_sequences} are generated (and shape its labels) but never seen by the model")
+    return None
+
+
 def check_profiler_window(run: RunConfig) -> None:
     """An enabled profiler's steps lie inside the run (else it profiles nothing, or stops mid-window, silently)."""
     p, steps = run.callbacks.profiler, run.trainer.steps

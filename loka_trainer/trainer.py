@@ -25,7 +25,7 @@ from loka_trainer.builders import (
     build_streams,
 )
 from loka_trainer.callbacks.base import Callback, CallbackList, TrainState
-from loka_trainer.config import RunConfig
+from loka_trainer.config import RunConfig, unread_sequences
 from loka_trainer.data.base import peek
 from loka_trainer.data.batch import Batch
 from loka_trainer.dense_update import build_warmup, clip_gradients
@@ -68,6 +68,8 @@ class Trainer:
         self._eval_size_said = False
         if run.data.eval_batches == 0:
             self.log("evaluation skipped: data.eval_batches=0 (no eval metrics in metrics.jsonl or summary.json)")
+        if line := unread_sequences(run):
+            self.log(line)
         if unread := run.data.unread_settings():
             self.log(f"data={run.data.name} does not read {', '.join(unread)}")
 

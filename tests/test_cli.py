@@ -195,6 +195,20 @@ def test_multirun_runs_each_point_in_its_own_dir(tmp_path, nproc):
     assert yaml.safe_load((sweep / "1" / ".hydra" / "overrides.yaml").read_text())[0] == "precision=bf16"
 
 
+@pytest.mark.parametrize("overrides, line", [
+    (["model=dlrm", "data.num_sequences=2"], "model=dlrm does not read behaviour sequences: the data's "
+     "data.num_sequences=2 are generated (and shape its labels) but never seen by the model"),
+    (["model=wukong"], None),
+    (["model=interformer"], None),  # it reads them (data.num_sequences follows model.num_sequences)
+])
+def test_sequences_a_model_does_not_read_are_named(overrides, line):
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config, unread_sequences
+
+    register_schemas()
+    assert unread_sequences(to_run_config(compose_config("config", overrides)[0])) == line
+
+
 # ---- plan files (precision.plan) ---------------------------------------------------------------------------
 def _target_shapes(overrides: list[str]) -> dict[str, tuple[int, int]]:
     """FQN -> (K, N) of the Dispatch targets of the model the overrides compose."""
