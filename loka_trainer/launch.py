@@ -29,7 +29,7 @@ from loka_trainer.config import build_small_model, check_plan_file, register_sch
 from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.output_dirs import RunDirInUse, RunDirLock, unwritable_reason
 from loka_trainer.resume import (METRICS_FILE, SUMMARY_FILE, checkpoint_root, model_identity, nothing_left, plan_start,
-                                 prepare_resumed_run, set_aside_previous_run, set_aside_probe_outputs)
+                                 prepare_resumed_run, set_aside_previous_run, set_aside_probe_outputs, summary_steps)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
 from loka_trainer.stop_signal import RunStopped
 
@@ -72,7 +72,7 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
                            identity=model_identity(run.model, loka_mods=run.precision.mods,
                                                     dense_optimizer=run.trainer.dense_optimizer))
         complete = nothing_left(start, steps=run.trainer.steps, stop_after=run.trainer.stop_after,
-                                finished=(run_dir / SUMMARY_FILE).is_file())
+                                finished=summary_steps(run_dir) == start.step)
     except CheckpointError as exc:
         fail(exc)
     if complete is not None:  # re-evaluating would append a record and overwrite summary.json's throughput

@@ -10,8 +10,9 @@ Rules (`docs/trainer.md`, "Run directory", states them for users):
   marker's `model_identity`: every ``model.*`` setting and ``precision.mods``, e.g. an activation switched by
   ``model.mods.activation``, which no parameter shape would show).
 - A run whose checkpoint already ends it (its step is ``trainer.stop_after`` or ``trainer.steps``: a finished run
-  started again, e.g. by a scheduler) does nothing and changes nothing; a checkpoint past ``trainer.steps`` stops the
-  run with one line.
+  started again, e.g. by a scheduler, its ``summary.json`` written at that step) does nothing and changes nothing; a
+  summary of another step (a shorter run's, continued with a higher ``trainer.steps``) does not count; a checkpoint
+  past ``trainer.steps`` stops the run with one line.
 - A run never starts over silently. Starting at step 0 in a run directory that holds an earlier run's outputs
   (``trainer.resume=false``, or ``trainer.resume=true`` with no checkpoint at all) first moves those outputs
   (checkpoints, ``metrics.jsonl``, ``summary.json``, ``.hydra/``, ``train.log``, ``dispatch_plan.json``,
@@ -120,9 +121,9 @@ def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int,
 def nothing_left(start: StartPlan, *, steps: int, stop_after: Optional[int] = None,
                  finished: bool = True) -> Optional[str]:
     """A line to print when the checkpoint the run resumes from already ends it (its step is ``stop_after`` or
-    ``steps``) and the run ``finished`` (its summary was written): nothing is written. A run stopped between its
-    last checkpoint and its summary resumes there instead, for the final evaluation and summary. `CheckpointError`
-    when the checkpoint lies past ``steps``."""
+    ``steps``) and the run ``finished`` (its summary was written at that step, `summary_steps`): nothing is
+    written. A run stopped between its last checkpoint and its summary resumes there instead, for the final
+    evaluation and summary. `CheckpointError` when the checkpoint lies past ``steps``."""
     if start.checkpoint is None:
         return None
     if start.step > steps:
@@ -134,6 +135,16 @@ def nothing_left(start: StartPlan, *, steps: int, stop_after: Optional[int] = No
         return None
     return (f"nothing to do: the checkpoint {start.checkpoint} is at step {start.step}, trainer.{field}={end}; "
             f"the run's outputs are left as they are (raise trainer.steps to train further)")
+
+
+def summary_steps(run_dir: Path) -> Optional[int]:
+    """The ``steps`` that ``run_dir``'s ``summary.json`` records (the step its run ended at); None when there is no
+    summary or it cannot be read. A summary of another step (a shorter run's, continued with a higher
+    ``trainer.steps``) does not mark the run at the newest checkpoint as finished."""
+    try:
+        return int(json.loads((Path(run_dir) / SUMMARY_FILE).read_text())["steps"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
 
 
 def set_aside_previous_run(run_dir: Path, checkpoint_root: Path, *, inputs: Sequence[Path] = ()) -> list[str]:
@@ -255,4 +266,4 @@ def _new_previous_dir(run_dir: Path) -> Path:
 
 __all__ = ["SUMMARY_FILE", "StartPlan", "checkpoint_root", "identity_difference", "model_identity",
            "move_to_previous", "nothing_left", "plan_start", "prepare_resumed_run", "set_aside_previous_run",
-           "set_aside_probe_outputs"]
+           "set_aside_probe_outputs", "summary_steps"]

@@ -339,6 +339,18 @@ def test_identity_difference_names_the_first_settings_and_counts_the_rest():
     assert identity_difference(saved, {"model": saved["model"]}) == "x=true there, \"(unset)\" here"
 
 
+def test_summary_steps_is_the_step_a_run_directorys_summary_records(tmp_path):
+    """A run is finished at its newest checkpoint only when summary.json was written at that step: a shorter run's
+    summary (the run continued with a higher trainer.steps, killed after its last checkpoint) is not its end."""
+    from loka_trainer.resume import summary_steps
+
+    assert summary_steps(tmp_path) is None
+    (tmp_path / "summary.json").write_text(json.dumps({"model": "dlrm", "steps": 6}))
+    assert summary_steps(tmp_path) == 6
+    (tmp_path / "summary.json").write_text('{"steps": 6')  # cut short: no summary to trust
+    assert summary_steps(tmp_path) is None
+
+
 def test_nothing_left_when_the_checkpoint_ends_the_run():
     from loka_trainer.resume import StartPlan, nothing_left
 

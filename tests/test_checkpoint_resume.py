@@ -221,12 +221,18 @@ def test_a_resumed_loka_run_whose_plan_is_damaged_stops_in_one_line_before_anyth
 
 
 @pytest.mark.slow
-def test_a_run_stopped_between_its_last_checkpoint_and_its_summary_finishes_on_restart(stopped_run, tmp_path):
-    """A kill after the final checkpoint left no summary.json: the restart does not say "nothing to do" but
-    resumes there, writes the summary and no record twice."""
+@pytest.mark.parametrize("shorter_summary", [False, True], ids=["no_summary", "shorter_runs_summary"])
+def test_a_run_stopped_between_its_last_checkpoint_and_its_summary_finishes_on_restart(stopped_run, tmp_path,
+                                                                                       shorter_summary):
+    """A kill after the final checkpoint left no summary.json, or the summary.json of a shorter run this one
+    continued (trainer.steps raised): the restart does not say "nothing to do" but resumes there, writes the
+    summary of this step and no record twice."""
     run_dir = _copy(stopped_run, tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
-    (run_dir / "summary.json").unlink()
+    if shorter_summary:
+        (run_dir / "summary.json").write_text(json.dumps({**summary, "steps": 4}))
+    else:
+        (run_dir / "summary.json").unlink()
     records = _records(run_dir)
     proc = run_train([*COMMON, "trainer.steps=8", "trainer.stop_after=6", f"hydra.run.dir={run_dir}"], timeout=120)
     assert "nothing to do" not in proc.stdout
