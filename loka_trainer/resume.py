@@ -12,7 +12,7 @@ Rules (`docs/trainer.md`, "Run directory", states them for users):
 - A run whose checkpoint already ends it (its step is ``trainer.stop_after`` or ``trainer.steps``: a finished run
   started again, e.g. by a scheduler, its ``summary.json`` written at that step) does nothing and changes nothing; a
   summary of another step (a shorter run's, continued with a higher ``trainer.steps``) does not count; a checkpoint
-  past ``trainer.steps`` stops the run with one line.
+  past ``trainer.steps`` or ``trainer.stop_after`` stops the run with one line.
 - A run never starts over silently. Starting at step 0 in a run directory that holds an earlier run's outputs
   (``trainer.resume=false``, or ``trainer.resume=true`` with no checkpoint at all) first moves those outputs
   (checkpoints, ``metrics.jsonl``, ``summary.json``, ``.hydra/``, ``train.log``, ``dispatch_plan.json``,
@@ -123,14 +123,15 @@ def nothing_left(start: StartPlan, *, steps: int, stop_after: Optional[int] = No
     """A line to print when the checkpoint the run resumes from already ends it (its step is ``stop_after`` or
     ``steps``) and the run ``finished`` (its summary was written at that step, `summary_steps`): nothing is
     written. A run stopped between its last checkpoint and its summary resumes there instead, for the final
-    evaluation and summary. `CheckpointError` when the checkpoint lies past ``steps``."""
+    evaluation and summary. `CheckpointError` when the checkpoint lies past ``steps`` or ``stop_after``."""
     if start.checkpoint is None:
         return None
-    if start.step > steps:
-        raise CheckpointError(f"the newest complete checkpoint {start.checkpoint} is at step {start.step}, past "
-                              f"trainer.steps={steps}: raise trainer.steps to go on from it, or set "
-                              f"trainer.resume=false to start over")
     end, field = (stop_after, "stop_after") if stop_after is not None else (steps, "steps")
+    for limit, name in ((steps, "steps"), (end, field)):
+        if start.step > limit:
+            raise CheckpointError(f"the newest complete checkpoint {start.checkpoint} is at step {start.step}, past "
+                                  f"trainer.{name}={limit}: raise trainer.{name} to go on from it, or set "
+                                  f"trainer.resume=false to start over")
     if start.step < end or not finished:
         return None
     return (f"nothing to do: the checkpoint {start.checkpoint} is at step {start.step}, trainer.{field}={end}; "

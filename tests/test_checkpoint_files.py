@@ -363,3 +363,9 @@ def test_nothing_left_when_the_checkpoint_ends_the_run():
     assert "trainer.steps=20" in nothing_left(at, steps=20)
     with pytest.raises(ckpt.CheckpointError, match="is at step 20, past trainer.steps=10"):
         nothing_left(at, steps=10)
+    # a run of 30 steps stopped after its checkpoint at 20, started again with stop_after=10: it trained none and
+    # wrote a summary of "10 steps" without a final evaluation, moving the step-20 evaluation out of metrics.jsonl
+    for finished in (False, True):
+        with pytest.raises(ckpt.CheckpointError, match="is at step 20, past trainer.stop_after=10: raise "
+                                                       "trainer.stop_after"):
+            nothing_left(at, steps=30, stop_after=10, finished=finished)
