@@ -30,6 +30,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -171,19 +172,37 @@ def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer:
     resume compares it before anything starts (`resume.plan_start`).
 
     Order: DCP shards + ``.metadata`` -> every ``rankN.pt`` -> barrier -> rank 0 writes ``complete.json`` ->
-    rank 0 points ``latest`` at it -> barrier. A crash anywhere before the marker leaves an incomplete directory."""
+    rank 0 points ``latest`` at it -> barrier. A crash anywhere before the marker leaves an incomplete directory;
+    a failed write (a full disk) raises `CheckpointError` in one line (DCP raises its failure on every rank)."""
     path = step_dir(root, step)
-    if rank == 0:  # a directory left by an interrupted save of this step must not look complete mid-rewrite
-        (path / MARKER).unlink(missing_ok=True)
-    metadata = dcp.save(_app_state(model, dense_optimizer, sparse_optimizer, extra), checkpoint_id=str(path))
-    atomic_write(rank_file(path, rank), lambda f: torch.save({**local, "rng": rng_state()}, f))
-    _barrier()
-    if rank == 0:
-        _write_marker(path, step=step, world_size=world_size, shard_files=_shard_files(metadata, path),
-                      model_identity=model_identity)
-        atomic_write_text(root / LATEST, path.name)
+    try:
+        if rank == 0:  # a directory left by an interrupted save of this step must not look complete mid-rewrite
+            (path / MARKER).unlink(missing_ok=True)
+        metadata = dcp.save(_app_state(model, dense_optimizer, sparse_optimizer, extra), checkpoint_id=str(path))
+        atomic_write(rank_file(path, rank), lambda f: torch.save({**local, "rng": rng_state()}, f))
+        _barrier()
+        if rank == 0:
+            _write_marker(path, step=step, world_size=world_size, shard_files=_shard_files(metadata, path),
+                          model_identity=model_identity)
+            atomic_write_text(root / LATEST, path.name)
+    except (OSError, RuntimeError, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        raise CheckpointError(save_failure(path, exc)) from None
     _barrier()
     return path
+
+
+def save_failure(path: Path, exc: BaseException) -> str:
+    """One line for a checkpoint save that failed: the first failing rank's error and the space left where it
+    was written (a full disk shows in DCP only as a short write)."""
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    try:
+        free = f"; {shutil.disk_usage(existing).free / 2**20:.0f} MiB free there"
+    except OSError:
+        free = ""
+    return (f"could not write checkpoint {path} ({_dcp_failure(exc)}{free}): it is incomplete and a restart skips "
+            f"it; the earlier complete checkpoints are untouched and a restart resumes from the newest")
 
 
 def load_checkpoint(path: Path, *, model: nn.Module, dense_optimizer: torch.optim.Optimizer,
@@ -302,5 +321,5 @@ def _barrier() -> None:
 
 
 __all__ = ["CheckpointError", "LATEST", "MARKER", "check_same_model", "checkpoint_dirs", "load_checkpoint",
-           "load_rank_state", "model_difference", "rng_state", "save_checkpoint", "set_rng_state", "step_dir",
-           "verify_checkpoint"]
+           "load_rank_state", "model_difference", "rng_state", "save_checkpoint", "save_failure", "set_rng_state",
+           "step_dir", "verify_checkpoint"]

@@ -9,7 +9,7 @@ config -> resume decision (every rank reads the same files; no checkpoint usable
 loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing; its Probe statistics must fit
 ``callbacks.probe``) -> a fresh start moves
 an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
-`.hydra/` -> train. Exit status: 2 for a bad config or an unusable checkpoint, 3 for a non-finite loss or
+`.hydra/` -> train. Exit status: 2 for a bad config, an unusable checkpoint or a failed save, 3 for a non-finite loss or
 gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0). 128 + N after
 signal N (SIGTERM, SIGUSR1, SIGINT) stopped the run at a checkpoint (`loka_trainer.stop_signal`).
 """

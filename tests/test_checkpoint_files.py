@@ -339,6 +339,28 @@ def test_identity_difference_names_the_first_settings_and_counts_the_rest():
     assert identity_difference(saved, {"model": saved["model"]}) == "x=true there, \"(unset)\" here"
 
 
+def test_a_save_on_a_full_disk_fails_in_one_line_and_leaves_the_earlier_checkpoint(tmp_path, monkeypatch):
+    """DCP's own failure of a short write was a CheckpointException (a BaseException) with a traceback per rank and
+    'unexpected pos 704 vs 598' as its only clue: the run now stops with one line naming the space left."""
+    import errno
+
+    import torch.distributed.checkpoint.filesystem as dcp_files
+
+    root = tmp_path / "checkpoints"
+    _save(root, 2)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dcp_files, "_write_item", full)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        _save(root, 4)
+    line = str(info.value)
+    assert "\n" not in line and line.startswith(f"could not write checkpoint {root / 'step_000004'} (OSError: ")
+    assert "No space left on device" in line and "MiB free there" in line
+    assert plan_start(root, resume=True, world_size=1).step == 2  # the incomplete one is skipped, the earlier stays
+
+
 def test_summary_steps_is_the_step_a_run_directorys_summary_records(tmp_path):
     """A run is finished at its newest checkpoint only when summary.json was written at that step: a shorter run's
     summary (the run continued with a higher trainer.steps, killed after its last checkpoint) is not its end."""
