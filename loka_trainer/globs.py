@@ -19,7 +19,10 @@ def closest(patterns: Sequence[str], names: Sequence[str]) -> list[str]:
 
 
 def closest_or_examples(patterns: Sequence[str], names: Sequence[str], noun: str) -> str:
-    """'closest of its N {noun}: [...]', or 'none is close among its N {noun}, e.g. [the first 3]'."""
+    """'closest of its N {noun}: [...]', 'none is close among its N {noun}, e.g. [the first 3]', or 'it has no
+    {noun}'."""
+    if not names:
+        return f"it has no {noun}"
     near = closest(patterns, names)
     if near:
         return f"closest of its {len(names)} {noun}: {near}"

@@ -364,6 +364,9 @@ def test_an_exclude_typo_names_the_closest_targets_not_every_one():
     assert "layers.5.out" not in message
     with pytest.raises(ValueError, match=r"none is close among its 63 targets, e.g. \['layers.0.out'"):
         check_exclude(["zzz"], targets, where="precision")
+    with pytest.raises(ValueError) as none:  # a model without FP8 targets
+        check_exclude(["mlp.0"], [], where="precision")
+    assert str(none.value) == "precision.exclude: ['mlp.0'] name(s) no FP8 target of this model; it has no targets"
 
 
 def test_torchao_high_precision_weight_gradient_trains_under_cpu_autocast():
