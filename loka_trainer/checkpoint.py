@@ -9,8 +9,9 @@ Layout under the checkpoint root::
         complete.json       the completion marker, written last (see below)
     latest                  text file naming the newest complete step directory (for people; resume scans)
 
-A save is complete only when ``complete.json`` exists: rank 0 writes it (atomic rename) after a barrier that
-follows every rank's ``rankN.pt`` and DCP's ``.metadata``. It records the model's identity (the settings that
+A save is complete only when ``complete.json`` exists: rank 0 writes it (atomic rename) once every rank has
+written its ``rankN.pt`` (after DCP's ``.metadata``) and the ranks agreed that none failed; a write that fails on
+any one rank stops every rank with the same one-line error. It records the model's identity (the settings that
 decide its function, compared on resume before anything starts) and lists every file of the checkpoint with its size,
 and a SHA-256 for the small files that are unpickled (``.metadata``, ``rankN.pt``). `verify_checkpoint` accepts a
 directory only when the marker parses and every listed file exists with the recorded size and digest, so an
@@ -32,7 +33,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -171,29 +172,39 @@ def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer:
     `model_identity` (JSON-able: the settings that decide the model's function) goes into the marker, where a
     resume compares it before anything starts (`resume.plan_start`).
 
-    Order: DCP shards + ``.metadata`` -> every ``rankN.pt`` -> barrier -> rank 0 writes ``complete.json`` ->
-    rank 0 points ``latest`` at it -> barrier. A crash anywhere before the marker leaves an incomplete directory;
-    a failed write (a full disk) raises `CheckpointError` in one line (DCP raises its failure on every rank)."""
+    Order: DCP shards + ``.metadata`` -> every ``rankN.pt`` -> the ranks agree (`agreed_failure`, which also waits
+    for every rank's file) -> rank 0 writes ``complete.json`` and points ``latest`` at it -> the ranks agree. A
+    crash anywhere before the marker leaves an incomplete directory. A failed write (a full disk), on any one rank,
+    raises the same one-line `CheckpointError` on every rank, naming the first failing rank (DCP raises its own
+    failure on every rank)."""
     path = step_dir(root, step)
+    failure = None
+    if rank == 0:  # a directory left by an interrupted save of this step must not look complete mid-rewrite
+        failure = _attempt(lambda: (path / MARKER).unlink(missing_ok=True), path, rank=rank, world_size=world_size)
     try:
-        if rank == 0:  # a directory left by an interrupted save of this step must not look complete mid-rewrite
-            (path / MARKER).unlink(missing_ok=True)
         metadata = dcp.save(_app_state(model, dense_optimizer, sparse_optimizer, extra), checkpoint_id=str(path))
-        atomic_write(rank_file(path, rank), lambda f: torch.save({**local, "rng": rng_state()}, f))
-        _barrier()
-        if rank == 0:
-            _write_marker(path, step=step, world_size=world_size, shard_files=_shard_files(metadata, path),
-                          model_identity=model_identity)
-            atomic_write_text(root / LATEST, path.name)
     except (OSError, RuntimeError, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         raise CheckpointError(save_failure(path, exc)) from None
-    _barrier()
+    if failure is None:
+        failure = _attempt(lambda: atomic_write(rank_file(path, rank),
+                                                lambda f: torch.save({**local, "rng": rng_state()}, f)),
+                           path, rank=rank, world_size=world_size)
+    _raise_agreed(failure, rank=rank, world_size=world_size)
+    if rank == 0:
+        failure = _attempt(lambda: _write_marker(path, step=step, world_size=world_size,
+                                                 shard_files=_shard_files(metadata, path),
+                                                 model_identity=model_identity),
+                           path, rank=rank, world_size=world_size)
+        failure = failure or _attempt(lambda: atomic_write_text(root / LATEST, path.name), path, rank=rank,
+                                      world_size=world_size, complete=True)
+    _raise_agreed(failure, rank=rank, world_size=world_size)
     return path
 
 
-def save_failure(path: Path, exc: BaseException) -> str:
-    """One line for a checkpoint save that failed: the first failing rank's error and the space left where it
-    was written (a full disk shows in DCP only as a short write)."""
+def save_failure(path: Path, exc: BaseException, *, rank: Optional[int] = None, complete: bool = False) -> str:
+    """One line for a checkpoint save that failed: the failing rank (``rank``, when there are several), its error
+    and the space left where it was written (a full disk shows in DCP only as a short write). ``complete``: the
+    marker was written, only ``latest`` was not."""
     existing = path
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
@@ -201,8 +212,46 @@ def save_failure(path: Path, exc: BaseException) -> str:
         free = f"; {shutil.disk_usage(existing).free / 2**20:.0f} MiB free there"
     except OSError:
         free = ""
-    return (f"could not write checkpoint {path} ({_dcp_failure(exc)}{free}): it is incomplete and a restart skips "
-            f"it; the earlier complete checkpoints are untouched and a restart resumes from the newest")
+    where = f"rank {rank}: " if rank is not None else ""
+    if complete:
+        return (f"could not point {path.parent / LATEST} at checkpoint {path} ({where}{_dcp_failure(exc)}{free}): "
+                f"the checkpoint is complete and a restart resumes from it")
+    return (f"could not write checkpoint {path} ({where}{_dcp_failure(exc)}{free}): it is incomplete and a restart "
+            f"skips it; the earlier complete checkpoints are untouched and a restart resumes from the newest")
+
+
+def agreed_failure(failure: Optional[str], *, rank: int, world_size: int) -> Optional[str]:
+    """Collective: the first failing rank's `failure` line on every rank, None when no rank failed (`failure`
+    None). One all-reduce (the lowest failing rank), then one broadcast of its line only when a rank failed; it
+    returns on a rank only after every rank called it."""
+    if world_size <= 1 or not dist.is_initialized():
+        return failure
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    first = torch.tensor([rank if failure is not None else world_size], dtype=torch.int64, device=device)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN)
+    source = int(first.item())
+    if source == world_size:
+        return None
+    line = [failure]
+    dist.broadcast_object_list(line, src=source)
+    return line[0]
+
+
+def _raise_agreed(failure: Optional[str], *, rank: int, world_size: int) -> None:
+    """Collective: `CheckpointError` with the first failing rank's line on every rank when any rank failed."""
+    agreed = agreed_failure(failure, rank=rank, world_size=world_size)
+    if agreed is not None:
+        raise CheckpointError(agreed)
+
+
+def _attempt(action: Callable[[], Any], path: Path, *, rank: int, world_size: int,
+             complete: bool = False) -> Optional[str]:
+    """Run this rank's own part of a save; its failure as a `save_failure` line, or None."""
+    try:
+        action()
+    except (OSError, RuntimeError) as exc:
+        return save_failure(path, exc, rank=rank if world_size > 1 else None, complete=complete)
+    return None
 
 
 def load_checkpoint(path: Path, *, model: nn.Module, dense_optimizer: torch.optim.Optimizer,
@@ -315,11 +364,6 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-__all__ = ["CheckpointError", "LATEST", "MARKER", "check_same_model", "checkpoint_dirs", "load_checkpoint",
-           "load_rank_state", "model_difference", "rng_state", "save_checkpoint", "save_failure", "set_rng_state",
-           "step_dir", "verify_checkpoint"]
+__all__ = ["CheckpointError", "LATEST", "MARKER", "agreed_failure", "check_same_model", "checkpoint_dirs",
+           "load_checkpoint", "load_rank_state", "model_difference", "rng_state", "save_checkpoint", "save_failure",
+           "set_rng_state", "step_dir", "verify_checkpoint"]
