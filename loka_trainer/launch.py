@@ -6,8 +6,8 @@ start ranks and train.
 
 Order, so that nothing in the run directory is overwritten before the resume decision (`loka_trainer.resume`):
 config -> resume decision (every rank reads the same files; no checkpoint usable: exit 2; a resumed LoKA run
-loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing; its Probe statistics must fit
-``callbacks.probe``) -> a fresh start moves
+loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing; each rank's saved data position
+must fit the data settings and its Probe statistics ``callbacks.probe``) -> a fresh start moves
 an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
 `.hydra/` -> train. Exit status: 2 for a bad config, an unusable checkpoint or a failed save, 3 for a non-finite loss or
 gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0). 128 + N after
@@ -82,8 +82,8 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     plan_note = None
     if start.checkpoint is not None and run.precision.dispatch:
         run, plan_note = _with_resumed_plan(run, run_dir, start.checkpoint)
-    if start.checkpoint is not None and probe.enabled:
-        _check_probe_checkpoint(run, start.checkpoint, rank=rank)
+    if start.checkpoint is not None:
+        _check_rank_state(run, start.checkpoint, rank=rank, world_size=world_size)
     notes = _set_aside_earlier_outputs(run, run_dir, ckpt_root) if rank == 0 and start.checkpoint is None else []
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank=rank)
@@ -139,23 +139,47 @@ def _set_aside_earlier_outputs(run, run_dir: Path, ckpt_root: Path) -> list[str]
     return notes
 
 
-def _check_probe_checkpoint(run, checkpoint: Path, *, rank: int) -> None:
-    """One ``error:`` line and exit 2, before anything is written (train.log included), when the checkpoint's Probe
-    statistics do not fit this run's ``callbacks.probe`` settings (`callbacks.probe.check_saved_state`, on this
-    rank's memory-mapped ``rankN.pt``)."""
+def _check_rank_state(run, checkpoint: Path, *, rank: int, world_size: int) -> None:
+    """One ``error:`` line and exit 2, before anything is written (train.log included), when this rank's saved
+    state (its memory-mapped ``rankN.pt``) does not fit this run: a data position saved by a stream of other data
+    settings (`data_position_mismatch`), or Probe statistics that do not fit ``callbacks.probe``
+    (`callbacks.probe.check_saved_state`). A file that cannot be mapped is left to the checkpoint's load, which
+    names what is wrong; the data position is checked there again."""
     from loka_trainer.callbacks.probe import ProbeCallback, check_saved_state  # lazy: imports torch
     from loka_trainer.checkpoint import load_rank_state, rank_file
 
     try:
-        saved = load_rank_state(rank_file(checkpoint, rank), mmap=True).get("callbacks", {})
+        saved = load_rank_state(rank_file(checkpoint, rank), mmap=True)
     except CheckpointError:
-        return  # a file that cannot be mapped: the checkpoint's load reads it and names what is wrong
+        return
+    if (mismatch := data_position_mismatch(run.data, saved.get("train_stream"), rank=rank,
+                                           world_size=world_size)) is not None:
+        fail(f"{checkpoint} does not fit this run ({mismatch}); nothing was changed: resume with its data settings, "
+             f"or set trainer.resume=false to start over")
+    callbacks = saved.get("callbacks", {})
     try:
-        if ProbeCallback.__name__ in saved:  # the callback's state_key
-            check_saved_state(saved[ProbeCallback.__name__], run.callbacks.probe, rank=rank)
+        if run.callbacks.probe.enabled and ProbeCallback.__name__ in callbacks:  # the callback's state_key
+            check_saved_state(callbacks[ProbeCallback.__name__], run.callbacks.probe, rank=rank)
     except (KeyError, ValueError, TypeError) as exc:
         fail(f"{checkpoint} does not fit this run ({type(exc).__name__}: {exc}); nothing was changed: resume with "
              f"its callbacks.probe settings, or set trainer.resume=false to start over")
+
+
+def data_position_mismatch(data, position, *, rank: int, world_size: int) -> Optional[str]:
+    """One line naming the first data setting (``data.*``: seed, batch size, Criteo file and byte range...) in which
+    ``position`` (a checkpoint's saved train-stream state of ``rank``) differs from the train stream this run's
+    ``data`` config builds; None when it fits, or when either cannot be told without building the stream (a
+    position that is no dict, a Criteo file that cannot be read: the stream's own load names that)."""
+    from loka_trainer.data.base import identity_mismatch
+    from loka_trainer.data.stream import stream_identity  # lazy: imports torch
+
+    if not isinstance(position, dict):
+        return None
+    try:
+        identity = stream_identity(data, split="train", rank=rank, world_size=world_size)
+    except (OSError, KeyError, ValueError):
+        return None
+    return identity_mismatch(identity, position)
 
 
 def _with_resumed_plan(run, run_dir: Path, checkpoint: Path):

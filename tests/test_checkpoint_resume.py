@@ -25,6 +25,12 @@ def _tree(path: Path) -> dict[str, tuple[int, int]]:
             for p in sorted(path.rglob("*")) if p.is_file()}
 
 
+def _contents(path: Path) -> dict[str, tuple[str, int]]:
+    """Every file under `path` -> (SHA-256 of its bytes, mtime_ns)."""
+    return {str(p.relative_to(path)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
 def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
@@ -117,17 +123,19 @@ def test_a_checkpoint_of_another_model_is_refused_with_one_line_and_left_as_it_w
 @pytest.mark.parametrize("override, named", [
     ("data.outliers.spike_rate=0.01", "outliers.spike_rate=0.0 but this stream has outliers.spike_rate=0.01"),
     ("data.target_ctr=0.3", "target_ctr=0.25 but this stream has target_ctr=0.3"),
-], ids=["outliers", "target_ctr"])
+    ("data.batch_size=128", "batch_size=256 but this stream has batch_size=128"),
+    ("data.seed=1", "seed=0 but this stream has seed=1"),
+], ids=["outliers", "target_ctr", "batch_size", "seed"])
 def test_a_checkpoint_of_other_synthetic_data_is_refused_and_left_as_it_was(stopped_run, tmp_path, override, named):
+    """Refused from the rank file's saved data position before anything is built or written."""
     run_dir = _copy(stopped_run, tmp_path)
-    before = {name: tree for name, tree in _tree(run_dir).items() if name != "train.log"}
+    before = _contents(run_dir)
     proc = run_train([*COMMON, "trainer.steps=8", override, f"hydra.run.dir={run_dir}"], check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    [line] = _error_lines(proc.stderr)
-    assert "step_000006 does not fit this run" in line and named in line, line
-    assert "Traceback" not in proc.stderr
-    after = {name: tree for name, tree in _tree(run_dir).items() if name != "train.log"}  # the log tells of it
-    assert after == before  # metrics.jsonl keeps one series, the checkpoints and config stay
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "step_000006 does not fit this run" in line and named in line, line
+    assert "trainer.resume=false" in line
+    assert _contents(run_dir) == before  # train.log, metrics.jsonl, the checkpoints and config byte for byte
 
 
 @pytest.mark.slow

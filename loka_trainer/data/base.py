@@ -88,7 +88,15 @@ def check_identity(identity: dict, state: dict) -> None:
         logging.getLogger("loka_trainer").warning(
             "data stream state records no %s (written before these were recorded): resuming without checking them",
             ", ".join(unrecorded))
+    if (mismatch := identity_mismatch(identity, state)) is not None:
+        raise ValueError(mismatch)
+
+
+def identity_mismatch(identity: dict, state: dict) -> Optional[str]:
+    """The first setting of ``identity`` that a saved stream ``state`` records with another value, as one line;
+    None when every recorded one matches (a setting ``state`` does not record is not compared)."""
     for key, value in identity.items():
         if key in state and state[key] != value:
-            raise ValueError(f"data stream state has {key}={state[key]!r} but this stream has {key}={value!r}; "
-                             f"resume with the same data config and world size")
+            return (f"data stream state has {key}={state[key]!r} but this stream has {key}={value!r}; resume with "
+                    f"the same data config and world size")
+    return None

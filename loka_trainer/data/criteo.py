@@ -177,15 +177,22 @@ class CriteoStream(BatchStream):
 
 def build_criteo_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> CriteoStream:
     """``rank``'s stream over ``cfg.path`` (train) or ``cfg.eval_path`` / the held-out tail of ``cfg.path``."""
+    identity = criteo_identity(cfg, split=split, rank=rank, world_size=world_size)
+    start, end = identity["byte_range"]
+    return CriteoStream(identity["path"], start=start, end=end, batch_size=cfg.batch_size, cycle=split == "train",
+                        max_batches=cfg.eval_batches, identity=identity)
+
+
+def criteo_identity(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> dict:
+    """What a saved position of ``rank``'s Criteo stream must match: the file, split, rank layout, settings and the
+    rank's line-aligned byte range (reads the file's size and a line or two; no rows are parsed)."""
     path, lo, hi = _split_range(cfg, split)
     start, end = shard_range(path, lo, hi, rank, world_size)
     # The byte range, not just the path: data.eval_fraction, data.eval_path, data.eval_batches=0 and a file that
     # grew all move it, and a saved offset outside it would train on eval rows or on another rank's.
-    identity = {"source": "criteo", "path": os.path.abspath(path), "split": split, "rank": rank,
-                "world_size": world_size, "batch_size": cfg.batch_size, "max_vocab_size": cfg.max_vocab_size,
-                "byte_range": [start, end]}
-    return CriteoStream(path, start=start, end=end, batch_size=cfg.batch_size, cycle=split == "train",
-                        max_batches=cfg.eval_batches, identity=identity)
+    return {"source": "criteo", "path": os.path.abspath(path), "split": split, "rank": rank,
+            "world_size": world_size, "batch_size": cfg.batch_size, "max_vocab_size": cfg.max_vocab_size,
+            "byte_range": [start, end]}
 
 
 def count_rows(path: str, start: int, end: int, *, limit: int, max_vocab_size: int) -> tuple[int, Optional[bytes]]:

@@ -8,7 +8,7 @@ import torch
 
 from loka_trainer.data.base import BatchStream, IndexedStream
 from loka_trainer.data.config import DataConfig
-from loka_trainer.data.criteo import build_criteo_stream
+from loka_trainer.data.criteo import build_criteo_stream, criteo_identity
 from loka_trainer.data.prefetch import PrefetchStream
 from loka_trainer.data.synthetic import SyntheticSource
 from loka_trainer.field_types import dotted
@@ -26,14 +26,17 @@ def synthetic_identity(cfg: DataConfig) -> dict[str, Any]:
             if key.split(".")[0] not in SYNTHETIC_BATCH_INDEPENDENT}
 
 
+def synthetic_stream_identity(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> dict[str, Any]:
+    """What a saved position of ``rank``'s synthetic stream must match (`synthetic_identity` and the rank layout)."""
+    return {"source": "synthetic", "split": split, "rank": rank, "world_size": world_size, **synthetic_identity(cfg)}
+
+
 def build_synthetic_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> BatchStream:
     """Synthetic planted-teacher batches; train is infinite, eval has ``cfg.eval_batches`` batches per rank."""
     source = SyntheticSource(cfg)
-    identity = {"source": "synthetic", "split": split, "rank": rank, "world_size": world_size,
-                **synthetic_identity(cfg)}
     return IndexedStream(
         lambda index: source.batch_at(split, index, rank=rank, world_size=world_size),
-        identity=identity,
+        identity=synthetic_stream_identity(cfg, split=split, rank=rank, world_size=world_size),
         num_batches=cfg.eval_batches if split == "eval" else None,
     )
 
@@ -42,6 +45,17 @@ DATA_SOURCES: dict[str, Callable[..., BatchStream]] = {
     "synthetic": build_synthetic_stream,
     "criteo": build_criteo_stream,
 }
+# data.name -> what a saved stream position of that source must match, computed without building the stream
+DATA_IDENTITIES: dict[str, Callable[..., dict[str, Any]]] = {
+    "synthetic": synthetic_stream_identity,
+    "criteo": criteo_identity,
+}
+
+
+def stream_identity(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> dict[str, Any]:
+    """The identity ``build_stream`` gives the stream of ``rank`` for ``split`` (what its saved position must match),
+    without building it: a resume compares it with a checkpoint's position before anything starts."""
+    return DATA_IDENTITIES[cfg.name](cfg, split=split, rank=rank, world_size=world_size)
 
 
 def build_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> BatchStream:

@@ -168,6 +168,28 @@ def test_resume_into_another_byte_range_is_refused(tsv, changes):
     with pytest.raises(ValueError, match="byte_range="):
         resumed.load_state_dict(stream.state_dict())
 
+@pytest.mark.parametrize("changes, named", [(dict(eval_fraction=0.5), "byte_range="),
+                                            (dict(batch_size=20), "batch_size=30")])
+def test_a_resume_decision_tells_another_data_position_without_building_the_stream(tsv, changes, named):
+    """What the stream's load refuses, `launch.data_position_mismatch` says from the config alone (the early resume
+    check, before anything is written); a file it cannot read is left to the stream's own load."""
+    from loka_trainer.data.stream import stream_identity
+    from loka_trainer.launch import data_position_mismatch
+
+    cfg = _criteo_cfg(tsv, batch_size=30, eval_fraction=0.1)
+    stream = build_stream(cfg, split="train", rank=1, world_size=2)
+    next(stream)
+    state = stream.state_dict()
+    assert stream_identity(cfg, split="train", rank=1, world_size=2).items() <= state.items()
+    assert data_position_mismatch(cfg, state, rank=1, world_size=2) is None
+    other = dataclasses.replace(cfg, **changes)
+    assert named in data_position_mismatch(other, state, rank=1, world_size=2)
+    with pytest.raises(ValueError, match=named):
+        build_stream(other, split="train", rank=1, world_size=2).load_state_dict(state)
+    assert data_position_mismatch(_criteo_cfg(tsv.parent / "gone.txt"), state, rank=1, world_size=2) is None
+    stream.close()
+
+
 def test_file_without_valid_rows_raises(tmp_path):
     path = tmp_path / "junk.txt"
     path.write_text("not\ta\tcriteo\tline\n" * 3)
