@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from loka_trainer.callbacks.probe_config import ProbeConfig
@@ -276,6 +277,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     for part in (run.data, run.precision, run.sharding, run.trainer, run.callbacks.profiler):
         part.validate()
     check_model_name(run.model)
+    check_preset_names(run, chosen_presets())
     if hasattr(run.model, "validate"):
         run.model.validate()
     if hasattr(run.callbacks.probe, "validate"):
@@ -309,6 +311,31 @@ def check_model_name(model: Any) -> None:
         choose = f"model={model.name}" if model.name in presets else f"model=<preset>, one of {', '.join(presets)}"
         raise ValueError(f"model.name={model.name!r} does not pick the model: this preset's schema is {owner!r} "
                          f"(model.name must stay {owner!r}); choose a model with {choose}")
+
+
+LABEL_GROUPS = ("precision", "sharding")  # groups whose ``name`` only labels the run: the chosen preset's own
+
+
+def chosen_presets() -> dict[str, str]:
+    """``LABEL_GROUPS`` group -> the preset Hydra composed (``precision=loka``: {"precision": "loka"}), from the
+    config Hydra composed last; empty when Hydra composed none."""
+    if not HydraConfig.initialized():
+        return {}
+    choices = HydraConfig.get().runtime.choices
+    return {group: str(choices[group]) for group in LABEL_GROUPS if choices.get(group) is not None}
+
+
+def check_preset_names(run: RunConfig, chosen: dict[str, str]) -> None:
+    """``precision.name`` / ``sharding.name`` label the run (summary.json, train.log) and pick nothing: another name
+    would run the chosen preset under it. Each stays its preset's own (``chosen``: group -> preset)."""
+    for group, preset in chosen.items():
+        name = getattr(run, group).name
+        if name != preset:
+            presets = sorted(p.stem for p in (PRESETS_DIR.parent / group).glob("*.yaml"))
+            choose = f"{group}={name}" if name in presets else f"{group}=<preset>, one of {', '.join(presets)}"
+            raise ValueError(f"{group}.name={name!r} does not pick the {group}: it labels the run and stays the "
+                             f"preset's own ({group}.name must stay {preset!r} under {group}={preset}); choose "
+                             f"one with {choose}")
 
 
 def check_data_has_the_model_sequences(run: RunConfig) -> None:

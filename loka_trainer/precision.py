@@ -130,6 +130,38 @@ def unread_by_preset(config: PrecisionConfig) -> dict[str, list[str]]:
     return unread
 
 
+# preset -> what it runs as (``runs_as``): a preset whose defining setting is overridden away runs as another
+# precision under its own name, which train.log then says (bf16_mods: precision=loka precision.dispatch=false)
+PRESET_RUNS_AS = {"fp32": "float32", "bf16": "bfloat16 autocast", "fp8_tensorwise": "torchao float8 tensorwise",
+                  "fp8_rowwise": "torchao float8 rowwise", "fp8_rowwise_gw_hp": "torchao float8 rowwise_with_gw_hp",
+                  "loka": "LoKA Dispatch"}
+
+
+def runs_as(config: PrecisionConfig) -> tuple[str, str]:
+    """What ``config`` runs as (a torchao recipe, Dispatch, else the dense part's compute dtype, with the Mods when
+    on) and the settings that decide it, as overrides."""
+    if config.fp8_recipe is not None:
+        return f"torchao float8 {config.fp8_recipe}", f"precision.fp8_recipe={config.fp8_recipe}"
+    if config.dispatch:
+        return "LoKA Dispatch", "precision.dispatch=true"
+    plain = "float32" if config.compute_dtype == "float32" else f"{config.compute_dtype} autocast"
+    return (f"{plain} with the Mods" if config.mods else plain,
+            f"precision.fp8_recipe=null, precision.dispatch=false, precision.compute_dtype={config.compute_dtype}")
+
+
+def not_as_named(config: PrecisionConfig) -> Optional[str]:
+    """A line for train.log when a preset's defining setting is overridden away (``precision.fp8_recipe=null`` on
+    fp8_*, ``precision.dispatch=false`` on loka): the run keeps the preset's name and runs as another precision.
+    Named, not refused: variants are presets plus overrides (bf16_mods is loka without Dispatch), and a shared
+    override list (a benchmark's runs) may set them for every precision, as ``unread_by_preset`` names its."""
+    promised = PRESET_RUNS_AS.get(config.name)
+    actual, settings = runs_as(config)
+    if promised is None or actual.startswith(promised):  # the Mods on bf16 are the model's (model.mods)
+        return None
+    return (f"precision={config.name} runs as {actual}, not {promised} ({settings}); summary.json and the logs "
+            f"keep the name {config.name}")
+
+
 def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibration_batch=None,
                     run_dir: Optional[Path] = None, module_filter_fn: Optional[ModuleFilter] = None,
                     compile: bool = False, log: Callable[[str], None] = rank0_print) -> Optional[DispatchPlan]:
@@ -139,6 +171,8 @@ def apply_precision(model: nn.Module, *, config: PrecisionConfig, device, calibr
     if not config.dispatch and (unread := unread_by_preset(config)):
         log(f"precision={config.name}: ignores " + "; ".join(f"{', '.join(fields)} (read by {reader})"
                                                             for reader, fields in unread.items()))
+    if line := not_as_named(config):
+        log(line)
     if config.fp8_recipe is not None:
         linears = configured_targets(model, config, module_filter_fn=module_filter_fn, log=log)
         linears = drop_unaligned_rows(model, linears, calibration_batch, log)

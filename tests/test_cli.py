@@ -88,6 +88,10 @@ def test_config_dir_adds_options_to_the_groups(tmp_path):
     (["model.mods.block_size=0"], ["model.mods.block_size must be a positive int, got 0"]),
     (["model.mods.block_size=-8", "precision=loka"], ["model.mods.block_size must be a positive int, got -8"]),
     (["model=dlrm_dcnv2", "model.name=dlrm"], ["model.name='dlrm' does not pick the model", "model=dlrm"]),
+    (["precision=fp32", "precision.name=loka"], ["precision.name='loka' does not pick the precision",
+                                                 "precision.name must stay 'fp32'", "precision=loka"]),
+    (["-m", "sharding=auto,column_wise", "sharding.name=table_wise"],
+     ["sharding.name='table_wise' does not pick the sharding", "under sharding=auto", "sharding=table_wise"]),
     (["precision=loka", "precision.min_speedup=inf"], ["precision.min_speedup: must be a finite number > 0, got inf"]),
     (["precision=loka", "precision.max_flushed_fraction=1.5"],
      ["precision.max_flushed_fraction: must be within [0, 1] (1 turns the check off), got 1.5"]),
@@ -319,6 +323,77 @@ def test_data_sequences_other_than_the_models_are_refused_naming_both(model_seqs
     assert f"set model.num_sequences={data_seqs}" in str(err.value)
     check_data_has_the_model_sequences(run(InterFormerConfig(num_sequences=model_seqs), model_seqs))
     check_data_has_the_model_sequences(run(DLRMConfig(), 0))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["precision=fp32", "precision.name=loka"], "precision.name='loka' does not pick the precision: it labels the "
+     "run and stays the preset's own (precision.name must stay 'fp32' under precision=fp32); choose one with "
+     "precision=loka"),
+    (["precision=fp8_tensorwise", "precision.name=mine"], "choose one with precision=<preset>, one of bf16, fp32, "
+     "fp8_rowwise, fp8_rowwise_gw_hp, fp8_tensorwise, loka"),
+    (["sharding=auto", "sharding.name=table_wise"], "sharding.name='table_wise' does not pick the sharding: it "
+     "labels the run and stays the preset's own (sharding.name must stay 'auto' under sharding=auto); choose one "
+     "with sharding=table_wise"),
+])
+def test_a_precision_or_sharding_name_that_is_not_the_presets_own_is_refused(overrides, message):
+    """precision.name=loka under precision=fp32 ran fp32 labelled loka in summary.json and the logs."""
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+
+    register_schemas()
+    with pytest.raises(ValueError) as err:
+        to_run_config(compose_config("config", overrides)[0])
+    assert message in str(err.value), str(err.value)
+
+
+def test_every_precision_variant_and_preset_composes_under_its_own_name():
+    """scripts.train_runs' variants are presets plus overrides: each keeps its preset's name; the presets run as
+    their names say, the variants without Dispatch are named in train.log (`precision.not_as_named`)."""
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+    from loka_trainer.precision import PRESET_RUNS_AS, not_as_named
+    from scripts.train_runs import known_variants, precision_overrides
+
+    register_schemas()
+    assert set(PRESET_RUNS_AS) == {p.stem for p in (Path(__file__).parents[1] / "conf" / "precision").glob("*.yaml")}
+    lines = {}
+    for variant in known_variants():
+        overrides = precision_overrides(variant)
+        run = to_run_config(compose_config("config", [*overrides, "sharding=table_wise"])[0])
+        assert (run.precision.name, run.sharding.name) == (overrides[0].split("=")[1], "table_wise"), variant
+        lines[variant] = not_as_named(run.precision)
+    assert {v for v, line in lines.items() if line} == {"bf16_mods", "bf16_mods_bias", "bf16_mods_layernorm",
+                                                        "bf16_mods_silu"}
+    assert lines["bf16_mods"] == ("precision=loka runs as bfloat16 autocast with the Mods, not LoKA Dispatch "
+                                  "(precision.fp8_recipe=null, precision.dispatch=false, "
+                                  "precision.compute_dtype=bfloat16); summary.json and the logs keep the name loka")
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["precision=fp8_tensorwise", "precision.fp8_recipe=null"], "precision=fp8_tensorwise runs as bfloat16 "
+     "autocast, not torchao float8 tensorwise (precision.fp8_recipe=null, precision.dispatch=false, "
+     "precision.compute_dtype=bfloat16); summary.json and the logs keep the name fp8_tensorwise"),
+    (["precision=fp8_rowwise", "precision.fp8_recipe=tensorwise"], "precision=fp8_rowwise runs as torchao float8 "
+     "tensorwise, not torchao float8 rowwise (precision.fp8_recipe=tensorwise)"),
+    (["precision=bf16", "precision.compute_dtype=float32"], "precision=bf16 runs as float32, not bfloat16 autocast"),
+    (["precision=fp32", "precision.fp8_recipe=rowwise"], "precision=fp32 runs as torchao float8 rowwise, not float32"),
+    (["precision=loka", "precision.mods=false"], None),
+    (["precision=fp8_rowwise", "precision.fp8_filter=auto"], None),
+])
+def test_a_preset_whose_defining_setting_is_overridden_away_is_named_in_train_log(overrides, line):
+    """precision=fp8_tensorwise precision.fp8_recipe=null ran BF16 labelled fp8_tensorwise, with nothing said."""
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+    from loka_trainer.precision import apply_precision, not_as_named
+
+    register_schemas()
+    config = to_run_config(compose_config("config", overrides)[0]).precision
+    named = not_as_named(config)
+    assert named is None if line is None else named.startswith(line), named
+    if not config.dispatch:  # Dispatch would measure a plan first
+        logged: list[str] = []
+        apply_precision(torch.nn.Sequential(torch.nn.Linear(32, 32)), config=config, device="cpu", log=logged.append)
+        assert (named in logged) == (line is not None), logged
 
 
 @pytest.mark.parametrize("data, needle", [("criteo", "Criteo TSV has no sequence columns"),
