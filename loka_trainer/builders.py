@@ -25,6 +25,7 @@ from loka_trainer.kernels.linear import register_weight_cache_hook, weight_cache
 from loka_trainer.models.summary import count_parameters, dense_flops_per_example
 from loka_trainer.models.zoo import build_model
 from loka_trainer.precision import apply_precision
+from loka_trainer.sharding.config import dense_part_line
 from loka_trainer.sharding.dist import DistInfo
 from loka_trainer.sharding.parallelize import ParallelModel, parallelize
 
@@ -64,7 +65,8 @@ def build_parallel_model(run: RunConfig, dist_info: DistInfo, *, sample_batch: B
             f"{dist_info.backend} supports no BF16 collectives, so TorchRec falls back to {fwd}/{bwd}")
     else:
         log(f"embedding all-to-all precision forward/backward: {fwd}/{bwd}")
-    log(f"dense part: {parallel.num_fsdp_units} FSDP2 units, reduce dtype {run.sharding.fsdp_reduce_dtype}")
+    log(dense_part_line(run.sharding, num_fsdp_units=parallel.num_fsdp_units,
+                        num_dense_units=len(parallel.model.module.dense_units()), device=dist_info.device))
     if run.trainer.compile:
         units = parallel.model.module.dense_units()
         reserve_compile_cache(parallel.model, log)  # one compiled graph per distinct LoKA layer plan

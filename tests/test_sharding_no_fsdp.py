@@ -9,7 +9,7 @@ from loka_trainer.data.config import DataConfig
 from loka_trainer.data.schema import data_schema
 from loka_trainer.models.configs import MODEL_CONFIGS
 from loka_trainer.models.zoo import build_model
-from loka_trainer.sharding.config import ShardingConfig
+from loka_trainer.sharding.config import ShardingConfig, dense_part_line
 from loka_trainer.sharding.parallelize import _dense_to_device
 
 
@@ -27,3 +27,19 @@ def test_without_fsdp_every_dense_parameter_and_buffer_moves_and_the_embeddings_
     for unit in model.dense_units():
         assert all(t.device.type == "meta" for t in [*unit.parameters(), *unit.buffers()])
     assert embedding_params and all(p.device.type == "cpu" for p in model.parameters() if id(p) in embedding_params)
+
+
+@pytest.mark.parametrize("config, line", [
+    (ShardingConfig(fsdp=False), "dense part: 5 units whole on cuda:0 without FSDP2 (sharding.fsdp=false): parameters "
+                                 "in their own dtype, gradients not reduced (one rank)"),
+    (ShardingConfig(fsdp=False, fsdp_reduce_dtype="float32", fsdp_param_dtype="bfloat16"),
+     "gradients not reduced (one rank); sharding.fsdp_param_dtype, sharding.fsdp_reduce_dtype unread"),
+    (ShardingConfig(), "dense part: 6 FSDP2 units, reduce dtype bfloat16"),
+    (ShardingConfig(fsdp_param_dtype="bfloat16"), "dense part: 6 FSDP2 units, reduce dtype bfloat16, parameter dtype "
+                                                  "bfloat16"),
+])
+def test_the_dense_part_line_says_fsdp2s_dtypes_only_where_fsdp2_runs(config, line):
+    """sharding.fsdp=false logged '0 FSDP2 units, reduce dtype float32': a dtype nothing reduced in."""
+    logged = dense_part_line(config, num_fsdp_units=6 if config.fsdp else 0, num_dense_units=5, device="cuda:0")
+    assert logged.endswith(line) and logged.startswith("dense part: "), logged
+    assert ("FSDP2 units" in logged) == config.fsdp

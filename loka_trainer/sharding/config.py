@@ -36,6 +36,20 @@ class ShardingConfig:
             _check_choice("sharding.fsdp_param_dtype", self.fsdp_param_dtype, FSDP_DTYPES)
 
 
+def dense_part_line(config: ShardingConfig, *, num_fsdp_units: int, num_dense_units: int, device: object) -> str:
+    """train.log's line on the dense part: its FSDP2 units and their reduce dtype, or without FSDP2
+    (``sharding.fsdp=false``, one rank) its units whole on ``device``, with no reduction and no FSDP2 dtypes."""
+    if config.fsdp:
+        param = f", parameter dtype {config.fsdp_param_dtype}" if config.fsdp_param_dtype is not None else ""
+        return f"dense part: {num_fsdp_units} FSDP2 units, reduce dtype {config.fsdp_reduce_dtype}{param}"
+    defaults = ShardingConfig()
+    unread = [f"sharding.{field}" for field in ("fsdp_param_dtype", "fsdp_reduce_dtype")
+              if getattr(config, field) != getattr(defaults, field)]
+    return (f"dense part: {num_dense_units} units whole on {device} without FSDP2 (sharding.fsdp=false): parameters "
+            f"in their own dtype, gradients not reduced (one rank)"
+            + (f"; {', '.join(unread)} unread" if unread else ""))
+
+
 def _check_choice(field: str, value: str, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise ValueError(f"{field}={value!r} is not one of {', '.join(valid)}")
