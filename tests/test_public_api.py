@@ -91,6 +91,44 @@ def test_convert_to_loka_with_dispatch_plans_each_target_and_writes_the_plan(tmp
     register_weight_cache_hook(model, opt).remove()
 
 
+def test_a_plan_saved_with_save_loads_back_and_converts_a_fresh_model_without_measuring(tmp_path):
+    """A DispatchPlan object had no public save or load: users wrote json.dump(plan.to_dict()) themselves."""
+    model = _user_model()
+    apply_mods(model)
+    plan = convert_to_loka(model, LoKAConfig(timing_repeats=1, compute_dtype="float32"),
+                           calibration_batch=torch.randn(64, 64), device="cpu", log=lambda s: None)
+    path = plan.save(tmp_path / "mine" / "plan.json")
+    assert path == tmp_path / "mine" / "plan.json"
+    loaded = DispatchPlan.load(path)
+    assert isinstance(loaded, DispatchPlan) and loaded.to_dict() == plan.to_dict()
+    fresh = _user_model()
+    apply_mods(fresh)
+    reused = convert_to_loka(fresh, LoKAConfig(compute_dtype="float32", plan=str(path)), device="cpu",
+                             log=lambda s: None)  # no calibration batch: nothing is measured
+    assert {fqn: lp.backends() for fqn, lp in reused.layers.items()} == \
+        {fqn: lp.backends() for fqn, lp in plan.layers.items()}
+
+
+@pytest.mark.parametrize("content, reason", [
+    (None, "file {path!r} does not exist"),
+    ('{"version": 1, "device": "cpu", "layers": {"0": {"shape"', "is not valid JSON"),
+    (b"\xff\xfe", "is not UTF-8 text, so not a plan file"),
+    ('{"version": 2, "layers": {}}', "version must be 1, got 2"),
+    ('{"version": 1, "layers": {"0": {"shape": {"M": 8, "K": 64}}}}', "layer '0': 'shape' needs integer M, K, N"),
+])
+def test_load_refuses_a_missing_or_damaged_plan_file_in_one_line(tmp_path, content, reason):
+    path = tmp_path / "plan.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError) as err:
+        DispatchPlan.load(path)
+    message = str(err.value)
+    assert message.startswith("DispatchPlan.load") and len(message.splitlines()) == 1, message
+    assert reason.format(path=str(path)) in message and str(path) in message, message
+
+
 def test_convert_to_loka_rejects_a_bad_config_in_one_line():
     with pytest.raises(ValueError, match=r"LoKAConfig\.mere_threshold: must be a finite number > 0"):
         convert_to_loka(_user_model(), LoKAConfig(mere_threshold=0.0), device="cpu")

@@ -146,6 +146,16 @@ class DispatchPlan:
         return {"version": self.version, "device": self.device, "mere_threshold": self.mere_threshold,
                 "min_speedup": self.min_speedup, "max_flushed_fraction": self.max_flushed_fraction, "layers": layers}
 
+    def save(self, path: str | Path) -> Path:
+        """Write the plan to ``path`` as JSON (atomically), the file ``LoKAConfig(plan=path)`` reuses; returns it."""
+        return save_plan(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DispatchPlan":
+        """The plan in the JSON file ``path`` (``save``'s, or a run's ``dispatch_plan.json``); a missing, unreadable
+        or damaged file -> a one-line ValueError naming the file and the first bad field."""
+        return load_plan(path, where="DispatchPlan.load")
+
     @classmethod
     def from_dict(cls, d: Any, *, source: str = "plan") -> "DispatchPlan":
         """The plan held by ``d`` (parsed JSON); a one-line ValueError naming ``source`` and the first bad field."""
