@@ -25,7 +25,8 @@ from loka_trainer.builders import (
     build_streams,
 )
 from loka_trainer.callbacks.base import Callback, CallbackList, TrainState
-from loka_trainer.config import RunConfig, unread_sequences
+from loka_trainer.config import RunConfig
+from loka_trainer.run_checks import unread_sequences
 from loka_trainer.data.base import peek
 from loka_trainer.data.batch import Batch
 from loka_trainer.dense_update import build_warmup, clip_gradients
