@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from loka_trainer.dispatch.broadcast import rank0_print
-from loka_trainer.dispatch.config import DISPATCH_ONLY_FIELDS, MEASUREMENT_FIELDS, LoKAConfig
+from loka_trainer.dispatch.config import TORCHAO_READS, LoKAConfig, unread_precision_fields
 from loka_trainer.dispatch.convert import convert_to_loka
 from loka_trainer.dispatch.plan import DispatchPlan
 from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, drop_unaligned_rows
@@ -109,25 +109,25 @@ def _input_in_cpu_autocast_dtype(module: nn.Module, args: tuple) -> Optional[tup
     return (x.to(torch.get_autocast_dtype("cpu")), *rest)
 
 
-# who reads a precision setting that a preset without Dispatch may leave unread (fp32, bf16 read none of them)
-DISPATCH = "Dispatch: precision=loka"
-BOTH = "Dispatch and the torchao presets"
-READ_BY = {**{f: DISPATCH for f in (*DISPATCH_ONLY_FIELDS, *MEASUREMENT_FIELDS)},
-           **{f: BOTH for f in ("exclude", "min_features", "keep_declared_bf16")},
-           "fp8_filter": "the torchao presets: precision=fp8_*"}
+# who reads a precision setting that a preset without Dispatch leaves unread (``unread_precision_fields``), in the
+# order the log line names them
+DISPATCH, BOTH, TORCHAO = ("Dispatch: precision=loka", "Dispatch and the torchao presets",
+                           "the torchao presets: precision=fp8_*")
+
+
+def _reader(field: str) -> str:
+    return TORCHAO if field == "fp8_filter" else BOTH if field in TORCHAO_READS else DISPATCH
 
 
 def unread_by_preset(config: PrecisionConfig) -> dict[str, list[str]]:
-    """Reader -> the settings of a preset without Dispatch that it leaves unread, set away from their defaults
-    (``READ_BY``); a shared override list (a benchmark's runs) may set them for every precision, so they are
-    named, not refused."""
-    defaults = {f.name: f.default for f in dataclasses.fields(PrecisionConfig)}
-    torchao = config.fp8_recipe is not None
-    unread: dict[str, list[str]] = {}
-    for field, reader in READ_BY.items():
-        if getattr(config, field) != defaults[field] and not (torchao and reader != DISPATCH):
-            unread.setdefault(reader, []).append(f"precision.{field}")
-    return unread
+    """Reader -> the settings of a preset without Dispatch that it leaves unread (``unread_precision_fields``), set
+    away from their defaults; a shared override list (a benchmark's runs) may set them for every precision, so they
+    are named, not refused."""
+    unread = unread_precision_fields(config.dispatch, config.fp8_recipe, config.plan)
+    named = [f.name for f in dataclasses.fields(PrecisionConfig)
+             if f.name in unread and getattr(config, f.name) != f.default]
+    groups = {reader: [f"precision.{f}" for f in named if _reader(f) == reader] for reader in (DISPATCH, BOTH, TORCHAO)}
+    return {reader: fields for reader, fields in groups.items() if fields}
 
 
 # preset -> what it runs as (``runs_as``): a preset whose defining setting is overridden away runs as another

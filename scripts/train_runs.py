@@ -2,7 +2,6 @@
 its own rendezvous port), one blocking run, and reading its logged throughput. Concurrent runs: ``run_queue``."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -12,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from loka_trainer.dispatch.config import MEASUREMENT_FIELDS, LoKAConfig
+from loka_trainer.dispatch.config import unread_precision_fields
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
 PRESETS = ROOT / "conf" / "precision"
@@ -102,25 +101,6 @@ def checked_run_configs(runs: list[list[str]]) -> list:
     configs = [typed_config(compose_config("config", overrides)[0], to_run_config) for overrides in runs]
     GlobalHydra.instance().clear()
     return configs
-
-
-# precision fields that only FP8 conversion reads (Dispatch or a torchao recipe); the rest (name, compute_dtype, mods,
-# dispatch, fp8_recipe, compile) shape every run
-FP8_SETTINGS = frozenset({*(f.name for f in dataclasses.fields(LoKAConfig)), "fp8_filter"}
-                         - {"mods", "compute_dtype", "dispatch", "compile"})
-TORCHAO_READS = frozenset({"min_features", "exclude", "fp8_filter"})  # configured_targets and the recipe's filter
-
-
-def unread_precision_fields(dispatch: bool, fp8_recipe: Optional[str], plan: Optional[str]) -> frozenset[str]:
-    """The ``precision`` fields a run does not read, from its composed ``precision.dispatch``, ``fp8_recipe`` and
-    ``plan``: without Dispatch or a torchao recipe nothing is converted to FP8, so no ``FP8_SETTINGS`` field; a
-    torchao recipe reads ``TORCHAO_READS`` alone; Dispatch reads no ``fp8_filter``, and with a loaded plan no setting
-    of the measurement (``MEASUREMENT_FIELDS``: the plan runs as it was measured)."""
-    if not dispatch and fp8_recipe is None:
-        return FP8_SETTINGS
-    if fp8_recipe is not None:
-        return FP8_SETTINGS - TORCHAO_READS
-    return frozenset({"fp8_filter", *(MEASUREMENT_FIELDS if plan is not None else ())})
 
 
 def composed_precisions(runs: list[list[str]]) -> list:

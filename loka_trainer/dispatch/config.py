@@ -105,3 +105,22 @@ class LoKAConfig:
             return []
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         return [name for name in MEASUREMENT_FIELDS if getattr(self, name) != defaults[name]]
+
+
+# precision fields that only FP8 conversion reads (Dispatch or a torchao recipe); the rest (name, compute_dtype, mods,
+# dispatch, fp8_recipe, compile) shape every run
+FP8_SETTINGS = frozenset({*(f.name for f in dataclasses.fields(LoKAConfig)), "fp8_filter"}
+                         - {"mods", "compute_dtype", "dispatch", "compile"})
+TORCHAO_READS = frozenset({"min_features", "exclude", "fp8_filter"})  # configured_targets and the recipe's filter
+
+
+def unread_precision_fields(dispatch: bool, fp8_recipe: Optional[str], plan: Optional[str]) -> frozenset[str]:
+    """The ``precision`` fields a run does not read, from its composed ``precision.dispatch``, ``fp8_recipe`` and
+    ``plan``: without Dispatch or a torchao recipe nothing is converted to FP8, so no ``FP8_SETTINGS`` field; a
+    torchao recipe reads ``TORCHAO_READS`` alone; Dispatch reads no ``fp8_filter``, and with a loaded plan no setting
+    of the measurement (``MEASUREMENT_FIELDS``: the plan runs as it was measured)."""
+    if not dispatch and fp8_recipe is None:
+        return FP8_SETTINGS
+    if fp8_recipe is not None:
+        return FP8_SETTINGS - TORCHAO_READS
+    return frozenset({"fp8_filter", *(MEASUREMENT_FIELDS if plan is not None else ())})
