@@ -4,14 +4,16 @@
     trainer = pl.Trainer(callbacks=[LightningAdapter(ProbeCallback(interval=100), run_dir="runs/x")])
 
 Event mapping (Lightning hook -> loka event): on_train_start -> on_train_start; on_train_batch_start ->
-on_step_start; on_after_backward -> on_after_backward; on_train_batch_end -> on_after_forward is not
-observable separately in Lightning, so only on_step_end fires there (with ``state.loss`` from the step's
-output); on_validation_end -> on_eval_end (``state.eval_metrics`` from ``trainer.callback_metrics``);
-on_save_checkpoint / on_load_checkpoint -> the callback's state_dict is stored in / restored from Lightning's
-checkpoint under ``loka_callbacks/<state_key>``; on_train_end and on_exception as named.
+on_step_start; on_before_backward -> on_after_forward (``state.loss``: the loss Lightning backpropagates, divided by
+k under accumulation); on_after_backward -> on_after_backward; on_train_batch_end -> on_step_end (with
+``state.loss`` from the step's output); on_validation_end -> on_eval_end (``state.eval_metrics`` from
+``trainer.callback_metrics``); on_save_checkpoint / on_load_checkpoint -> the callback's state_dict is stored in /
+restored from Lightning's checkpoint under ``loka_callbacks/<state_key>``; on_train_end and on_exception as named.
 ``state.step`` is Lightning's ``global_step`` (optimizer steps taken before this batch). Under
-``accumulate_grad_batches=k`` one step is k batches: on_step_start fires at the first of them and on_step_end after
-the one whose optimizer step ran, as in the loka trainer; on_train_end gets the last step trained.
+``accumulate_grad_batches=k`` one step is k batches: on_step_start fires at the first of them, on_after_forward and
+on_after_backward once per batch (the Probe folds each batch's layer inputs before its backward, so it holds one
+batch's at a time), and on_step_end after the one whose optimizer step ran, as in the loka trainer; on_train_end gets
+the last step trained.
 """
 from __future__ import annotations
 
@@ -61,6 +63,11 @@ class LightningAdapter(pl.Callback):
         self._open_step = trainer.global_step
         state.metrics = {}
         self.callback.on_step_start(state)
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        state = self._state(trainer, pl_module)
+        state.loss = loss.detach()
+        self.callback.on_after_forward(state)
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.callback.on_after_backward(self._state(trainer, pl_module))

@@ -2,15 +2,18 @@
 
 Each target Linear carries one forward pre-hook for the whole run. Every ``interval`` steps the callback arms the
 hooks; an armed hook stashes the layer's input (the real activation) and the callback folds the stashed inputs in
-after the forward (``on_after_forward``, else at the step's end) and disarms. The weights are observed once per
-``interval`` too, but spread over it: layer i of n at steps where step % interval == i * interval // n (and every
-layer at the first observed step), so that no step pays for all of them. Under ``torch.compile`` the armed flag
-is a guard, so each unit is compiled twice (observed and not) and observed steps run compiled too: the hook's
-only work in the graph is returning the input, the statistics run outside it. Under FSDP2 the weight is gathered
-with ``full_tensor()`` (a collective every rank reaches). Every ``save_interval`` steps and at the end of
-training, per-rank activation statistics are merged with collectives and rank 0 writes ``<out_dir>/stats.pt`` on
-a background thread (atomic rename). Rank 0 also logs per-layer activation mean / std / max|x| (of the rows
-folded in) and the weight (and bias) norms of the last weight observation to TensorBoard.
+after the forward (``on_after_forward``, else at the step's end) and disarms. Under gradient accumulation (k
+micro-batches per step, each followed by ``on_after_forward`` and ``on_after_backward``), ``on_after_backward`` arms
+the hooks again, so every micro-batch of an observed step is folded, one micro-batch's inputs held at a time.
+The weights are observed once per ``interval`` too, but spread over it: layer i of n at steps where
+step % interval == i * interval // n (and every layer at the first observed step), so that no step pays for all of
+them. Under ``torch.compile`` the armed flag is a guard, so each unit is compiled twice (observed and not) and
+observed steps run compiled too: the hook's only work in the graph is returning the input, the statistics run outside
+it. Under FSDP2 the weight is gathered with ``full_tensor()`` (a collective every rank reaches). Every
+``save_interval`` steps and at the end of training, per-rank activation statistics are merged with collectives and
+rank 0 writes ``<out_dir>/stats.pt`` on a background thread (atomic rename). Rank 0 also logs per-layer activation
+mean / std / max|x| (of the rows folded in) and the weight (and bias) norms of the last weight observation to
+TensorBoard.
 
 Plain user loop (no trainer)::
 
@@ -179,6 +182,14 @@ class ProbeCallback(Callback):
 
     def on_after_forward(self, state: TrainState) -> None:
         self._fold_inputs()
+
+    def on_after_backward(self, state: TrainState) -> None:
+        """Arm the hooks again while an observed step is in flight: under gradient accumulation another
+        micro-batch's forward follows, and it is observed too (folded after its own forward, so the stash holds one
+        micro-batch's inputs at a time). With no further forward the step's end disarms them unused."""
+        if self._observing:
+            for layer in self.layers.values():
+                layer.armed = True
 
     def on_step_end(self, state: TrainState) -> None:
         if self.writer is not None:

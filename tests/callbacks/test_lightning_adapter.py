@@ -24,6 +24,10 @@ class Recorder(Callback):
     def on_step_start(self, state: TrainState) -> None:
         self.events.append(("step_start", state.step))
 
+    def on_after_forward(self, state: TrainState) -> None:
+        assert state.loss is not None and state.loss.requires_grad is False
+        self.events.append(("after_forward", state.step))
+
     def on_after_backward(self, state: TrainState) -> None:
         assert any(p.grad is not None for p in state.model.parameters())
         self.events.append(("after_backward", state.step))
@@ -69,9 +73,9 @@ def test_adapter_fires_loka_events_in_lightning_order(tmp_path):
                          callbacks=[LightningAdapter(rec)], enable_checkpointing=False)
     trainer.fit(TinyModule(), _loader())
     assert rec.events == [("train_start", 0),
-                          ("step_start", 0), ("after_backward", 0), ("step_end", 0),
-                          ("step_start", 1), ("after_backward", 1), ("step_end", 1),
-                          ("step_start", 2), ("after_backward", 2), ("step_end", 2),
+                          ("step_start", 0), ("after_forward", 0), ("after_backward", 0), ("step_end", 0),
+                          ("step_start", 1), ("after_forward", 1), ("after_backward", 1), ("step_end", 1),
+                          ("step_start", 2), ("after_forward", 2), ("after_backward", 2), ("step_end", 2),
                           ("train_end", 2)]
     assert len(rec.losses) == 3 and all(v > 0 for v in rec.losses)
 
@@ -82,9 +86,10 @@ def test_adapter_fires_one_loka_step_per_accumulated_optimizer_step(tmp_path):
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                          callbacks=[LightningAdapter(rec)], enable_checkpointing=False)
     trainer.fit(TinyModule(), _loader())
+    micro_batch = lambda step: [("after_forward", step), ("after_backward", step)]  # noqa: E731
     assert rec.events == [("train_start", 0),
-                          ("step_start", 0), ("after_backward", 0), ("after_backward", 0), ("step_end", 0),
-                          ("step_start", 1), ("after_backward", 1), ("after_backward", 1), ("step_end", 1),
+                          ("step_start", 0), *micro_batch(0), *micro_batch(0), ("step_end", 0),
+                          ("step_start", 1), *micro_batch(1), *micro_batch(1), ("step_end", 1),
                           ("train_end", 1)]
 
 

@@ -108,6 +108,30 @@ def test_hooks_stash_inputs_only_on_observed_steps():
     assert sum(len(m._forward_pre_hooks) for m in model.modules()) == 0
 
 
+def test_every_micro_batch_of_an_accumulated_observed_step_is_folded_after_its_forward():
+    """k micro-batches per step, each followed by on_after_forward and on_after_backward: all k are observed (one
+    call each), and after each forward's fold the stash is empty, so one micro-batch's inputs are held at a time."""
+    probe = ProbeCallback(interval=2, save_interval=1000, tensorboard=False, out_dir="unused")
+    model = Tower()
+    state = TrainState(model=model)
+    probe.attach(model)
+    for step in range(4):
+        state.step = step
+        probe.on_step_start(state)
+        for _ in range(3):
+            loss = model(torch.randn(4, 8)).square().mean()
+            assert len(probe.layers["head"].inputs) == (1 if step % 2 == 0 else 0)
+            probe.on_after_forward(state)
+            assert not any(layer.inputs for layer in probe.layers.values())
+            loss.backward()
+            probe.on_after_backward(state)
+        probe.on_step_end(state)
+        assert not any(layer.armed for layer in probe.layers.values())
+    head = probe.layers["head"].activation
+    assert float(head.moments.count) == 2 * 3 * 4 and head.calls == 2 * 3  # steps 0 and 2, 3 micro-batches each
+    probe.close()
+
+
 def test_filters_by_name_type_and_size():
     model = Tower()
     pick = lambda **kw: set(ProbeCallback(tensorboard=False, **kw).attach(model))  # noqa: E731
@@ -226,7 +250,9 @@ def _observe_loop(model: nn.Module, forward, probe: ProbeCallback, steps: int) -
         probe.on_step_start(state)
         loss = forward(torch.randn(8, 32)).square().mean()
         probe.on_after_forward(state)
-        loss.backward(); opt.step(); opt.zero_grad()
+        loss.backward()
+        probe.on_after_backward(state)  # as the trainer fires it: re-arms, and the step's end disarms unused
+        opt.step(); opt.zero_grad()
         probe.on_step_end(state)
     probe.close()
 
