@@ -26,6 +26,7 @@ from loka_trainer.dispatch.convert import convert_to_loka
 from loka_trainer.dispatch.plan import DispatchPlan
 from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, drop_unaligned_rows
 from loka_trainer.kernels.backend_base import emulates_fp8
+from loka_trainer.module_names import canonical_fqn, canonical_named_modules
 
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 LinearFilter = Callable[[nn.Module, str], bool]
@@ -80,14 +81,16 @@ class PrecisionConfig(LoKAConfig):
 
 
 def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear], device) -> None:
-    """torchao's recipe on ``linears``, with torchao's ``emulate`` where ``emulates_fp8(device)``."""
+    """torchao's recipe on ``linears`` (canonical FQN -> Linear, ``module_names``), with torchao's ``emulate``
+    where ``emulates_fp8(device)``."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     targets = set(linears)
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulates_fp8(device))
-    convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in targets)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: canonical_fqn(fqn) in targets)
     if torch.device(device).type == "cpu" and _has_high_precision_gemm(config):
-        for fqn in targets:
-            model.get_submodule(fqn).register_forward_pre_hook(_input_in_cpu_autocast_dtype)
+        for fqn, module in canonical_named_modules(model):
+            if fqn in targets:
+                module.register_forward_pre_hook(_input_in_cpu_autocast_dtype)
 
 
 def _has_high_precision_gemm(config) -> bool:

@@ -28,6 +28,7 @@ from loka_trainer.dispatch.plan_table import format_plan_table
 from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, dispatch_exclude
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear
+from loka_trainer.module_names import canonical_fqn, canonical_named_modules
 from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
 from loka_trainer.mods.module import FusedLinearMods
 from loka_trainer.mods.transform import chain_fp8_handoffs, find_unfusable, fuse_linear_mods
@@ -37,11 +38,12 @@ PLAN_FILE = "dispatch_plan.json"
 
 
 def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> nn.Module:
-    """Replace each planned Linear with at least one non-BF16 GEMM (by FQN) with a LoKALinear sharing its
-    parameters (torchao's ``swap_linear_layers``). An all-BF16 layer stays the ``nn.Linear`` it was: the same GEMMs
-    with no autograd Function, per-layer plan attributes or compile guards around them (host time per step), and
-    modules that compute a plain Linear their own way keep doing so (``models.layers.TokenMix``). Returns the
-    model (a new module only when the model itself is a planned Linear)."""
+    """Replace each planned Linear with at least one non-BF16 GEMM (by canonical FQN, ``module_names``: inside a
+    compiled or wrapped part of the model too) with a LoKALinear sharing its parameters (torchao's
+    ``swap_linear_layers``). An all-BF16 layer stays the ``nn.Linear`` it was: the same GEMMs with no autograd
+    Function, per-layer plan attributes or compile guards around them (host time per step), and modules that
+    compute a plain Linear their own way keep doing so (``models.layers.TokenMix``). Returns the model (a new
+    module only when the model itself is a planned Linear)."""
     from torchao.float8.float8_linear_utils import swap_linear_layers  # noqa: PLC0415 -- torchao imports slowly
 
     fp8_layers = {fqn: lp.backends() for fqn, lp in plan.layers.items()
@@ -49,8 +51,8 @@ def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> nn.Module:
     chosen: dict[int, dict[str, str]] = {}  # id(Linear) -> its backends, from the filter that sees the FQN
 
     def take(module: nn.Module, fqn: str) -> bool:
-        if isinstance(module, nn.Linear) and fqn in fp8_layers:
-            chosen[id(module)] = fp8_layers[fqn]
+        if isinstance(module, nn.Linear) and (name := canonical_fqn(fqn)) in fp8_layers:
+            chosen[id(module)] = fp8_layers[name]
             return True
         return False
 
@@ -116,14 +118,16 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     Linear at (not needed with ``config.plan``). ``module_filter_fn(module, fqn) -> bool`` restricts the targets
     and the fused triples. ``device``: where Dispatch measures (default: CUDA if available, else CPU). Under
     torch.distributed rank 0 measures and broadcasts its plan (a collective: call it on every rank). A model
-    wrapped by ``torch.compile`` or DDP is converted inside the wrapper (``unwrapped``).
+    wrapped by ``torch.compile`` or DDP is converted inside the wrapper (``unwrapped``); a compiled part of it
+    inside its wrapper too, and every layer is named without the wrappers (``module_names.canonical_fqn``): a plan
+    fits the model compiled whole, in parts or not at all.
     """
     if not isinstance(config, LoKAConfig):
         raise TypeError(f"convert_to_loka: config must be a LoKAConfig, got {type(config).__name__}")
     config.validate()
     model = unwrapped(model)
     check_convertible(model, config, run_dir)
-    converted = [fqn for fqn, m in model.named_modules() if isinstance(m, (LoKALinear, FusedLinearMods))]
+    converted = [fqn for fqn, m in canonical_named_modules(model) if isinstance(m, (LoKALinear, FusedLinearMods))]
     if converted:  # its plan would cover only the layers still plain, and run_dir's plan would be replaced
         raise ValueError(f"the model already holds {len(converted)} LoKA layer(s) ({', '.join(converted[:3])}"
                          f"{', ...' if len(converted) > 3 else ''}): convert_to_loka converts a model once; to convert "
@@ -159,9 +163,9 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
 
 
 def unwrapped(model: nn.Module) -> nn.Module:
-    """The user's model inside ``torch.compile``'s and DDP's wrappers, which share its modules: converted there, its
-    layers keep in the plan the names they have without the wrapper and in the LoKA Probe's reports
-    (``probe.targets.clean_fqn``), and Dispatch's calibration forward compiles nothing."""
+    """The user's model inside ``torch.compile``'s and DDP's wrappers, which share its modules: converted there,
+    Dispatch's calibration forward compiles nothing (a compiled submodule's still compiles) and the bare-Linear
+    check sees the model itself."""
     from torch._dynamo.eval_frame import OptimizedModule  # noqa: PLC0415 -- dynamo imports slowly
     wrappers = {OptimizedModule: "_orig_mod", nn.parallel.DistributedDataParallel: "module"}
     while (inner := next((a for cls, a in wrappers.items() if isinstance(model, cls)), None)) is not None:

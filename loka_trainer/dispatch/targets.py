@@ -6,7 +6,12 @@ accepted by the optional ``module_filter_fn(module, fqn) -> bool``, none whose F
 (Dispatch checks M per backend and call). Embedding modules are TorchRec modules, not ``nn.Linear``, so they are
 never touched. A parametrized Linear (``torch.nn.utils.parametrize``: weight norm, spectral norm, ...) stays BF16:
 its ``weight`` is computed from other Parameters at each call, and a swap that takes ``linear.weight`` would keep
-that one computed tensor as a constant (trained no more, gone from the state_dict).
+that one computed tensor as a constant (trained no more, gone from the state_dict). A Linear that ``torch.compile``
+wraps on its own (``model.head = torch.compile(model.head)``) stays BF16 too: the compiled forward runs the module
+it was compiled with, never one swapped in under the wrapper (compile its parent instead).
+
+Layers are named by their canonical FQNs (``module_names``): a compiled or wrapped part of the model adds no
+``_orig_mod`` to them, so ``exclude`` globs, ``module_filter_fn`` and plans see the model's own names.
 
 A module may name Linears of its own that Dispatch must keep BF16, in a class attribute ``loka_keep_bf16``: a
 tuple of fnmatch globs relative to the module (``declared_bf16``): what its author measured FP8 to harm and no
@@ -24,6 +29,7 @@ from torch.nn.utils import parametrize
 
 from loka_trainer.dispatch.calibration import linear_input_rows
 from loka_trainer.globs import closest_or_examples, unmatched
+from loka_trainer.module_names import canonical_named_modules, compiled_alone
 
 ModuleFilter = Callable[[nn.Module, str], bool]
 
@@ -49,9 +55,9 @@ def declared_bf16(model: nn.Module) -> list[str]:
     """FQNs of the Linears of ``model`` that a module of it names in its ``loka_keep_bf16`` globs (relative to
     that module), sorted. A ``loka_keep_bf16`` that is not a tuple of strings, or a glob of it that names none of
     its module's Linears (a typo would leave the layer to Dispatch silently) -> one-line ValueError."""
-    linears = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = [fqn for fqn, m in canonical_named_modules(model) if isinstance(m, nn.Linear)]
     patterns = []
-    for prefix, module in model.named_modules():
+    for prefix, module in canonical_named_modules(model):
         globs = getattr(module, KEEP_BF16_ATTR, ())
         where = f"{type(module).__name__}.{KEEP_BF16_ATTR}"
         if isinstance(globs, str) or not all(isinstance(g, str) for g in globs):
@@ -69,7 +75,7 @@ def shared_linears(model: nn.Module) -> dict[str, list[str]]:
     """First FQN -> every FQN of each ``nn.Linear`` module that sits at several places of ``model`` (one module
     object, tied weights): a module swap replaces it at its first place only."""
     places: dict[int, list[str]] = {}
-    for fqn, mod in model.named_modules(remove_duplicate=False):
+    for fqn, mod in canonical_named_modules(model, remove_duplicate=False):
         if isinstance(mod, nn.Linear):
             places.setdefault(id(mod), []).append(fqn)
     return {fqns[0]: fqns for fqns in places.values() if len(fqns) > 1}
@@ -79,7 +85,7 @@ def target_linears(model: nn.Module, *, min_features: int,
                    module_filter_fn: Optional[ModuleFilter] = None) -> dict[str, nn.Linear]:
     """FQN -> nn.Linear for every Linear Dispatch / torchao may convert (see module docstring)."""
     out = {}
-    for fqn, mod in model.named_modules():
+    for fqn, mod in canonical_named_modules(model):
         if not isinstance(mod, nn.Linear):
             continue
         k, n = mod.in_features, mod.out_features
@@ -100,9 +106,9 @@ def dispatch_exclude(model: nn.Module, config) -> list[str]:
 def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[ModuleFilter] = None,
                        log: Optional[Callable[[str], None]] = None, dispatch: bool = False) -> dict[str, nn.Linear]:
     """``target_linears`` under a ``LoKAConfig``'s (or ``PrecisionConfig``'s) ``min_features`` and ``exclude``
-    (``check_exclude`` first), without a Linear module used at several places (``shared_linears``) or a
-    parametrized one (module docstring), and for ``dispatch`` without the Linears the model declares BF16
-    (``dispatch_exclude``); ``log`` gets a line naming the ones left out."""
+    (``check_exclude`` first), without a Linear module used at several places (``shared_linears``), a
+    parametrized one or one compiled on its own (module docstring), and for ``dispatch`` without the Linears the
+    model declares BF16 (``dispatch_exclude``); ``log`` gets a line naming the ones left out."""
     every = target_linears(model, min_features=config.min_features, module_filter_fn=module_filter_fn)
     check_exclude(config.exclude, list(every), where=config.where)
     shared = {fqn: places for fqn, places in shared_linears(model).items() if fqn in every}
@@ -113,7 +119,11 @@ def configured_targets(model: nn.Module, config, *, module_filter_fn: Optional[M
     if computed and log is not None:
         log(f"{len(computed)} parametrized Linear(s) stay BF16 (their weight is computed at each call; a swap "
             f"would freeze it): {', '.join(computed)}")
-    unswappable = {*shared, *computed}
+    alone = [fqn for fqn in compiled_alone(model) if fqn in every and fqn not in shared and fqn not in computed]
+    if alone and log is not None:
+        log(f"{len(alone)} Linear(s) compiled on their own stay BF16 (the compiled forward runs the module it was "
+            f"compiled with, not a swapped-in one; compile the module holding it instead): {', '.join(alone)}")
+    unswappable = {*shared, *computed, *alone}
     kept = {fqn: mod for fqn, mod in every.items() if not excluded(fqn, config.exclude) and fqn not in unswappable}
     dropped = [fqn for fqn in every if fqn not in kept and fqn not in unswappable]
     if dropped and log is not None:

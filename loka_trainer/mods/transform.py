@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from loka_trainer.module_hooks import ALL_HOOKS, OUTPUT_HOOKS, STATE_DICT_HOOKS, carry_hooks, held_hooks
+from loka_trainer.module_names import canonical_named_modules
 from loka_trainer.mods import shapes
 from loka_trainer.mods.layers import BlockNorm, HardSwish
 from loka_trainer.mods.modes import DEFAULT_FORWARD_MODE, FORWARD_MODES
@@ -65,7 +66,7 @@ def apply_mods(model: nn.Module, *, block_size: int = 256, module_filter_fn: Opt
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"apply_mods: block_size must be an integer >= 1, got {block_size!r}")
     changed = []
-    for seq_fqn, seq in model.named_modules():
+    for seq_fqn, seq in canonical_named_modules(model):
         if not isinstance(seq, nn.Sequential):
             continue
         children = list(seq)
@@ -112,7 +113,7 @@ def _mods_triples(model: nn.Module, module_filter_fn: Optional[ModuleFilter]
     """Linear FQN -> (parent Sequential, index, why the kernels cannot run it or None) for each Linear ->
     BlockNorm -> HardSwish triple that ``module_filter_fn`` (if given) accepts."""
     out = {}
-    for seq_fqn, seq in model.named_modules():
+    for seq_fqn, seq in canonical_named_modules(model):
         if not isinstance(seq, nn.Sequential):
             continue
         children = list(seq)
@@ -152,7 +153,7 @@ def chain_fp8_handoffs(model: nn.Module) -> list[tuple[str, str]]:
     the next one's forward is FP8 and the first one's is split: the first emits its output in FP8, the second
     reads it (module docstring). Returns the linked (source FQN, reader FQN) pairs."""
     pairs = []
-    for seq_fqn, seq in model.named_modules():
+    for seq_fqn, seq in canonical_named_modules(model):
         if not isinstance(seq, nn.Sequential):
             continue
         prev: Optional[tuple[str, FusedLinearMods]] = None

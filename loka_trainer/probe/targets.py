@@ -1,8 +1,9 @@
 """Which Linears the probe observes, and the layer names (FQNs) that stats files and reports use.
 
 FQNs are cleaned of wrapper components so that the same layer has the same name with or without TorchRec's
-DistributedModelParallel, torch.compile, activation checkpointing or DDP: Dispatch must apply the same
-``clean_fqn`` when it maps report entries back onto a model.
+DistributedModelParallel, torch.compile, activation checkpointing or DDP: the names Dispatch gives the layers
+(``module_names.canonical_fqn``; ``convert_to_loka`` converts a DDP model inside its wrapper), which it maps report
+entries back onto.
 """
 from __future__ import annotations
 
@@ -12,9 +13,7 @@ from typing import Callable, Optional, Sequence
 from torch import nn
 
 from loka_trainer.mods.module import FusedLinearMods
-
-# Wrapper attribute names that never belong to the user's model structure.
-WRAPPER_COMPONENTS = ("_dmp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
+from loka_trainer.module_names import canonical_fqn
 
 ModuleFilter = Callable[[nn.Module, str], bool]
 
@@ -22,8 +21,9 @@ LINEAR_TYPES = (nn.Linear, FusedLinearMods)  # a module with weight (N, K) appli
 
 
 def clean_fqn(fqn: str) -> str:
-    """'_dmp_wrapped_module.dense._orig_mod.0' -> 'dense.0'; a leading DDP 'module.' is dropped too."""
-    parts = [p for p in fqn.split(".") if p and p not in WRAPPER_COMPONENTS]
+    """'_dmp_wrapped_module.dense._orig_mod.0' -> 'dense.0' (``canonical_fqn``); a leading DDP 'module.' is dropped
+    too."""
+    parts = canonical_fqn(fqn).split(".")
     if parts[:1] == ["module"]:
         parts = parts[1:]
     return ".".join(parts)

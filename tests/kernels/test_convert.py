@@ -397,3 +397,16 @@ def test_only_a_cpu_models_high_precision_weight_gradient_recipe_casts_its_input
                     device=device, calibration_batch=_batch(), log=lambda s: None)
     converted = [mod for mod in m.modules() if isinstance(mod, Float8Linear)]
     assert converted and all(bool(mod._forward_pre_hooks) is hooked for mod in converted)
+
+
+def test_torchao_converts_a_compiled_submodules_linears_named_as_the_models_own():
+    """``model.mlp = torch.compile(model.mlp)``: ``exclude`` names ``mlp.2``, not ``mlp._orig_mod.2``, and the
+    Linears inside the wrapper are converted (with the CPU autocast input cast of a high-precision weight grad)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    m = TinyModel()
+    m.mlp = torch.compile(m.mlp, backend="eager")
+    apply_precision(m, config=PrecisionConfig(name="torchao", compute_dtype="bfloat16", fp8_recipe="rowwise_with_gw_hp",
+                                              exclude=["mlp.2"]), device="cpu", log=lambda s: None)
+    inner = m.mlp._orig_mod
+    assert isinstance(inner[0], Float8Linear) and bool(inner[0]._forward_pre_hooks) and type(inner[2]) is nn.Linear

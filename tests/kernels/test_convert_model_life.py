@@ -3,6 +3,7 @@ it was given (parametrized weights, hooks) and what the FP8 layers must see afte
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from loka_trainer import LoKAConfig, convert_to_loka, register_weight_cache_hook
 from loka_trainer.kernels.linear import LoKALinear, weight_caches
 from loka_trainer.mods.layers import BlockNorm, HardSwish
 from loka_trainer.mods.module import FusedLinearMods
+from loka_trainer.probe.targets import select_linears
 
 # every GEMM FP8 on the CPU: any speedup and any error pass
 FP8 = dict(compute_dtype="float32", timing_repeats=1, timing_rounds=1, min_features=16, min_speedup=1e-6,
@@ -205,6 +207,65 @@ def test_a_compiled_model_is_converted_inside_its_wrapper_under_the_names_the_pr
     plan = json.loads((tmp_path / "compiled" / "dispatch_plan.json").read_text())
     assert sorted(plan["layers"]) == sorted(clean_fqn(f) for f in plan["layers"]) == ["0", "3"]
     _convert(_mlp(), logs, plan=str(tmp_path / "compiled" / "dispatch_plan.json"))  # the same model, uncompiled
+
+
+class _Holder(nn.Module):
+    """x (B, 64) -> (B, 1): ``_mlp()`` as the submodule ``dense``, compiled there (dynamo's eager backend: the
+    wrapper without inductor's compile time) or not."""
+
+    def __init__(self, compiled: bool, dense: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        dense = _mlp() if dense is None else dense
+        self.dense = torch.compile(dense, backend="eager") if compiled else dense
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(x)
+
+
+def test_a_compiled_submodule_is_converted_inside_its_wrapper_and_its_layers_keep_the_models_own_names(tmp_path):
+    """``model.dense = torch.compile(model.dense)``, then convert_to_loka: the plan names its layers ``dense.0``,
+    not ``dense._orig_mod.0``, as the uncompiled model's plan and the Probe do, and either plan applies to the other
+    model."""
+    plain, compiled, logs = _Holder(compiled=False), _Holder(compiled=True), []
+    _convert(plain, logs, run_dir=tmp_path / "plain")
+    _convert(compiled, logs, run_dir=tmp_path / "compiled")
+    inner = compiled.dense._orig_mod
+    assert type(inner[0]) is FusedLinearMods and type(inner[3]) is LoKALinear
+    x = torch.randn(16, 64)
+    assert torch.equal(compiled(x), plain(x))
+    layers = {run: json.loads((tmp_path / run / "dispatch_plan.json").read_text())["layers"]
+              for run in ("plain", "compiled")}
+    assert sorted(layers["compiled"]) == sorted(layers["plain"]) == ["dense.0", "dense.3"]
+    assert sorted(select_linears(_Holder(compiled=True))) == ["dense.0", "dense.3", "dense.5"]
+    for model, run in ((_Holder(compiled=True), "plain"), (_Holder(compiled=False), "compiled")):
+        plan = convert_to_loka(model, LoKAConfig(**{**FP8, "plan": str(tmp_path / run / "dispatch_plan.json")}),
+                               device="cpu", log=logs.append)
+        assert sorted(plan.layers) == ["dense.0", "dense.3"] and type(model.get_submodule("dense.3")) is LoKALinear
+
+
+def test_exclude_and_loka_keep_bf16_name_the_layers_of_a_compiled_submodule_by_the_models_own_names():
+    model, logs = _Holder(compiled=True), []
+    plan = convert_to_loka(model, LoKAConfig(**{**FP8, "exclude": ["dense.3"]}), calibration_batch=torch.randn(64, 64),
+                           device="cpu", log=logs.append)
+    assert sorted(plan.layers) == ["dense.0"] and type(model.dense._orig_mod[3]) is nn.Linear
+    declaring = _mlp()
+    declaring.loka_keep_bf16 = ("3",)
+    model = _Holder(compiled=True, dense=declaring)
+    plan = convert_to_loka(model, LoKAConfig(**FP8), calibration_batch=torch.randn(64, 64), device="cpu",
+                           log=logs.append)
+    assert sorted(plan.layers) == ["dense.0"] and type(declaring[3]) is nn.Linear
+
+
+def test_a_linear_compiled_on_its_own_stays_bf16_and_named():
+    """``dense[3] = torch.compile(dense[3])``: the compiled forward runs the Linear it was compiled with, so a
+    LoKALinear swapped in under the wrapper would never run."""
+    model, logs = _Holder(compiled=False), []
+    linear = model.dense[3]
+    model.dense[3] = torch.compile(linear, backend="eager")
+    _convert(model, logs)
+    assert model.dense[3]._orig_mod is linear and type(linear) is nn.Linear
+    assert any(line.startswith("1 Linear(s) compiled on their own stay BF16") and line.endswith(": dense.3")
+               for line in logs), logs
 
 
 def test_the_weight_cache_hook_before_convert_warns_and_after_it_ties_every_loka_layer():
