@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.utils import _pytree as pytree
@@ -17,13 +17,34 @@ class _Unreplicable(Exception):
     """An input the replicator cannot scale along the batch (TorchRec KJT / KeyedTensor, a Batch)."""
 
 
+def ambiguous_batch(x: Any, batch_size: int) -> Optional[str]:
+    """Why the batch of the pytree ``x`` is ambiguous, or None: a tensor with ``batch_size`` at a dim other than 0.
+
+    The batch is dim 0 of a tensor, and a tensor is scaled when its dim 0 is ``batch_size``. A tensor such as
+    (16, 16) at batch 16 (16 features, or a (T, T) mask with T = 16) or (T, B, C) also has ``batch_size`` elsewhere,
+    so which of the inputs, and which of their dims, carry the batch cannot be told from their sizes.
+    """
+    tensors = [t for t in pytree.tree_leaves(x, is_leaf=is_leaf) if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        dims = [d for d, n in enumerate(t.shape) if d > 0 and n == batch_size]
+        if dims:
+            return (f"an input of shape {tuple(t.shape)} has the batch size {batch_size} at dim {dims[0]}, not only "
+                    f"at dim 0 (the batch dim), so which dims to scale is ambiguous; use a sample batch size that no "
+                    f"other dim has (bench.batch_size)")
+    return None
+
+
 @torch.no_grad()
 def replicate_batch(x: Any, *, batch_size: int, factor: int) -> Any:
     """Repeat every tensor whose dim 0 equals ``batch_size`` ``factor`` times along dim 0.
 
     x: a pytree of tensors, (B, ...) -> (factor*B, ...); tensors of another leading size (masks, (T, T)
-    buffers) are left alone. Raises _Unreplicable for non-tensor objects that carry a batch (KJT, Batch).
+    buffers) are left alone. A ValueError when `ambiguous_batch` finds ``batch_size`` at another dim of a tensor.
+    Raises _Unreplicable for non-tensor objects that carry a batch (KJT, Batch).
     """
+    if (problem := ambiguous_batch(x, batch_size)) is not None:
+        raise ValueError(problem)
+
     def rep(leaf: Any) -> Any:
         if isinstance(leaf, torch.Tensor):
             if leaf.dim() > 0 and leaf.shape[0] == batch_size:
@@ -37,7 +58,8 @@ def replicate_batch(x: Any, *, batch_size: int, factor: int) -> Any:
 
 
 class BatchReplicate(Preprocessor):
-    """Scale a captured (small) batch back up by ``factor`` (paper III-B1); inputs it cannot scale run as captured."""
+    """Scale a captured (small) batch back up by ``factor`` along dim 0 (paper III-B1); inputs it cannot scale (KJT,
+    Batch) run as captured, inputs whose batch dim is ambiguous (`ambiguous_batch`) fail the module (ValueError)."""
 
     name = "batch_replicate"
 
@@ -53,8 +75,8 @@ class BatchReplicate(Preprocessor):
             note = "batch replication needs the inputs' batch size (no input tensor has one); ran as captured"
             return dataclasses.replace(job, notes=job.notes + [note])
         try:
-            args = replicate_batch(job.inputs.args, batch_size=job.batch_size, factor=self.factor)
-            kwargs = replicate_batch(job.inputs.kwargs, batch_size=job.batch_size, factor=self.factor)
+            args, kwargs = replicate_batch((job.inputs.args, job.inputs.kwargs), batch_size=job.batch_size,
+                                           factor=self.factor)
         except _Unreplicable as err:
             note = f"batch replication unsupported for {err} input; ran at the captured batch {job.batch_size}"
             return dataclasses.replace(job, notes=job.notes + [note])

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -103,6 +105,36 @@ def test_replicate_batch_only_scales_batch_dim():
     x, mask = torch.randn(4, 3), torch.ones(5, 5)
     out = replicate_batch((x, mask), batch_size=4, factor=3)
     assert out[0].shape == (12, 3) and torch.equal(out[0][8:], x) and out[1] is mask
+
+
+class _Masked(nn.Module):
+    """A linear layer on the row sums of ``(x @ mask) * scale``: x is (B, F); mask (F, F) and scale (F,) carry no
+    batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return self.linear(((x @ mask) * scale).sum(1, keepdim=True))
+
+
+@pytest.mark.parametrize("shapes, at", [([(16, 16), (16, 16), (16,)], "(16, 16) has the batch size 16 at dim 1"),
+                                        ([(16, 4), (8, 16, 2)], "(8, 16, 2) has the batch size 16 at dim 1")])
+def test_replicate_batch_refuses_a_batch_size_at_another_dim(shapes, at):
+    with pytest.raises(ValueError, match=re.escape(at)):
+        replicate_batch(tuple(torch.ones(s) for s in shapes), batch_size=16, factor=4)
+
+
+def test_a_module_whose_batch_size_is_also_a_feature_size_fails_with_one_line(cpu):
+    x, mask, scale = torch.randn(16, 16), torch.eye(16), torch.ones(16)
+    opts = BenchOptions(replicate=4, depth=1, warmup=0, repeats=1, progress=False, profilers=("flops",))
+    result = run_bench(ModuleProvider(_Masked(), (x, mask, scale)).get_component(cpu), opts)
+    root, leaf = result.nodes["model"], result.nodes["model.linear"]
+    assert root.status == "estimated"  # not measured: its FLOPs are its child's
+    assert root.error.startswith("preprocessor batch_replicate: ValueError: an input of shape (16, 16) has the "
+                                 "batch size 16 at dim 1") and "\n" not in root.error
+    assert leaf.status == "ok" and leaf.metrics["flops_fwd"] == 2 * (4 * 16) * 1 * 4  # (16, 1) -> (64, 1)
 
 
 def test_batch_replicate_scales_flops(cpu):
