@@ -3,7 +3,7 @@ module of yours: ``python -m loka_trainer.bench bench.provider=factory bench.fac
 
 Composes ``conf/bench.yaml`` (same ``model=`` / ``data=`` groups as the trainer), profiles every submodule
 with a progress bar, and writes the table (CSV/JSON/Markdown) and the offline icicle HTML into DIR; an earlier
-run's outputs there move to DIR/previous/<date>_<time>/ first (`set_aside_earlier_run`).
+run's outputs there move to DIR/previous/<date>_<time>/ for the run, and back if it fails (`earlier_run_set_aside`).
 Hydra's own flags work as for ``train.py`` (``--help``, ``--cfg job``, ``--config-dir``); every setting is checked
 before anything is written or measured.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -19,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from loka_trainer.bench import BenchOptions, ExampleProvider, FactoryProvider, ZooProvider, run_bench, write_results
 from loka_trainer.bench.plugins import Component, Provider
-from loka_trainer.bench.results import set_aside_earlier_run
+from loka_trainer.bench.results import earlier_run_set_aside, stderr_line
 from loka_trainer.bench.runner import check_filters, check_timer, resolve_device
 
 PROVIDER_KEYS = ("provider", "example", "factory", "loka_mods")
@@ -154,15 +153,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         fail("-m/--multirun is not supported by the Component Benchmark: run one configuration per command")
     preflight("bench", args, bench_options)
     cfg, run_dir, opts, component, name = prepare(args)
-    for line in set_aside_earlier_run(run_dir):
-        print(line, file=sys.stderr)
-    try:
-        result = run_bench(component, opts, out_dir=run_dir)
-    except ValueError as err:  # the model's forward failed: its own line, not its traceback
-        fail(str(err))
-    write_run_config(run_dir, cfg, argv, rank=0)
-    paths = write_results(result, run_dir, opts.results, stem=f"bench_{name}",
-                          title=f"Component Benchmark: {name}", color_by=opts.color_by)
+    with earlier_run_set_aside(run_dir, stderr_line):
+        try:
+            result = run_bench(component, opts, out_dir=run_dir)
+        except ValueError as err:  # the model's forward failed: its own line, not its traceback
+            fail(str(err))
+        write_run_config(run_dir, cfg, argv, rank=0)
+        paths = write_results(result, run_dir, opts.results, stem=f"bench_{name}",
+                              title=f"Component Benchmark: {name}", color_by=opts.color_by)
     for p in paths:
         print(p)
     return 0

@@ -1,8 +1,11 @@
 """Built-in result plugins: table (CSV, JSON, Markdown), offline icicle HTML, TensorBoard scalars + table."""
 from __future__ import annotations
 
+import contextlib
+import shutil
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 from loka_trainer.bench.icicle import write_icicle
 from loka_trainer.bench.plugins import ResultPlugin
@@ -23,17 +26,55 @@ def earlier_outputs(run_dir: Path, *, dirs: Sequence[str] = BENCH_DIRS,
     return found + sorted({p for g in files for p in run_dir.glob(g) if p.is_file()})
 
 
-def set_aside_earlier_run(run_dir: Path) -> list[str]:
-    """Before a run writes into ``run_dir``: an earlier run's outputs (`earlier_outputs`) move to
-    ``<run_dir>/previous/<date>_<time>/``, as the trainer's run dir does, so traces and TensorBoard events of two
-    runs never mix. Nothing is deleted. Returns the line to log ([] when nothing was there)."""
+def stderr_line(line: str) -> None:
+    """``line`` on stderr (where the command line's notes go: stdout lists the files written)."""
+    print(line, file=sys.stderr)
+
+
+def _names(paths: Sequence[Path]) -> str:
+    return ", ".join(p.name for p in paths)
+
+
+def restore_earlier_run(run_dir: Path, dest: Path) -> list[str]:
+    """After a run into ``run_dir`` failed: the outputs set aside in ``dest`` move back into ``run_dir``; whatever
+    the failed run had written of its own (`earlier_outputs`) moves to a new ``previous/`` folder first (nothing is
+    deleted). ``dest`` is removed, and ``previous/`` too when that leaves it empty. Returns the lines to log ([] when
+    the failed run had written nothing)."""
+    from loka_trainer.resume import move_to_previous  # noqa: PLC0415 -- the checkpoint stack, for this only
+
+    lines = []
+    if partial := earlier_outputs(run_dir):
+        aside = move_to_previous(run_dir, partial)
+        lines.append(f"the failed run's outputs ({_names(partial)}) were moved to {aside}")
+    for path in sorted(dest.iterdir()):
+        shutil.move(str(path), str(run_dir / path.name))
+    dest.rmdir()
+    if not any(dest.parent.iterdir()):
+        dest.parent.rmdir()
+    return lines
+
+
+@contextlib.contextmanager
+def earlier_run_set_aside(run_dir: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """Around a run that writes into ``run_dir``: an earlier run's outputs (`earlier_outputs`) wait in
+    ``<run_dir>/previous/<date>_<time>/``, as the trainer's run dir does, so two runs' traces and TensorBoard events
+    never mix, and stay there once the run returns (``log`` gets the line saying where). When the run raises, they
+    move back (`restore_earlier_run`): a failed rerun leaves the earlier results where they were. Nothing is
+    deleted, and nothing is moved or logged when ``run_dir`` holds no earlier outputs."""
     from loka_trainer.resume import move_to_previous  # noqa: PLC0415 -- the checkpoint stack, for this only
 
     outputs = earlier_outputs(run_dir)
     if not outputs:
-        return []
+        yield
+        return
     dest = move_to_previous(run_dir, outputs)
-    return [f"the earlier run's outputs ({', '.join(p.name for p in outputs)}) were moved to {dest}"]
+    try:
+        yield
+    except BaseException:
+        for line in restore_earlier_run(run_dir, dest):
+            log(line)
+        raise
+    log(f"the earlier run's outputs ({_names(outputs)}) were moved to {dest}")
 
 
 class _Named(ResultPlugin):

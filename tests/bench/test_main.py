@@ -158,3 +158,18 @@ def test_cli_rerun_moves_the_earlier_runs_traces_and_tables_aside(conf_dir, tmp_
     assert (dest / "bench_mlp_tree.csv").read_text() == "old\n"
     assert sorted(p.name for p in (out / "traces").iterdir()) == ["model", "model.head", "model.left", "model.right"]
     assert (out / "bench_mlp_tree.csv").read_text().startswith("component_name,")
+
+
+def test_cli_a_rerun_that_fails_leaves_the_earlier_runs_outputs_where_they_were(conf_dir, tmp_path):
+    out = tmp_path / "run"
+    (out / "traces" / "model.0").mkdir(parents=True)
+    (out / "traces" / "model.0" / "old.pt.trace.json").write_text("{}")
+    (out / "bench_mlp_tree.csv").write_text("good\n")
+    proc = _run(conf_dir, "bench.provider=factory", "bench.factory=tests.bench.user_modules:forward_raises",
+                f"hydra.run.dir={out}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: the model's forward failed on the provider's input"), line
+    assert (out / "bench_mlp_tree.csv").read_text() == "good\n"
+    assert (out / "traces" / "model.0" / "old.pt.trace.json").read_text() == "{}"
+    assert sorted(p.name for p in out.iterdir()) == ["bench_mlp_tree.csv", "traces"]

@@ -77,16 +77,41 @@ def _earlier_run(run_dir: Path) -> list[str]:
 
 
 def test_an_earlier_runs_outputs_move_to_previous_and_nothing_is_deleted(tmp_path):
-    from loka_trainer.bench.results import set_aside_earlier_run
+    from loka_trainer.bench.results import earlier_run_set_aside
 
-    files = _earlier_run(tmp_path)
-    [line] = set_aside_earlier_run(tmp_path)
-    [dest] = (tmp_path / "previous").iterdir()
-    assert line == (f"the earlier run's outputs (.hydra, traces, memory_snapshots, tensorboard, bench_dlrm.csv, "
-                    f"bench_dlrm.json, bench_dlrm.md, bench_dlrm_icicle.html) were moved to {dest}")
+    files, lines = _earlier_run(tmp_path), []
+    with earlier_run_set_aside(tmp_path, lines.append):
+        [dest] = (tmp_path / "previous").iterdir()
+        assert not (tmp_path / "traces").exists()  # the run writes its traces into an empty folder
+        (tmp_path / "bench_dlrm.csv").write_text("new")
+    assert lines == [f"the earlier run's outputs (.hydra, traces, memory_snapshots, tensorboard, bench_dlrm.csv, "
+                     f"bench_dlrm.json, bench_dlrm.md, bench_dlrm_icicle.html) were moved to {dest}"]
     for name in files[:-1]:
-        assert (dest / name).read_text() == name and not (tmp_path / name).exists()
+        assert (dest / name).read_text() == name
+    assert (tmp_path / "bench_dlrm.csv").read_text() == "new"
     assert (tmp_path / "notes.txt").read_text() == "notes.txt"  # not the benchmark's: stays
-    assert set_aside_earlier_run(tmp_path) == []  # nothing left to move: no empty folder, no line
-    assert len(list((tmp_path / "previous").iterdir())) == 1
-    assert set_aside_earlier_run(tmp_path / "new") == [] and not (tmp_path / "new").exists()
+    lines.clear()
+    with earlier_run_set_aside(tmp_path / "new", lines.append):
+        pass
+    assert lines == [] and not (tmp_path / "new").exists()
+
+
+def test_a_failed_rerun_leaves_the_earlier_outputs_where_they_were(tmp_path):
+    from loka_trainer.bench.results import earlier_run_set_aside
+
+    files, lines = _earlier_run(tmp_path), []
+    with pytest.raises(RuntimeError, match="boom"), earlier_run_set_aside(tmp_path, lines.append):
+        (tmp_path / "traces" / "model.1").mkdir(parents=True)
+        (tmp_path / "traces" / "model.1" / "half.pt.trace.json").write_text("half")
+        raise RuntimeError("boom")
+    for name in files:
+        assert (tmp_path / name).read_text() == name
+    assert not (tmp_path / "traces" / "model.1").exists()
+    [aside] = (tmp_path / "previous").iterdir()  # the failed run's partial traces, kept
+    assert (aside / "traces" / "model.1" / "half.pt.trace.json").read_text() == "half"
+    assert lines == [f"the failed run's outputs (traces) were moved to {aside}"]
+    with pytest.raises(KeyboardInterrupt), earlier_run_set_aside(tmp_path, lines.append):
+        raise KeyboardInterrupt
+    assert [p.name for p in (tmp_path / "previous").iterdir()] == [aside.name]  # nothing written: no folder left
+    for name in files:
+        assert (tmp_path / name).read_text() == name
