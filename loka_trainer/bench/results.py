@@ -13,9 +13,10 @@ from loka_trainer.bench.table import NUMERIC_COLUMNS, markdown_table, rows, writ
 from loka_trainer.bench.tree import BenchResult
 
 # What a run writes into its run dir: the run config, the profilers' folders, TensorBoard's and the result files
-# (``bench_<name>`` + the suffix of each table / icicle writer).
+# (``bench_<name>`` from the command line, ``bench`` from `write_results`, + the suffix of each table / icicle writer).
 BENCH_DIRS = (".hydra", "traces", "memory_snapshots", "tensorboard")
-BENCH_FILES = ("bench_*.csv", "bench_*.json", "bench_*.md", "bench_*_icicle.html")
+BENCH_FILES = ("bench.csv", "bench.json", "bench.md", "bench_icicle.html",
+               "bench_*.csv", "bench_*.json", "bench_*.md", "bench_*_icicle.html")
 
 
 def earlier_outputs(run_dir: Path, *, dirs: Sequence[str] = BENCH_DIRS,

@@ -6,7 +6,7 @@ import fnmatch
 import os
 import warnings
 from pathlib import Path
-from typing import ContextManager, Optional, Sequence, Union
+from typing import Callable, ContextManager, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -17,6 +17,7 @@ from loka_trainer.bench.options import BenchOptions
 from loka_trainer.bench.plugins import Component, Job, Preprocessor, Profiler, RunContext, make
 from loka_trainer.bench.preprocessors import BatchReplicate, Precision, compute_dtype
 from loka_trainer.bench.profilers import PROFILERS, judge
+from loka_trainer.bench.results import earlier_run_set_aside, stderr_line
 from loka_trainer.bench.tree import (CONTAINERS, BenchResult, ModuleInputs, Node, all_paths, build_nodes,
                                      capture_inputs, check_globs, module_paths, walk)
 from loka_trainer.globs import unmatched
@@ -172,10 +173,14 @@ def _captured_inputs(component: Component, entries: list[tuple[str, nn.Module, i
 
 def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Union[str, os.PathLike]] = None,
               preprocessors: Optional[Sequence[Preprocessor]] = None,
-              profilers: Optional[Sequence[Profiler]] = None) -> BenchResult:
+              profilers: Optional[Sequence[Profiler]] = None,
+              log: Callable[[str], None] = stderr_line) -> BenchResult:
     """Profile every submodule of ``component.model`` down to ``opts.depth``; returns the result tree.
 
-    ``out_dir`` (a str or path): where the traces and memory snapshots go, when switched on.
+    ``out_dir`` (a str or path): this run's folder, where the traces and memory snapshots go, when switched on.
+    An earlier run's outputs there (traces, snapshots, result tables) move to ``out_dir/previous/<date>_<time>/``
+    for this run, as the command line does (`earlier_run_set_aside`: ``log`` gets the line saying where), and move
+    back if it raises.
     ``preprocessors`` / ``profilers`` default to those named in ``opts``; pass instances to add your own.
     A ``bench.include`` / ``bench.exclude`` glob that names no submodule, a timer this device lacks, or a model
     whose forward raises on ``component.inputs`` is a ValueError.
@@ -190,7 +195,8 @@ def run_bench(component: Component, opts: BenchOptions, *, out_dir: Optional[Uni
     entries = walk(component.model, max_depth=opts.depth, root_name=opts.root_name, exclude=opts.exclude)
     nodes = build_nodes(entries, include=opts.include, paths_of=all_paths(component.model, opts.root_name))
     modules = {path: module for path, module, _ in entries}
-    with device_scope(device):
+    set_aside = contextlib.nullcontext() if out_dir is None else earlier_run_set_aside(Path(out_dir), log)
+    with set_aside, device_scope(device):
         captured = _captured_inputs(component, entries)
         for node in tqdm(list(nodes.values()), desc="bench", unit="module", disable=not opts.progress):
             if node.status == "estimated":

@@ -66,10 +66,11 @@ def test_icicle_renders_in_headless_chromium(nanogpt_result, tmp_path):
 
 
 def _earlier_run(run_dir: Path) -> list[str]:
-    """Files an earlier benchmark run leaves in ``run_dir``, and one of the user's; their relative paths."""
+    """Files an earlier benchmark run leaves in ``run_dir`` (command line and `write_results`), then two of the
+    user's; their relative paths."""
     files = [".hydra/config.yaml", "traces/model.0/host_1.pt.trace.json", "memory_snapshots/model/snapshot.pickle",
              "tensorboard/events.out.tfevents.1", "bench_dlrm.csv", "bench_dlrm.json", "bench_dlrm.md",
-             "bench_dlrm_icicle.html", "notes.txt"]
+             "bench_dlrm_icicle.html", "bench.csv", "bench_icicle.html", "bench_notes.txt", "notes.txt"]
     for name in files:
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / name).write_text(name)
@@ -84,12 +85,14 @@ def test_an_earlier_runs_outputs_move_to_previous_and_nothing_is_deleted(tmp_pat
         [dest] = (tmp_path / "previous").iterdir()
         assert not (tmp_path / "traces").exists()  # the run writes its traces into an empty folder
         (tmp_path / "bench_dlrm.csv").write_text("new")
-    assert lines == [f"the earlier run's outputs (.hydra, traces, memory_snapshots, tensorboard, bench_dlrm.csv, "
-                     f"bench_dlrm.json, bench_dlrm.md, bench_dlrm_icicle.html) were moved to {dest}"]
-    for name in files[:-1]:
+    assert lines == [f"the earlier run's outputs (.hydra, traces, memory_snapshots, tensorboard, bench.csv, "
+                     f"bench_dlrm.csv, bench_dlrm.json, bench_dlrm.md, bench_dlrm_icicle.html, bench_icicle.html) "
+                     f"were moved to {dest}"]
+    for name in files[:-2]:
         assert (dest / name).read_text() == name
     assert (tmp_path / "bench_dlrm.csv").read_text() == "new"
-    assert (tmp_path / "notes.txt").read_text() == "notes.txt"  # not the benchmark's: stays
+    for name in files[-2:]:  # not the benchmark's: stay
+        assert (tmp_path / name).read_text() == name
     lines.clear()
     with earlier_run_set_aside(tmp_path / "new", lines.append):
         pass

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from loka_trainer.bench import ExampleProvider, ModuleProvider, Profiler, run_bench
+from loka_trainer.bench import ExampleProvider, ModuleProvider, Profiler, run_bench, write_results
 from loka_trainer.bench.profilers import PROFILERS
 
 
@@ -111,6 +111,37 @@ def test_traces_go_to_an_out_dir_given_as_a_string(fast_opts, cpu, tmp_path):
     result = run_bench(component, opts, out_dir=str(tmp_path))
     assert all(n.status == "ok" for n in result.bfs()), [n.error for n in result.bfs()]
     assert list((tmp_path / "traces" / "model.0").glob("*.pt.trace.json"))
+
+
+def test_a_second_run_into_the_same_out_dir_sets_the_first_runs_traces_aside(fast_opts, cpu, tmp_path):
+    import dataclasses
+
+    opts = dataclasses.replace(fast_opts, trace=True, depth=1)
+    component = ModuleProvider(nn.Sequential(nn.Linear(4, 4)), torch.randn(2, 4)).get_component(cpu)
+    lines: list[str] = []
+    write_results(run_bench(component, opts, out_dir=tmp_path, log=lines.append), tmp_path, ["csv", "icicle"])
+    [first] = (tmp_path / "traces" / "model.0").glob("*.pt.trace.json")
+    assert lines == [] and not (tmp_path / "previous").exists()
+    run_bench(component, opts, out_dir=tmp_path, log=lines.append)
+    [dest] = (tmp_path / "previous").iterdir()
+    assert lines == [f"the earlier run's outputs (traces, bench.csv, bench_icicle.html) were moved to {dest}"]
+    assert (dest / "bench.csv").is_file() and not (tmp_path / "bench.csv").exists()
+    assert [p.name for p in (tmp_path / "traces" / "model.0").glob("*.pt.trace.json")] != [first.name]
+    assert len(list((tmp_path / "traces" / "model.0").glob("*.pt.trace.json"))) == 1  # this run's trace only
+    assert (dest / "traces" / "model.0" / first.name).is_file()
+
+
+def test_a_run_that_fails_leaves_the_earlier_runs_outputs_in_the_out_dir(fast_opts, cpu, tmp_path):
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("broken")
+
+    (tmp_path / "traces" / "model.0").mkdir(parents=True)
+    (tmp_path / "bench.csv").write_text("good\n")
+    with pytest.raises(ValueError, match="forward failed"):
+        run_bench(ModuleProvider(Broken(), torch.randn(2, 4)).get_component(cpu), fast_opts, out_dir=tmp_path)
+    assert (tmp_path / "bench.csv").read_text() == "good\n" and (tmp_path / "traces" / "model.0").is_dir()
+    assert not (tmp_path / "previous").exists()
 
 
 def test_memory_snapshots_off_cuda_leave_no_empty_folders(fast_opts, cpu, tmp_path):
