@@ -6,8 +6,8 @@ start ranks and train.
 
 Order, so that nothing in the run directory is overwritten before the resume decision (`loka_trainer.resume`):
 config -> resume decision (every rank reads the same files; no checkpoint usable: exit 2; a resumed LoKA run
-loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing; each rank's saved data position
-must fit the data settings and its Probe statistics ``callbacks.probe``) -> a fresh start moves
+loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing; every rank's saved data position
+must fit the data settings and its Probe statistics ``callbacks.probe``, checked on each rank) -> a fresh start moves
 an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
 `.hydra/` -> train. Exit status: 2 for a bad config, an unusable checkpoint or a failed save, 3 for a non-finite loss or
 gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0). 128 + N after
@@ -83,7 +83,7 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
     if start.checkpoint is not None and run.precision.dispatch:
         run, plan_note = _with_resumed_plan(run, run_dir, start.checkpoint)
     if start.checkpoint is not None:
-        _check_rank_state(run, start.checkpoint, rank=rank, world_size=world_size)
+        _check_rank_states(run, start.checkpoint, world_size=world_size)
     notes = _set_aside_earlier_outputs(run, run_dir, ckpt_root) if rank == 0 and start.checkpoint is None else []
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank=rank)
@@ -139,30 +139,42 @@ def _set_aside_earlier_outputs(run, run_dir: Path, ckpt_root: Path) -> list[str]
     return notes
 
 
-def _check_rank_state(run, checkpoint: Path, *, rank: int, world_size: int) -> None:
-    """One ``error:`` line and exit 2, before anything is written (train.log included), when this rank's saved
-    state (its memory-mapped ``rankN.pt``) does not fit this run: a data position saved by a stream of other data
-    settings (`data_position_mismatch`), or Probe statistics that do not fit ``callbacks.probe``
-    (`callbacks.probe.check_saved_state`). A file that cannot be mapped is left to the checkpoint's load, which
-    names what is wrong; the data position is checked there again."""
+def _check_rank_states(run, checkpoint: Path, *, world_size: int) -> None:
+    """One ``error:`` line and exit 2 on every rank, before anything is written (train.log included), when the
+    saved state of any rank does not fit this run (`rank_state_mismatch`). Each rank checks every rank's file, so
+    all reach the same verdict without a process group (none is started yet) and rank 0 prints the line even when
+    only another rank's state is wrong."""
+    for rank in range(world_size):
+        if (mismatch := rank_state_mismatch(run, checkpoint, rank=rank, world_size=world_size)) is not None:
+            fail(mismatch)
+
+
+def rank_state_mismatch(run, checkpoint: Path, *, rank: int, world_size: int) -> Optional[str]:
+    """One line when ``rank``'s saved state (its memory-mapped ``rankN.pt`` in ``checkpoint``) does not fit this
+    run: a data position saved by a stream of other data settings (`data_position_mismatch`), or Probe statistics
+    that do not fit ``callbacks.probe`` (`callbacks.probe.check_saved_state`); the line names the rank when there
+    are several. None when it fits, or when the file cannot be mapped: the checkpoint's load names what is wrong
+    then, and checks the data position again."""
     from loka_trainer.callbacks.probe import ProbeCallback, check_saved_state  # lazy: imports torch
     from loka_trainer.checkpoint import load_rank_state, rank_file
 
     try:
         saved = load_rank_state(rank_file(checkpoint, rank), mmap=True)
     except CheckpointError:
-        return
+        return None
+    whose = f"rank {rank}: " if world_size > 1 else ""
     if (mismatch := data_position_mismatch(run.data, saved.get("train_stream"), rank=rank,
                                            world_size=world_size)) is not None:
-        fail(f"{checkpoint} does not fit this run ({mismatch}); nothing was changed: resume with its data settings, "
-             f"or set trainer.resume=false to start over")
+        return (f"{checkpoint} does not fit this run ({whose}{mismatch}); nothing was changed: resume with its data "
+                f"settings, or set trainer.resume=false to start over")
     callbacks = saved.get("callbacks", {})
     try:
         if run.callbacks.probe.enabled and ProbeCallback.__name__ in callbacks:  # the callback's state_key
             check_saved_state(callbacks[ProbeCallback.__name__], run.callbacks.probe, rank=rank)
     except (KeyError, ValueError, TypeError) as exc:
-        fail(f"{checkpoint} does not fit this run ({type(exc).__name__}: {exc}); nothing was changed: resume with "
-             f"its callbacks.probe settings, or set trainer.resume=false to start over")
+        return (f"{checkpoint} does not fit this run ({whose}{type(exc).__name__}: {exc}); nothing was changed: "
+                f"resume with its callbacks.probe settings, or set trainer.resume=false to start over")
+    return None
 
 
 def data_position_mismatch(data, position, *, rank: int, world_size: int) -> Optional[str]:

@@ -272,12 +272,14 @@ class Trainer:
 
     def restore(self, path: Path) -> int:
         """Collective: load the complete checkpoint `path` (chosen by `resume.plan_start`); returns its step.
-        `checkpoint.CheckpointError` (one line) when a file is refused or DCP cannot load it."""
+        `checkpoint.CheckpointError` (one line) when a file is refused or DCP cannot load it, and on every rank,
+        naming the first failing rank, when a rank's saved data position or callback state does not fit."""
         extra, local = ckpt.load_checkpoint(path, model=self.model, dense_optimizer=self.dense_optimizer,
                                             sparse_optimizer=self.sparse_optimizer, extra_template={"step": 0},
                                             rank=self.dist.rank)
         self.nonfinite.skipped_steps = self.state.skipped_steps = int(extra.get("skipped_steps", 0))
-        try:
+        rank, world_size, failure = self.dist.rank, self.dist.world_size, None
+        try:  # this rank's own state: no collective inside, the ranks agree on its outcome below
             self.streams.train.load_state_dict(local["train_stream"])
             for cb in self.callbacks.callbacks:
                 if cb.state_key in local["callbacks"]:
@@ -285,7 +287,10 @@ class Trainer:
             self.state.checkpoint_dir = path
             self.callbacks.fire("on_checkpoint_load", self.state)  # where a callback checks its state (the Probe)
         except (KeyError, ValueError, TypeError) as exc:
-            raise ckpt.CheckpointError(f"{path} does not fit this run ({type(exc).__name__}: {exc})") from None
+            whose = f"rank {rank}: " if world_size > 1 else ""
+            failure = f"{path} does not fit this run ({whose}{type(exc).__name__}: {exc})"
+        if (agreed := ckpt.agreed_failure(failure, rank=rank, world_size=world_size)) is not None:
+            raise ckpt.CheckpointError(agreed)  # on every rank, with the first failing rank's line
         self.train_iter = iter(self.streams.train)
         self.log(f"resumed from {path} at step {extra['step']}")
         return int(extra["step"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import SMALL, run_train
+from tests.launch import ROOT, SMALL, run_train
 
 COMMON = ["model=dlrm", "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.checkpoint_interval=2",
           "callbacks.tensorboard=false", *SMALL]
@@ -281,3 +281,71 @@ def test_a_fresh_run_moves_an_earlier_runs_stats_in_its_probe_out_dir_aside(tmp_
     run_train([*probed, f"hydra.run.dir={second}"])
     assert [p.name for p in (out / "previous").iterdir()] == [dest.name]  # a resume moves nothing
     assert "resumed from" in (second / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_data_position_that_fits_rank_0_but_not_rank_1_stops_every_rank_with_one_line(tmp_path):
+    """2 gloo ranks over a Criteo file that grew by a row after the checkpoint: rank 0's byte range is unchanged,
+    rank 1's ends later. Rank 0 prints the one error line naming rank 1 and nothing is written."""
+    from loka_trainer.data.config import DataConfig
+    from loka_trainer.data.criteo import criteo_identity
+    from tests.test_cli import criteo_lines
+
+    data, run_dir = tmp_path / "day.txt", tmp_path / "run"
+    data.write_text("".join(criteo_lines(1200)))
+    args = ["data=criteo", f"data.path={data}", "data.prefetch=0", "data.eval_batches=0", "trainer.steps=4",
+            "trainer.checkpoint_interval=2", "data.batch_size=64", "data.max_vocab_size=2000",
+            "callbacks.progress=false", "callbacks.tensorboard=false", f"hydra.run.dir={run_dir}"]
+    run_train([*args, "trainer.stop_after=2"], nproc=2)
+    cfg = DataConfig(name="criteo", path=str(data), eval_batches=0, batch_size=64, max_vocab_size=2000)
+    ranges = [criteo_identity(cfg, split="train", rank=r, world_size=2)["byte_range"] for r in range(2)]
+    with data.open("a") as f:
+        f.write(criteo_lines(1, seed=7)[0])
+    grown = [criteo_identity(cfg, split="train", rank=r, world_size=2)["byte_range"] for r in range(2)]
+    assert grown[0] == ranges[0] and grown[1] != ranges[1]  # the mismatch is rank 1's alone
+    before = _contents(run_dir)
+    proc = run_train(args, nproc=2, check=False, timeout=300)
+    assert proc.returncode != 0  # torchrun's own status: 1 once a rank exits 2
+    [line] = _error_lines(proc.stderr)
+    assert "step_000002 does not fit this run (rank 1: " in line and f"byte_range={ranges[1]}" in line, line
+    assert f'File "{ROOT / "train.py"}"' not in proc.stderr  # no rank's traceback (torchrun prints its own)
+    assert "exitcode: 2" in proc.stderr  # the first rank torchrun saw end left with the check's status
+    assert _contents(run_dir) == before
+
+
+def _restore_worker(rank: int, out_dir: str) -> None:
+    """Train 2 steps on 2 ranks, then restore that checkpoint into a trainer whose data seed differs on rank 1."""
+    import torch
+
+    from loka_trainer.checkpoint import CheckpointError
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+    from loka_trainer.sharding.dist import DistInfo
+    from loka_trainer.trainer import Trainer
+
+    register_schemas()
+    dist_info = DistInfo(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"), backend="gloo")
+
+    def trainer(*overrides: str) -> Trainer:
+        cfg, _ = compose_config("config", [*COMMON, "trainer.steps=2", *overrides])
+        return Trainer(to_run_config(cfg), run_dir=Path(out_dir), dist_info=dist_info)
+
+    trainer().fit(0)
+    resumed = trainer(f"data.seed={rank}")
+    try:
+        outcome = f"resumed at step {resumed.restore(Path(out_dir) / 'checkpoints' / 'step_000002')}"
+    except CheckpointError as exc:
+        outcome = str(exc)
+    (Path(out_dir) / f"outcome{rank}.txt").write_text(outcome)
+
+
+@pytest.mark.slow
+def test_a_restore_that_fails_on_rank_1_only_raises_rank_1s_line_on_every_rank(tmp_path):
+    """The load's own check of the data position, for what the check before start-up leaves to it: every rank
+    raises the same line, so rank 0 (the one that prints) stops too instead of training on alone."""
+    from tests.spawn import run_on_ranks
+
+    run_on_ranks(_restore_worker, 2, str(tmp_path))
+    outcomes = [(tmp_path / f"outcome{r}.txt").read_text() for r in range(2)]
+    assert outcomes[0] == outcomes[1], outcomes
+    assert "step_000002 does not fit this run (rank 1: ValueError: " in outcomes[0] and "seed=0" in outcomes[0]
