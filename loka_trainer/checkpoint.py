@@ -106,7 +106,8 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"{name} has {size} bytes, {MARKER} recorded {expected['bytes']}")
         if "sha256" in expected and _sha256(file) != expected["sha256"]:
             raise CheckpointError(f"{name} has {size} bytes as recorded but different content (SHA-256 mismatch)")
-    return {"step": step, "world_size": world_size, "files": files, "model": record.get("model")}
+    return {"step": step, "world_size": world_size, "files": files, "model": record.get("model"),
+            "precision": record.get("precision")}
 
 
 def rng_state() -> dict[str, Any]:
@@ -166,11 +167,13 @@ def _app_state(model: nn.Module, dense_optimizer: torch.optim.Optimizer, sparse_
 
 def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer: torch.optim.Optimizer,
                     sparse_optimizer: Any, extra: dict[str, Any], local: dict[str, Any], rank: int,
-                    world_size: int, model_identity: Optional[dict[str, Any]] = None) -> Path:
+                    world_size: int, model_identity: Optional[dict[str, Any]] = None,
+                    precision: Optional[dict[str, Any]] = None) -> Path:
     """Collective: every rank calls it. `extra` (JSON-able) must be identical on all ranks; `local` is this
     rank's own state (data position, callback state: tensors and plain containers); the RNG state is added.
     `model_identity` (JSON-able: the settings that decide the model's function) goes into the marker, where a
-    resume compares it before anything starts (`resume.plan_start`).
+    resume compares it before anything starts (`resume.plan_start`); `precision` (JSON-able:
+    `precision.precision_identity`) goes there too, for a resume to name a change of it (`resume.precision_change`).
 
     Order: DCP shards + ``.metadata`` -> every ``rankN.pt`` -> the ranks agree (`agreed_failure`, which also waits
     for every rank's file) -> rank 0 writes ``complete.json`` and points ``latest`` at it -> the ranks agree. A
@@ -193,7 +196,7 @@ def save_checkpoint(root: Path, step: int, *, model: nn.Module, dense_optimizer:
     if rank == 0:
         failure = _attempt(lambda: _write_marker(path, step=step, world_size=world_size,
                                                  shard_files=_shard_files(metadata, path),
-                                                 model_identity=model_identity),
+                                                 model_identity=model_identity, precision=precision),
                            path, rank=rank, world_size=world_size)
         failure = failure or _attempt(lambda: atomic_write_text(root / LATEST, path.name), path, rank=rank,
                                       world_size=world_size, complete=True)
@@ -341,13 +344,16 @@ def _shard_files(metadata: Any, path: Path) -> list[str]:
 
 
 def _write_marker(path: Path, *, step: int, world_size: int, shard_files: list[str],
-                  model_identity: Optional[dict[str, Any]] = None) -> None:
+                  model_identity: Optional[dict[str, Any]] = None, precision: Optional[dict[str, Any]] = None
+                  ) -> None:
     files: dict[str, dict[str, Any]] = {name: {"bytes": (path / name).stat().st_size} for name in shard_files}
     for name in (DCP_METADATA, *(rank_file(path, r).name for r in range(world_size))):
         files[name] = {"bytes": (path / name).stat().st_size, "sha256": _sha256(path / name)}
     record = {"format": MARKER_FORMAT, "step": step, "world_size": world_size, "files": files}
     if model_identity is not None:
         record["model"] = model_identity
+    if precision is not None:
+        record["precision"] = precision
     atomic_write_text(path / MARKER, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 

@@ -5,13 +5,14 @@ start ranks and train.
     torchrun --nproc_per_node=2 train.py model=wukong ...
 
 Order, so that nothing in the run directory is overwritten before the resume decision (`loka_trainer.resume`):
-config -> resume decision (every rank reads the same files; no checkpoint usable: exit 2; a resumed LoKA run
-loads its own Dispatch plan, `dispatch.reuse`, or stops when it is missing; every rank's saved data position
-must fit the data settings and its Probe statistics ``callbacks.probe``, checked on each rank) -> a fresh start moves
-an earlier run's outputs aside (rank 0) -> logging -> process group -> model -> load the checkpoint -> record
-`.hydra/` -> train. Exit status: 2 for a bad config, an unusable checkpoint or a failed save, 3 for a non-finite loss or
-gradient under ``trainer.nonfinite=error``; each with one ``error:`` line on stderr (rank 0). 128 + N after
-signal N (SIGTERM, SIGUSR1, SIGINT) stopped the run at a checkpoint (`loka_trainer.stop_signal`).
+config -> resume decision (every rank reads the same files; no checkpoint usable: exit 2; a resumed LoKA run loads
+its own Dispatch plan, `dispatch.reuse`, or stops when it is missing; a change of precision is named in one line,
+`resume.precision_change`; every rank's saved data position must fit the data settings and its Probe statistics
+``callbacks.probe``, checked on each rank) -> a fresh start moves an earlier run's outputs aside (rank 0) -> logging
+-> process group -> model -> load the checkpoint -> record `.hydra/` -> train. Exit status: 2 for a bad config, an
+unusable checkpoint or a failed save, 3 for a non-finite loss or gradient under ``trainer.nonfinite=error``; each
+with one ``error:`` line on stderr (rank 0). 128 + N after signal N (SIGTERM, SIGUSR1, SIGINT) stopped the run at a
+checkpoint (`loka_trainer.stop_signal`).
 """
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_
 from loka_trainer.config import build_small_model, check_plan_file, register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
 from loka_trainer.output_dirs import RunDirInUse, RunDirLock, unwritable_reason
-from loka_trainer.resume import (METRICS_FILE, SUMMARY_FILE, checkpoint_root, model_identity, nothing_left, plan_start,
-                                 prepare_resumed_run, set_aside_previous_run, set_aside_probe_outputs, summary_steps)
+from loka_trainer.precision import precision_identity
+from loka_trainer.resume import (METRICS_FILE, SUMMARY_FILE, StartPlan, checkpoint_root, model_identity, nothing_left,
+                                 plan_start, precision_change, prepare_resumed_run, set_aside_previous_run,
+                                 set_aside_probe_outputs, summary_steps)
 from loka_trainer.sharding.dist import init_distributed, launch_env, shutdown_distributed
 from loka_trainer.stop_signal import RunStopped
 
@@ -79,18 +82,20 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
         if rank == 0:
             print(complete)
         return
-    plan_note = None
+    plan_note = precision_note = None
     if start.checkpoint is not None and run.precision.dispatch:
-        run, plan_note = _with_resumed_plan(run, run_dir, start.checkpoint)
+        run, plan_note = _with_resumed_plan(run, run_dir, start)
     if start.checkpoint is not None:
         _check_rank_states(run, start.checkpoint, world_size=world_size)
+        precision_note = precision_change(start.precision, precision_identity(run.precision),
+                                          checkpoint=start.checkpoint)
     notes = _set_aside_earlier_outputs(run, run_dir, ckpt_root) if rank == 0 and start.checkpoint is None else []
     run_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(run_dir, rank=rank)
     logger = logging.getLogger("loka_trainer")
     for line in (start.warnings() if rank == 0 else []):
         logger.warning(line)
-    for line in notes + ([plan_note] if plan_note and rank == 0 else []):
+    for line in notes + ([note for note in (precision_note, plan_note) if note] if rank == 0 else []):
         logger.info(line)
     if start.checkpoint is None:
         write_run_config(run_dir, cfg, argv, rank=rank)
@@ -194,13 +199,15 @@ def data_position_mismatch(data, position, *, rank: int, world_size: int) -> Opt
     return identity_mismatch(identity, position)
 
 
-def _with_resumed_plan(run, run_dir: Path, checkpoint: Path):
-    """(``run`` whose ``precision.plan`` is the plan file the resumed run must load, a line to log); one
-    ``error:`` line and exit 2 when it cannot resume with the plan it was trained with (`dispatch.reuse`)."""
+def _with_resumed_plan(run, run_dir: Path, start: StartPlan):
+    """(``run`` whose ``precision.plan`` is the plan file the resumed run must load, None where Dispatch measures
+    one: the checkpoint was trained without it; a line to log); one ``error:`` line and exit 2 when it cannot
+    resume with the plan it was trained with (`dispatch.reuse`)."""
     from loka_trainer.dispatch.reuse import resumed_plan_file  # lazy: imports torch and the kernels
 
     try:
-        path, note = resumed_plan_file(run_dir, run.precision.plan, checkpoint=checkpoint)
+        path, note = resumed_plan_file(run_dir, run.precision.plan, checkpoint=start.checkpoint,
+                                       trained_with_dispatch=(start.precision or {}).get("dispatch"))
         resumed = dataclasses.replace(run, precision=dataclasses.replace(run.precision, plan=path))
         check_plan_file(resumed, build_small_model(resumed))  # a damaged or foreign plan, before any process group
     except ValueError as exc:

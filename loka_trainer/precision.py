@@ -14,8 +14,9 @@ Presets (``conf/precision/<name>.yaml``):
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
-from typing import Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -150,6 +151,18 @@ def runs_as(config: PrecisionConfig) -> tuple[str, str]:
     plain = "float32" if config.compute_dtype == "float32" else f"{config.compute_dtype} autocast"
     return (f"{plain} with the Mods" if config.mods else plain,
             f"precision.fp8_recipe=null, precision.dispatch=false, precision.compute_dtype={config.compute_dtype}")
+
+
+def precision_identity(config: PrecisionConfig) -> dict[str, Any]:
+    """What decides a run's numerics beside its model (`resume.model_identity` holds ``precision.mods``), as JSON:
+    the preset's ``name``, what it runs as (`runs_as`), whether Dispatch chooses its kernels (then its plan file
+    decides them: `dispatch.reuse` holds a resumed run to it) and ``settings``: the dense part's compute dtype and,
+    under a torchao recipe, which Linears it converts (``TORCHAO_READS``). A checkpoint records it; a resume under
+    another one is named in one line (`resume.precision_change`)."""
+    reads = sorted(TORCHAO_READS) if config.fp8_recipe is not None else []
+    settings = {f"precision.{name}": getattr(config, name) for name in ["compute_dtype", *reads]}
+    return json.loads(json.dumps({"name": config.name, "runs_as": runs_as(config)[0],
+                                  "dispatch": bool(config.dispatch), "settings": settings}))
 
 
 def not_as_named(config: PrecisionConfig) -> Optional[str]:

@@ -19,6 +19,8 @@ Rules (`docs/trainer.md`, "Run directory", states them for users):
   ``profile.json``, ``tensorboard/``, ``probe/``) into ``<run dir>/previous/<date>_<time>/`` and says so. Nothing
   is deleted. A Probe writing to its own ``callbacks.probe.out_dir`` has an earlier run's files there (``stats.pt``
   and its report) moved to ``<out_dir>/previous/<date>_<time>/`` the same way.
+- A checkpoint records its run's precision (``precision.precision_identity``); resuming it under another is
+  named in one line (`precision_change`), not refused: the checkpoint holds no state of its precision.
 - Resuming from step S keeps one series in ``metrics.jsonl``: records with ``step <= S`` stay, later ones
   (written after the checkpoint by the interrupted run; this run writes them again) are dropped, after the whole
   original file was copied to ``previous/<date>_<time>/metrics.jsonl``. Incomplete checkpoint directories newer
@@ -50,11 +52,14 @@ PROBE_OUTPUTS = ("stats.pt", "report.json", "report.md", "report.png")  # the Pr
 
 @dataclasses.dataclass(frozen=True)
 class StartPlan:
-    """The resume decision: `checkpoint` None means step 0; `skipped` = newer incomplete checkpoints and why."""
+    """The resume decision: `checkpoint` None means step 0; `skipped` = newer incomplete checkpoints and why;
+    `precision` = what the checkpoint records of its run's precision (`precision.precision_identity`; None when it
+    records none)."""
 
     checkpoint: Optional[Path]
     step: int
     skipped: tuple[tuple[Path, str], ...] = ()
+    precision: Optional[dict[str, Any]] = None
 
     def warnings(self) -> list[str]:
         return [f"warning: skipped checkpoint {path}: {reason}" for path, reason in self.skipped]
@@ -83,6 +88,30 @@ def identity_difference(saved: dict[str, Any], current: dict[str, Any], *, shown
     return "; ".join(parts) + (f"; and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
+def precision_change(saved: Optional[dict[str, Any]], current: dict[str, Any], *, checkpoint: Path
+                     ) -> Optional[str]:
+    """A line to log when a run resumes from ``checkpoint`` under another precision than the ``saved`` one it
+    records (both `precision.precision_identity`); None when they are the same, or the checkpoint records none.
+    Named, not refused: a checkpoint holds no state of its precision (parameters and optimizer state keep their own
+    dtype under every preset, with the same state_dict keys; FP8 casts and their scales are made afresh from them
+    at each step; the Probe's statistics are of the high-precision operands), so a switch (BF16 to FP8 after a
+    warm-up, FP8 back to BF16) is the user's to make. Settings are compared where both runs read them."""
+    if saved is None or saved == current:
+        return None
+    parts = []
+    if (saved.get("name"), saved.get("runs_as")) != (current["name"], current["runs_as"]):
+        parts.append(f"precision={saved.get('name')} ({saved.get('runs_as')}) there, precision={current['name']} "
+                     f"({current['runs_as']}) here")
+    shared = {k: v for k, v in saved.get("settings", {}).items() if k in current["settings"]}
+    if difference := identity_difference(shared, current["settings"]):
+        parts.append(difference)
+    if not parts:
+        return None
+    return (f"resuming from {checkpoint} under another precision than it was trained with: {'; '.join(parts)}; "
+            f"it holds no state of its precision (parameters and optimizer state in their own dtype, FP8 scales made "
+            f"afresh each step), so training continues from it under this run's")
+
+
 def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int,
                identity: Optional[dict[str, Any]] = None) -> StartPlan:
     """Decide where the run starts (reads only). `CheckpointError` when checkpoints exist and none is usable, or
@@ -108,7 +137,7 @@ def plan_start(checkpoint_root: Path, *, resume: bool, world_size: int,
                 raise CheckpointError(
                     f"checkpoint {path} was written for another model ({difference}); nothing was changed: resume "
                     f"with its settings, or set trainer.resume=false to start over")
-        return StartPlan(checkpoint=path, step=step, skipped=tuple(skipped))
+        return StartPlan(checkpoint=path, step=step, skipped=tuple(skipped), precision=record.get("precision"))
     if found:
         reasons = "; ".join(f"{p.name}: {r}" for p, r in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
         raise CheckpointError(
@@ -266,5 +295,5 @@ def _new_previous_dir(run_dir: Path) -> Path:
 
 
 __all__ = ["SUMMARY_FILE", "StartPlan", "checkpoint_root", "identity_difference", "model_identity",
-           "move_to_previous", "nothing_left", "plan_start", "prepare_resumed_run", "set_aside_previous_run",
-           "set_aside_probe_outputs", "summary_steps"]
+           "move_to_previous", "nothing_left", "plan_start", "precision_change", "prepare_resumed_run",
+           "set_aside_previous_run", "set_aside_probe_outputs", "summary_steps"]

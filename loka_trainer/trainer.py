@@ -32,6 +32,7 @@ from loka_trainer.data.batch import Batch
 from loka_trainer.dense_update import build_warmup, clip_gradients
 from loka_trainer.metrics import CTRMetrics
 from loka_trainer.nonfinite import NonFiniteError, NonFiniteGuard
+from loka_trainer.precision import precision_identity
 from loka_trainer.profiling.trace_split import phase_range
 from loka_trainer.resume import checkpoint_root, model_identity
 from loka_trainer.sharding.dist import DistInfo
@@ -265,7 +266,8 @@ class Trainer:
                                     local=local, rank=self.dist.rank, world_size=self.dist.world_size,
                                     model_identity=model_identity(
                                         self.run.model, loka_mods=self.run.precision.mods,
-                                        dense_optimizer=self.run.trainer.dense_optimizer))
+                                        dense_optimizer=self.run.trainer.dense_optimizer),
+                                    precision=precision_identity(self.run.precision))
         self.state.checkpoint_dir = path
         self.log(f"checkpoint: {path}")
         self.callbacks.fire("on_checkpoint_save", self.state)

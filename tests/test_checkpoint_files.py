@@ -339,6 +339,37 @@ def test_identity_difference_names_the_first_settings_and_counts_the_rest():
     assert identity_difference(saved, {"model": saved["model"]}) == "x=true there, \"(unset)\" here"
 
 
+def test_a_checkpoint_records_its_precision_and_a_resume_under_another_is_named_in_one_line(tmp_path):
+    from loka_trainer.precision import PrecisionConfig, precision_identity
+    from loka_trainer.resume import precision_change
+
+    def identity(**fields):
+        return precision_identity(PrecisionConfig(compute_dtype="bfloat16", **fields))
+
+    tensorwise = identity(name="fp8_tensorwise", fp8_recipe="tensorwise", exclude=["mlp.*"])
+    model = nn.Linear(4, 2)
+    ckpt.save_checkpoint(tmp_path, 2, model=model, dense_optimizer=torch.optim.Adam(model.parameters()),
+                         sparse_optimizer=None, extra={"step": 2}, local={}, rank=0, world_size=1,
+                         precision=tensorwise)
+    start = plan_start(tmp_path, resume=True, world_size=1)
+    assert start.precision == tensorwise
+    where = tmp_path / "step_000002"
+    assert precision_change(start.precision, tensorwise, checkpoint=where) is None
+    assert precision_change(None, identity(name="bf16"), checkpoint=where) is None  # recorded none: not compared
+    line = precision_change(start.precision, identity(name="bf16"), checkpoint=where)
+    assert line.startswith(f"resuming from {where} under another precision than it was trained with: "
+                           f"precision=fp8_tensorwise (torchao float8 tensorwise) there, precision=bf16 (bfloat16 "
+                           f"autocast) here; it holds no state of its precision"), line
+    assert "\n" not in line and "fp8_filter" not in line  # a setting only one of the runs reads is not compared
+    assert 'precision.fp8_filter="all" there, "auto" here' in precision_change(
+        start.precision, identity(name="fp8_tensorwise", fp8_recipe="tensorwise", exclude=["mlp.*"],
+                                  fp8_filter="auto"), checkpoint=where)
+    loka = identity(name="loka", mods=True, dispatch=True)
+    assert loka["dispatch"] and loka["runs_as"] == "LoKA Dispatch"
+    assert "precision=loka (bfloat16 autocast with the Mods) there, precision=loka (LoKA Dispatch) here" in (
+        precision_change(identity(name="loka", mods=True), loka, checkpoint=where))
+
+
 def test_summary_steps_is_the_step_a_run_directorys_summary_records(tmp_path):
     """A run is finished at its newest checkpoint only when summary.json was written at that step: a shorter run's
     summary (the run continued with a higher trainer.steps, killed after its last checkpoint) is not its end."""

@@ -349,3 +349,36 @@ def test_a_restore_that_fails_on_rank_1_only_raises_rank_1s_line_on_every_rank(t
     outcomes = [(tmp_path / f"outcome{r}.txt").read_text() for r in range(2)]
     assert outcomes[0] == outcomes[1], outcomes
     assert "step_000002 does not fit this run (rank 1: ValueError: " in outcomes[0] and "seed=0" in outcomes[0]
+
+
+@pytest.mark.slow
+def test_a_resume_under_another_precision_is_named_in_one_line_and_trains_on(stopped_run, tmp_path):
+    """The fp32 run's checkpoint continued under torchao's FP8 (2 Linears converted): it holds no state of its
+    precision, so the switch is the user's to make, named once in train.log; one metrics series."""
+    run_dir = _copy(stopped_run, tmp_path)
+    run_train([*COMMON, "trainer.steps=8", "precision=fp8_tensorwise", "precision.min_features=16",
+               f"hydra.run.dir={run_dir}"])
+    log = (run_dir / "train.log").read_text()
+    [line] = [x for x in log.splitlines() if "under another precision" in x]
+    assert (f"resuming from {run_dir / 'checkpoints' / 'step_000006'} under another precision than it was trained "
+            f"with: precision=fp32 (float32) there, precision=fp8_tensorwise (torchao float8 tensorwise) here") in line
+    assert "torchao float8 'tensorwise' on 2 Linear(s)" in log
+    assert [r["step"] for r in _records(run_dir) if "loss" in r] == list(range(1, 9))
+    marker = json.loads((run_dir / "checkpoints" / "step_000008" / "complete.json").read_text())
+    assert marker["precision"]["name"] == "fp8_tensorwise"
+
+
+@pytest.mark.slow
+def test_a_checkpoint_trained_without_dispatch_resumed_under_loka_measures_its_plan(tmp_path):
+    """BF16 + Mods (precision=loka precision.dispatch=false) continued as LoKA: no plan to keep to, so Dispatch
+    measures one and writes it (it used to stop asking to restore a plan the run never had)."""
+    run_dir = tmp_path / "run"
+    loka = [*COMMON, "precision=loka", "trainer.steps=4", f"hydra.run.dir={run_dir}"]
+    run_train([*loka, "precision.dispatch=false", "trainer.stop_after=2"])
+    run_train([*loka, "precision.timing_rounds=1", "precision.min_speedup=0.001", "precision.min_features=16"])
+    log = (run_dir / "train.log").read_text()
+    assert "precision=loka (bfloat16 autocast with the Mods) there, precision=loka (LoKA Dispatch) here" in log
+    assert (f"trained without Dispatch: Dispatch measures this run's plan now and writes it to "
+            f"{run_dir / 'dispatch_plan.json'}") in log
+    assert (run_dir / "dispatch_plan.json").is_file()
+    assert [r["step"] for r in _records(run_dir) if "loss" in r] == [1, 2, 3, 4]

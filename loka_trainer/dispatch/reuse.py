@@ -8,7 +8,9 @@ it came from. So on resume:
   and not rewritten.
 - ``precision.plan`` unset, the run's plan missing: the run stops with one line (exit 2) and changes nothing;
   measuring a new plan would silently change the numerics. Restore the file, name a plan with
-  ``precision.plan=FILE``, or start over with ``trainer.resume=false``.
+  ``precision.plan=FILE``, or start over with ``trainer.resume=false``. Unless the checkpoint records that it was
+  trained without Dispatch (``precision=bf16`` + Mods continued as ``precision=loka``): there is no plan to keep
+  to, so Dispatch measures one, as at a fresh start, and writes the run's plan that later resumes load.
 - ``precision.plan=FILE`` given: FILE must hold the same plan as the run's own (when that exists); a different
   one stops the run with one line. Without a run plan, FILE is used and copied into the run directory.
 """
@@ -29,11 +31,16 @@ def _content(path: Path, what: str) -> object:
                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-def resumed_plan_file(run_dir: Path, configured: Optional[str], *, checkpoint: Path) -> tuple[str, str]:
-    """(the plan file a run resumed from ``checkpoint`` loads, a line to log); ValueError (one line) when the run
-    cannot resume with the plan it was trained with."""
+def resumed_plan_file(run_dir: Path, configured: Optional[str], *, checkpoint: Path,
+                      trained_with_dispatch: Optional[bool] = None) -> tuple[Optional[str], str]:
+    """(the plan file a run resumed from ``checkpoint`` loads, None for a plan Dispatch measures now; a line to
+    log); ValueError (one line) when the run cannot resume with the plan it was trained with.
+    ``trained_with_dispatch``: what the checkpoint records (None: nothing, taken as trained with Dispatch)."""
     own = Path(run_dir) / PLAN_FILE
     if configured is None:
+        if trained_with_dispatch is False and not own.exists():
+            return None, (f"resuming from {checkpoint}, trained without Dispatch: Dispatch measures this run's plan "
+                          f"now and writes it to {own}, which later resumes reuse")
         if not own.is_file():
             state = "is not a file" if own.exists() else "is missing"
             raise ValueError(f"resuming from {checkpoint} needs the run's Dispatch plan {own}, which {state}; "

@@ -93,3 +93,16 @@ def test_resume_uses_the_runs_own_plan(tmp_path):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     assert resumed_plan_file(fresh, str(same), checkpoint=ckpt)[0] == str(same)  # no run plan: the named one
+
+
+def test_a_resume_of_a_checkpoint_trained_without_dispatch_measures_a_plan_and_one_trained_with_it_does_not(tmp_path):
+    ckpt = tmp_path / "checkpoints" / "step_000006"
+    path, note = resumed_plan_file(tmp_path, None, checkpoint=ckpt, trained_with_dispatch=False)
+    assert path is None and note == (f"resuming from {ckpt}, trained without Dispatch: Dispatch measures this run's "
+                                     f"plan now and writes it to {tmp_path / PLAN_FILE}, which later resumes reuse")
+    for recorded in (True, None):  # trained with Dispatch, or a checkpoint that does not say: its plan is missing
+        with pytest.raises(ValueError, match="needs the run's Dispatch plan"):
+            resumed_plan_file(tmp_path, None, checkpoint=ckpt, trained_with_dispatch=recorded)
+    (tmp_path / PLAN_FILE).write_text(HAND_PLAN)  # an earlier Dispatch phase's plan: reused, not re-measured
+    assert resumed_plan_file(tmp_path, None, checkpoint=ckpt, trained_with_dispatch=False)[0] == str(
+        tmp_path / PLAN_FILE)
