@@ -140,7 +140,10 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[Di
             typed_config(cfg, validate)
             if (reason := unwritable_reason(out_dir)) is not None:  # Hydra would fail creating it, in a traceback
                 fail(f"hydra.{'sweep' if args.multirun else 'run'}.dir: cannot write to {out_dir} ({reason})")
-        if (ckpt := OmegaConf.select(cfg, "trainer.checkpoint_dir")) is not None and args.multirun:
+        ckpt = OmegaConf.select(cfg, "trainer.checkpoint_dir")
+        if not showing and ckpt is not None and (reason := unwritable_reason(Path(ckpt))) is not None:
+            fail(f"trainer.checkpoint_dir: cannot write to {ckpt} ({reason})")  # before Hydra makes the run dir
+        if ckpt is not None and args.multirun:
             if (other := checkpoint_dirs.setdefault(os.path.abspath(ckpt), point)) is not point:
                 first, second = ([o for o in a if o not in b] for a, b in ((other, point), (point, other)))
                 fail(f"trainer.checkpoint_dir={ckpt} is shared by the sweep points {' '.join(first)} and "

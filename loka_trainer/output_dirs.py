@@ -1,16 +1,19 @@
-"""Whether a run can write where it is told to, checked before it starts (creating nothing), and the lock that
-keeps a second run out of a run directory in use."""
+"""Whether a run can write where it is told to, checked before it starts (leaving nothing behind), and the lock
+that keeps a second run out of a run directory in use."""
 from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 from pathlib import Path
 from typing import Optional
 
 
 def unwritable_reason(path: Path) -> Optional[str]:
-    """None when ``path`` is a writable directory or can be made one (its nearest existing ancestor is a writable
-    directory); else why not, in a few words. Reads only."""
+    """None when ``path`` is a writable directory or can be made one; else why not, in a few words.
+
+    Writable means a file can be created in ``path``'s nearest existing ancestor: one empty probe file is created
+    there and removed at once. Permission bits alone pass ``/proc`` and, for root, any read-only directory."""
     existing = Path(os.path.abspath(path))
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
@@ -18,6 +21,17 @@ def unwritable_reason(path: Path) -> Optional[str]:
         return f"{existing} is not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    return file_creation_failure(existing)
+
+
+def file_creation_failure(directory: Path) -> Optional[str]:
+    """None when an empty file can be created in the existing ``directory`` (it is removed at once); else why not."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".loka-write-check-")
+    except OSError as exc:
+        return f"cannot create a file in {directory}: {exc.strerror or exc}"
+    os.close(fd)
+    os.unlink(probe)
     return None
 
 

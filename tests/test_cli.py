@@ -177,6 +177,15 @@ def test_an_output_dir_that_cannot_be_written_is_one_line_before_training(tmp_pa
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_a_checkpoint_dir_where_no_file_can_be_created_is_refused_before_the_run_dir_exists(tmp_path):
+    """trainer.checkpoint_dir=/proc/x passed the permission bits (root), trained, and failed at the first save."""
+    args = [*TINY, "trainer.checkpoint_dir=/proc/loka_ckpt", f"hydra.run.dir={tmp_path}/run"]
+    _one_error_line(run_train(args, check=False, timeout=120), "trainer.checkpoint_dir: cannot write to "
+                    "/proc/loka_ckpt (cannot create a file in /proc: No such file or directory)")
+    assert not (tmp_path / "run").exists()
+
+
 def test_row_wise_embedding_sharding_is_offered_on_gpus_only():
     from loka_trainer.sharding.parallelize import embedding_sharding_types
 
