@@ -25,8 +25,9 @@ from loka_trainer.models.mods import LOKA_MODS, resolve_mods
 from loka_trainer.mods.modes import FORWARD_MODES
 from loka_trainer.nonfinite import NONFINITE_POLICIES
 from loka_trainer.precision import PrecisionConfig
-from loka_trainer.run_checks import (check_data_has_the_model_sequences, check_model_name, check_preset_names,
-                                     check_profiler_window, chosen_presets)
+from loka_trainer.run_checks import (available_host_memory, check_data_has_the_model_sequences, check_host_memory,
+                                     check_model_name, check_preset_names, check_profiler_window, chosen_presets,
+                                     local_ranks)
 from loka_trainer.sharding.config import ShardingConfig
 from loka_trainer.sharding.dist import launch_env, resolve_device
 
@@ -269,7 +270,8 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     """Typed objects from the composed config, each validated (one-line `ValueError` on the first bad field).
 
     Also checks what can be checked without a process group or data: unknown keys, the model's Mods, a plan
-    file and ``precision.exclude`` against the model, and that the Criteo eval slice holds a batch on every rank.
+    file and ``precision.exclude`` against the model, that the Criteo eval slice holds a batch on every rank, and
+    that the ids generated at once (and a CPU run's tables) fit in host memory.
     """
     check_known_keys(cfg)
     parts = {key: OmegaConf.to_object(cfg[key]) for key in ("model", "data", "precision", "sharding",
@@ -293,6 +295,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     check_single_rank_without_fsdp(run.sharding, world_size=launch_env()[1])
     device = resolve_device(run.trainer.device, local_rank=launch_env()[2])  # trainer.device=cuda needs a GPU
     check_embedding_sharding(run, device.type)
+    check_host_memory(run, device_type=device.type, local_ranks=local_ranks(), available=available_host_memory())
     model = build_small_model(run)  # the model's own config checks, and the shapes for the three below
     check_plan_file(run, model)
     check_exclude_globs(run, model)

@@ -1,8 +1,10 @@
 """Checks of a composed run config that span its groups (the model against the data, a preset against its name,
-the profiler window against the run): each raises a one-line ValueError before anything is built, or names in one
-line a setting nothing reads. ``config.to_run_config`` calls them."""
+the profiler window against the run, the data and tables against host memory): each raises a one-line ValueError
+before anything is built, or names in one line a setting nothing reads. ``config.to_run_config`` calls them."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from hydra.core.hydra_config import HydraConfig
@@ -11,6 +13,7 @@ from loka_trainer.models.configs import MODEL_CONFIGS, PRESETS_DIR
 
 if TYPE_CHECKING:
     from loka_trainer.config import RunConfig
+    from loka_trainer.data.config import DataConfig
 
 
 def preset_choice(group: str, name: str) -> str:
@@ -87,3 +90,89 @@ def check_profiler_window(run: RunConfig) -> None:
         raise ValueError(f"callbacks.profiler: steps {p.start_step}..{p.start_step + p.num_steps - 1} are not all "
                          f"inside the run (steps 0..{steps - 1}, trainer.steps={steps}); lower "
                          f"callbacks.profiler.start_step or num_steps")
+
+
+INDEX_BYTES = 8  # an int64 id
+FLOAT_BYTES = 4  # a float32 embedding-table entry
+GIB = 2**30
+
+
+def ids_at_once(data: DataConfig) -> tuple[int, int]:
+    """(rows, sparse ids) that one rank generates or reads in one go: a batch, or the synthetic source's teacher
+    calibration sample when that is larger (it is drawn when the source starts); ids = rows x num_sparse x
+    multi_hot (behaviour-sequence ids come on top)."""
+    rows = data.batch_size
+    if data.name == "synthetic":
+        from loka_trainer.data.synthetic import CALIBRATION_ROWS  # noqa: PLC0415 -- lazy: TorchRec
+
+        rows = max(rows, CALIBRATION_ROWS)
+    return rows, rows * data.num_sparse * data.multi_hot
+
+
+def host_bytes_per_id(data: DataConfig) -> int:
+    """A lower bound of the host bytes each of those ids costs at the peak. Synthetic: float64 uniforms, int64 ranks
+    and ids, and the teacher's hashed (N, D) float32 vectors with their int64 hashes, D = ``data.teacher_latent_dim``,
+    measured (peak RSS, multi_hot 10..40, D 1..32) as about 50 + 32 D bytes; the bound takes 32 + 24 D, so that
+    only a run that clearly cannot fit is refused. Criteo: the id's int64 index alone."""
+    return 32 + 24 * data.teacher_latent_dim if data.name == "synthetic" else INDEX_BYTES
+
+
+def cpu_table_bytes(run: RunConfig, device_type: str) -> int:
+    """The float32 embedding tables (every rank's shards together) when they live in host memory (a CPU run);
+    0 on a GPU."""
+    if device_type != "cpu":
+        return 0
+    from loka_trainer.data import data_schema  # noqa: PLC0415 -- lazy: TorchRec
+
+    schema = data_schema(run.data)
+    rows = sum(schema.sparse_vocab_sizes) + sum(schema.sequence_vocab_sizes)
+    return rows * run.model.embedding_dim * FLOAT_BYTES
+
+
+def check_host_memory(run: RunConfig, *, device_type: str, local_ranks: int, available: Optional[int]) -> None:
+    """A lower bound of the run's host memory (``local_ranks`` ranks on this host, each generating its largest batch
+    of ids, plus the tables of a CPU run) fits in ``available`` bytes (None: unknown, nothing is checked); else the
+    run would be killed for memory once its data starts (``data.multi_hot=1000`` at the defaults: over 40 GiB)."""
+    if available is None:
+        return
+    data = run.data
+    rows, ids = ids_at_once(data)
+    per_rank = ids * host_bytes_per_id(data)
+    tables = cpu_table_bytes(run, device_type)
+    need = local_ranks * per_rank + tables
+    if need <= available:
+        return
+    if tables > local_ranks * per_rank:
+        lower = "data.max_vocab_size, data.sequence_vocab_size or model.embedding_dim"
+    elif data.name == "criteo":
+        lower = "data.batch_size"
+    else:
+        lower = f"data.multi_hot, data.num_sparse{', data.batch_size' * (rows == data.batch_size)} or " \
+                f"data.teacher_latent_dim"
+    raise ValueError(f"host memory: this run needs at least {need / GIB:.1f} GiB but {available / GIB:.1f} GiB is "
+                     f"available ({local_ranks} rank(s) x {per_rank / GIB:.1f} GiB for {ids} ids generated at once: "
+                     f"{rows} rows x data.num_sparse={data.num_sparse} x data.multi_hot={data.multi_hot}; embedding "
+                     f"tables in host memory: {tables / GIB:.1f} GiB); lower {lower}")
+
+
+def available_host_memory(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> Optional[int]:
+    """Bytes this process may take at most: ``MemAvailable`` of ``/proc/meminfo``, capped by its cgroup's memory
+    limit (v2 ``memory.max``, v1 ``memory/memory.limit_in_bytes``; their usage counts page cache the kernel can
+    drop, so it is not subtracted); None where neither is read."""
+    found = []
+    try:
+        meminfo = (proc / "meminfo").read_text()
+        found += [int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit in ("memory.max", "memory/memory.limit_in_bytes"):
+        try:
+            found.append(int((cgroup / limit).read_text()))
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            pass
+    return min(found) if found else None
+
+
+def local_ranks() -> int:
+    """Ranks on this host: torchrun's ``LOCAL_WORLD_SIZE``, 1 for a plain process."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))

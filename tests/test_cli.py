@@ -186,6 +186,14 @@ def test_a_checkpoint_dir_where_no_file_can_be_created_is_refused_before_the_run
     assert not (tmp_path / "run").exists()
 
 
+def test_ids_that_cannot_fit_in_host_memory_are_one_line_before_the_run_dir_exists(tmp_path):
+    """data.multi_hot=1000 ran out of memory drawing the synthetic teacher's sample, after .hydra/ was written."""
+    args = [*TINY, "data.multi_hot=1000000", f"hydra.run.dir={tmp_path}/run"]
+    _one_error_line(run_train(args, check=False, timeout=120), "host memory: this run needs at least",
+                    "lower data.multi_hot")
+    assert not (tmp_path / "run").exists()
+
+
 def test_row_wise_embedding_sharding_is_offered_on_gpus_only():
     from loka_trainer.sharding.parallelize import embedding_sharding_types
 

@@ -132,3 +132,73 @@ def test_a_preset_whose_defining_setting_is_overridden_away_is_named_in_train_lo
         logged: list[str] = []
         apply_precision(torch.nn.Sequential(torch.nn.Linear(32, 32)), config=config, device="cpu", log=logged.append)
         assert (named in logged) == (line is not None), logged
+
+
+def _memory_run(device_model=None, **data):
+    from loka_trainer.data.config import DataConfig
+    from loka_trainer.models.configs import DLRMConfig
+
+    return argparse.Namespace(data=DataConfig(**data), model=device_model or DLRMConfig(embedding_dim=16))
+
+
+def test_a_batch_whose_ids_cannot_fit_in_host_memory_is_refused_naming_what_to_lower():
+    """data.multi_hot=1000 at the defaults ran out of memory drawing the teacher's calibration sample, after the
+    run had started writing its directory."""
+    from loka_trainer.run_checks import check_host_memory
+
+    with pytest.raises(ValueError) as err:
+        check_host_memory(_memory_run(multi_hot=1000), device_type="cpu", local_ranks=1, available=32 * 2**30)
+    assert str(err.value).startswith("host memory: this run needs at least 44.5 GiB but 32.0 GiB is available "
+                                     "(1 rank(s) x 44.4 GiB for 212992000 ids generated at once: 8192 rows x "
+                                     "data.num_sparse=26 x data.multi_hot=1000;"), str(err.value)
+    assert str(err.value).endswith("lower data.multi_hot, data.num_sparse or data.teacher_latent_dim")
+    check_host_memory(_memory_run(multi_hot=1000), device_type="cpu", local_ranks=1, available=None)
+    check_host_memory(_memory_run(multi_hot=1), device_type="cpu", local_ranks=1, available=2**30)
+    with pytest.raises(ValueError, match="or data.teacher_latent_dim$"):  # every rank on the host draws its own
+        check_host_memory(_memory_run(multi_hot=20), device_type="cpu", local_ranks=8, available=6 * 2**30)
+    check_host_memory(_memory_run(multi_hot=20), device_type="cpu", local_ranks=1, available=6 * 2**30)
+    with pytest.raises(ValueError, match=", data.batch_size or"):  # batches larger than the calibration sample
+        check_host_memory(_memory_run(batch_size=2**20), device_type="cuda", local_ranks=1, available=4 * 2**30)
+
+
+def test_embedding_tables_count_in_host_memory_on_the_cpu_only():
+    from loka_trainer.run_checks import check_host_memory
+
+    run = _memory_run(num_sequences=2, sequence_vocab_size=2**31 - 1)
+    with pytest.raises(ValueError, match="embedding tables in host memory: 256.1 GiB.*lower data.max_vocab_size"):
+        check_host_memory(run, device_type="cpu", local_ranks=1, available=64 * 2**30)
+    check_host_memory(run, device_type="cuda", local_ranks=1, available=64 * 2**30)
+
+
+def test_the_host_memory_bound_is_below_what_the_synthetic_source_takes():
+    """The bound refuses only runs that clearly cannot fit: the source's measured peak stays above it."""
+    import subprocess
+    import sys
+
+    from loka_trainer.data.config import DataConfig
+    from loka_trainer.run_checks import host_bytes_per_id, ids_at_once
+
+    code = ("import resource; from loka_trainer.data.config import DataConfig; "
+            "from loka_trainer.data.synthetic import SyntheticSource; "
+            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024; before = peak(); "
+            "SyntheticSource(DataConfig(multi_hot=20, teacher_latent_dim=4)).batch_at('train', 0); "
+            "print(peak() - before)")
+    taken = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               timeout=120).stdout.split()[-1])
+    data = DataConfig(multi_hot=20, teacher_latent_dim=4)
+    assert ids_at_once(data)[1] * host_bytes_per_id(data) < taken
+
+
+def test_available_host_memory_is_meminfo_capped_by_the_cgroup_limit(tmp_path):
+    from loka_trainer.run_checks import available_host_memory
+
+    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+    proc.mkdir()
+    (cgroup / "memory").mkdir(parents=True)
+    assert available_host_memory(proc, cgroup) is None
+    (proc / "meminfo").write_text("MemTotal:  8000000 kB\nMemAvailable:  4000000 kB\n")
+    assert available_host_memory(proc, cgroup) == 4_096_000_000
+    (cgroup / "memory.max").write_text("max\n")
+    assert available_host_memory(proc, cgroup) == 4_096_000_000
+    (cgroup / "memory" / "memory.limit_in_bytes").write_text("2000000000\n")
+    assert available_host_memory(proc, cgroup) == 2_000_000_000
