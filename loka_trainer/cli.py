@@ -16,7 +16,7 @@ import datetime
 import os
 import sys
 from pathlib import Path
-from typing import Callable, NoReturn, Optional, TypeVar
+from typing import Callable, NamedTuple, NoReturn, Optional, TypeVar
 
 import hydra
 from hydra import compose, initialize_config_dir
@@ -33,8 +33,10 @@ from loka_trainer.output_dirs import unwritable_reason
 # The configs ship inside the package; LOKA_CONF_DIR points at another tree of them (tests use a throwaway one).
 CONF_DIR = Path(os.environ.get("LOKA_CONF_DIR", Path(__file__).resolve().parent / "conf"))
 T = TypeVar("T")
-# job(config without its `hydra` node, resolved; run dir; this job's overrides)
-Job = Callable[[DictConfig, Path, list[str]], None]
+# job(config without its `hydra` node, resolved; run dir; this job's overrides; its Hydra choices, group -> option)
+Job = Callable[[DictConfig, Path, list[str], dict[str, str]], None]
+# validate(config, its Hydra choices): raises on a bad config
+Validate = Callable[[DictConfig, dict[str, str]], object]
 # Hydra flags that show something instead of running: the config is composed but not validated for a run.
 SHOW_FLAGS = ("help", "cfg", "info")
 
@@ -63,21 +65,35 @@ def fail(message: object) -> NoReturn:
     raise SystemExit(2)
 
 
-def compose_config(config_name: str, argv: list[str], *, multirun: bool = False) -> tuple[DictConfig, Path]:
-    """Compose `conf/<config_name>.yaml` + overrides; returns the config (without its `hydra` node) and run dir
-    (``multirun``: the sweep dir)."""
+class Composed(NamedTuple):
+    """A composed config (without its `hydra` node, resolved), its run dir, and the option Hydra chose in each
+    config group (``hydra.runtime.choices``: {"precision": "loka", ...}), which the config itself does not keep."""
+
+    cfg: DictConfig
+    run_dir: Path
+    choices: dict[str, str]
+
+
+def compose_config(config_name: str, argv: list[str], *, multirun: bool = False) -> Composed:
+    """Compose `conf/<config_name>.yaml` + overrides (``multirun``: the run dir is the sweep dir)."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=list(argv), return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)
         run_dir = Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)
+        choices = group_choices(cfg.hydra.runtime.choices)
         with open_dict(cfg):
             del cfg["hydra"]
         OmegaConf.resolve(cfg)
     except Exception as exc:  # Hydra raises several types; all are a bad command line here
         fail(exc)
-    return cfg, run_dir
+    return Composed(cfg, run_dir, choices)
+
+
+def group_choices(choices: DictConfig) -> dict[str, str]:
+    """Hydra's ``runtime.choices`` as a plain dict: config group -> chosen option (groups left empty omitted)."""
+    return {str(group): str(option) for group, option in choices.items() if option is not None}
 
 
 def typed_config(cfg: DictConfig, convert: Callable[[DictConfig], T]) -> T:
@@ -113,7 +129,7 @@ APP_CONFIGS = {"config": "train.py", "bench": "python -m loka_trainer.bench"}  #
 EXCLUSIVE_FLAGS = ("run", "multirun", "cfg", "info", "shell_completion")  # Hydra's: one at a time
 
 
-def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[DictConfig], object]) -> None:
+def preflight(config_name: str, args: argparse.Namespace, validate: Validate) -> None:
     """Compose (and, for a run, validate) every run the command line asks for; fail in one line otherwise."""
     modes = [flag for flag in EXCLUSIVE_FLAGS if getattr(args, flag)]
     if len(modes) > 1:  # Hydra raises this in a traceback
@@ -135,9 +151,10 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[Di
     showing = any(getattr(args, flag) for flag in SHOW_FLAGS)
     checkpoint_dirs: dict[str, list[str]] = {}  # an explicit trainer.checkpoint_dir -> the sweep point naming it
     for point in sweep_points(args.overrides, args.config_dir) if args.multirun else [args.overrides]:
-        cfg, out_dir = compose_config(args.config_name or config_name, [*search, *point], multirun=args.multirun)
+        cfg, out_dir, choices = compose_config(args.config_name or config_name, [*search, *point],
+                                               multirun=args.multirun)
         if not showing:
-            typed_config(cfg, validate)
+            typed_config(cfg, lambda composed: validate(composed, choices))
             if (reason := unwritable_reason(out_dir)) is not None:  # Hydra would fail creating it, in a traceback
                 fail(f"hydra.{'sweep' if args.multirun else 'run'}.dir: cannot write to {out_dir} ({reason})")
         ckpt = OmegaConf.select(cfg, "trainer.checkpoint_dir")
@@ -152,10 +169,10 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Callable[[Di
     GlobalHydra.instance().clear()
 
 
-def run_app(config_name: str, argv: list[str], job: Job, *, validate: Callable[[DictConfig], object]) -> None:
+def run_app(config_name: str, argv: list[str], job: Job, *, validate: Validate) -> None:
     """``train.py``'s command line: Hydra's flags and overrides, a pre-flight, then ``job`` once per run.
 
-    ``validate(cfg)`` raises on a bad config (it runs for every sweep point before the first run starts).
+    ``validate(cfg, choices)`` raises on a bad config (it runs for every sweep point before the first run starts).
     Under ``-m`` the runs follow one another in this process, each in ``<sweep dir>/<job number>``.
     """
     parser, args = parse_hydra_args(argv)
@@ -172,7 +189,8 @@ def run_app(config_name: str, argv: list[str], job: Job, *, validate: Callable[[
         # Relative paths in the config name files from where the command started, as the pre-flight read them;
         # every output goes to the run directory already, so ``hydra.job.chdir=true`` changes nothing else.
         os.chdir(hydra.utils.get_original_cwd())
-        job(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+        job(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task),
+            group_choices(hydra_cfg.runtime.choices))
 
     main = hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")(task)
     saved = sys.argv

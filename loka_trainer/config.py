@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 import torch
 from hydra.core.config_store import ConfigStore
@@ -266,8 +266,12 @@ def build_small_model(run: RunConfig) -> Any:
         return build_model(run.model, schema=schema, loka_mods=run.precision.mods)
 
 
-def to_run_config(cfg: DictConfig) -> RunConfig:
+def to_run_config(cfg: DictConfig, choices: Optional[Mapping[str, Any]] = None) -> RunConfig:
     """Typed objects from the composed config, each validated (one-line `ValueError` on the first bad field).
+
+    ``choices``: Hydra's ``hydra.runtime.choices`` of the composition that gave ``cfg`` (group -> option, e.g.
+    ``cli.compose_config(...).choices``): ``precision.name`` and ``sharding.name`` must stay their chosen preset's;
+    None checks no name against a preset.
 
     Also checks what can be checked without a process group or data: unknown keys, the model's Mods, a plan
     file and ``precision.exclude`` against the model, that the Criteo eval slice holds a batch on every rank, and
@@ -280,7 +284,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     for part in (run.data, run.precision, run.sharding, run.trainer, run.callbacks.profiler):
         part.validate()
     check_model_name(run.model)
-    check_preset_names(run, chosen_presets())
+    check_preset_names(run, chosen_presets(choices or {}))
     if hasattr(run.model, "validate"):
         run.model.validate()
     if hasattr(run.callbacks.probe, "validate"):

@@ -55,9 +55,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     run_app("config", parse_argv(argv), train_run, validate=to_run_config)
 
 
-def train_run(cfg: DictConfig, run_dir: Path, argv: list[str]) -> None:
-    """One run: ``cfg`` composed and resolved, ``argv`` its overrides (one sweep point's under ``-m``)."""
-    run = typed_config(cfg, to_run_config)  # every bad input fails here, before any process group or data
+def train_run(cfg: DictConfig, run_dir: Path, argv: list[str], choices: dict[str, str]) -> None:
+    """One run: ``cfg`` composed and resolved, ``argv`` its overrides (one sweep point's under ``-m``), ``choices``
+    the option Hydra chose in each config group."""
+    # every bad input fails here, before any process group or data
+    run = typed_config(cfg, lambda composed: to_run_config(composed, choices))
     rank, world_size, _ = launch_env()
     ckpt_root = checkpoint_root(run.trainer.checkpoint_dir, run_dir)
     if (reason := unwritable_reason(ckpt_root)) is not None:  # else it fails at the first save, after training

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from hydra.core.hydra_config import HydraConfig
 
 from loka_trainer.models.configs import MODEL_CONFIGS, PRESETS_DIR
 
@@ -36,12 +35,9 @@ def check_model_name(model: Any) -> None:
 LABEL_GROUPS = ("precision", "sharding")  # groups whose ``name`` only labels the run: the chosen preset's own
 
 
-def chosen_presets() -> dict[str, str]:
-    """``LABEL_GROUPS`` group -> the preset Hydra composed (``precision=loka``: {"precision": "loka"}), from the
-    config Hydra composed last; empty when Hydra composed none."""
-    if not HydraConfig.initialized():
-        return {}
-    choices = HydraConfig.get().runtime.choices
+def chosen_presets(choices: Mapping[str, Any]) -> dict[str, str]:
+    """``LABEL_GROUPS`` group -> its chosen preset (``precision=loka``: {"precision": "loka"}), from ``choices``,
+    Hydra's ``hydra.runtime.choices`` of the composition checked (group -> option)."""
     return {group: str(choices[group]) for group in LABEL_GROUPS if choices.get(group) is not None}
 
 

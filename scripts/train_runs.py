@@ -98,7 +98,8 @@ def checked_run_configs(runs: list[list[str]]) -> list:
     from loka_trainer.config import register_schemas, to_run_config
 
     register_schemas()
-    configs = [typed_config(compose_config("config", overrides)[0], to_run_config) for overrides in runs]
+    composed = [compose_config("config", overrides) for overrides in runs]
+    configs = [typed_config(cfg, lambda c, choices=choices: to_run_config(c, choices)) for cfg, _, choices in composed]
     GlobalHydra.instance().clear()
     return configs
 

@@ -58,7 +58,7 @@ def _worker(rank: int, out_dir: str) -> None:
     checkpoint = None
     # steps 1-8, stopped there; then a resumed run, twice as slow per step, trains 9-12
     for overrides, step_seconds in ((["trainer.steps=12", "trainer.stop_after=8"], 1.0), (["trainer.steps=12"], 2.0)):
-        cfg, _ = compose_config("config", [*SETTINGS, *overrides])
+        cfg = compose_config("config", [*SETTINGS, *overrides]).cfg
         clock = _clock(step_seconds)
         trainer_module.time = types.SimpleNamespace(perf_counter=clock.perf_counter)
         trainer = trainer_module.Trainer(to_run_config(cfg), run_dir=Path(out_dir), dist_info=dist_info,

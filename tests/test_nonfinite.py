@@ -99,7 +99,7 @@ def _worker(rank: int, out_dir: str, policy: str) -> None:
     from loka_trainer.trainer import Trainer
 
     register_schemas()
-    cfg, _ = compose_config("config", ["model=dlrm", *SMALL, "trainer.steps=5", "trainer.log_interval=1",
+    cfg, _, _ = compose_config("config", ["model=dlrm", *SMALL, "trainer.steps=5", "trainer.log_interval=1",
                                        "trainer.eval_interval=0", "trainer.checkpoint_interval=2",
                                        "callbacks.tensorboard=false", f"trainer.nonfinite={policy}"])
     run = to_run_config(cfg)

@@ -79,9 +79,29 @@ def test_a_precision_or_sharding_name_that_is_not_the_presets_own_is_refused(ove
     from loka_trainer.config import register_schemas, to_run_config
 
     register_schemas()
+    composed = compose_config("config", overrides)
     with pytest.raises(ValueError) as err:
-        to_run_config(compose_config("config", overrides)[0])
+        to_run_config(composed.cfg, composed.choices)
     assert message in str(err.value), str(err.value)
+
+
+def test_the_preset_name_check_reads_the_choices_of_the_config_it_checks():
+    """It read the choices of the config Hydra composed last: a precision=loka config checked after a precision=fp32
+    one was composed was refused (precision.name must stay 'fp32'), and a renamed one passed after a renaming
+    one."""
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+
+    register_schemas()
+    loka = compose_config("config", ["precision=loka"])
+    renamed = compose_config("config", ["precision=fp32", "precision.name=loka"])
+    assert to_run_config(loka.cfg, loka.choices).precision.name == "loka"
+    with pytest.raises(ValueError, match="precision.name must stay 'fp32' under precision=fp32"):
+        to_run_config(renamed.cfg, renamed.choices)
+    compose_config("config", ["precision=loka"])
+    with pytest.raises(ValueError, match="precision.name must stay 'fp32' under precision=fp32"):
+        to_run_config(renamed.cfg, renamed.choices)
+    assert to_run_config(renamed.cfg).precision.name == "loka"  # no choices: no name is checked against a preset
 
 
 def test_every_precision_variant_and_preset_composes_under_its_own_name():

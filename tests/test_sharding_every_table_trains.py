@@ -53,7 +53,7 @@ def _worker(rank: int, out_dir: str, overrides: list[str]) -> None:
     from loka_trainer.trainer import Trainer
 
     register_schemas()
-    cfg, _ = compose_config("config", [*overrides, *RUN])
+    cfg = compose_config("config", [*overrides, *RUN]).cfg
     snapshots: list[dict[str, torch.Tensor]] = []
 
     class Snapshot(Callback):

@@ -41,7 +41,8 @@ def compose(args: argparse.Namespace) -> tuple[DictConfig, Path]:
     from loka_trainer.cli import compose_config  # noqa: PLC0415
 
     search = [f"hydra.searchpath=[file://{os.path.abspath(args.config_dir)}]"] if args.config_dir else []
-    return compose_config(args.config_name or "bench", [*search, *args.overrides])
+    cfg, run_dir, _ = compose_config(args.config_name or "bench", [*search, *args.overrides])
+    return cfg, run_dir
 
 
 def bench_options(cfg: DictConfig) -> BenchOptions:
@@ -115,7 +116,12 @@ def with_help_name(argv: list[str], overrides: list[str]) -> list[str]:
     return [*argv[:at], HELP_NAME, *argv[at:]]
 
 
-def _no_run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None:
+def _validate(cfg: DictConfig, choices: dict[str, str]) -> BenchOptions:
+    """`bench_options` as the pre-flight's check (the group choices pick nothing a benchmark checks)."""
+    return bench_options(cfg)
+
+
+def _no_run(cfg: DictConfig, run_dir: Path, overrides: list[str], choices: dict[str, str]) -> None:
     """The job handed to Hydra for ``--help`` / ``--cfg`` / ``--info``: Hydra prints and never calls it."""
 
 
@@ -147,11 +153,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     register_schemas()
     _, args = parse_hydra_args(argv)
     if _shows_only(args):
-        run_app("bench", with_help_name(argv, args.overrides), _no_run, validate=bench_options)
+        run_app("bench", with_help_name(argv, args.overrides), _no_run, validate=_validate)
         return 0
     if args.multirun:
         fail("-m/--multirun is not supported by the Component Benchmark: run one configuration per command")
-    preflight("bench", args, bench_options)
+    preflight("bench", args, _validate)
     cfg, run_dir, opts, component, name = prepare(args)
     with earlier_run_set_aside(run_dir, stderr_line):
         try:
