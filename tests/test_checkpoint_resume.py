@@ -327,7 +327,7 @@ def _restore_worker(rank: int, out_dir: str) -> None:
     dist_info = DistInfo(rank=rank, world_size=2, local_rank=rank, device=torch.device("cpu"), backend="gloo")
 
     def trainer(*overrides: str) -> Trainer:
-        cfg, _ = compose_config("config", [*COMMON, "trainer.steps=2", *overrides])
+        cfg = compose_config("config", [*COMMON, "trainer.steps=2", *overrides]).cfg
         return Trainer(to_run_config(cfg), run_dir=Path(out_dir), dist_info=dist_info)
 
     trainer().fit(0)

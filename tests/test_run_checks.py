@@ -198,9 +198,11 @@ def test_the_host_memory_bound_is_below_what_the_synthetic_source_takes():
     from loka_trainer.data.config import DataConfig
     from loka_trainer.run_checks import host_bytes_per_id, ids_at_once
 
-    code = ("import resource; from loka_trainer.data.config import DataConfig; "
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent (a large pytest worker) across exec
+    code = ("import re; from loka_trainer.data.config import DataConfig; "
             "from loka_trainer.data.synthetic import SyntheticSource; "
-            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024; before = peak(); "
+            "peak = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) * 1024; "
+            "before = peak(); "
             "SyntheticSource(DataConfig(multi_hot=20, teacher_latent_dim=4)).batch_at('train', 0); "
             "print(peak() - before)")
     taken = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
