@@ -37,6 +37,9 @@ T = TypeVar("T")
 Job = Callable[[DictConfig, Path, list[str], dict[str, str]], None]
 # validate(config, its Hydra choices): raises on a bad config
 Validate = Callable[[DictConfig, dict[str, str]], object]
+# outputs(config, its run dir; None for a sweep point, numbered only once Hydra starts it): (setting, directory)
+# for each directory a run writes to besides its run dir's own files
+Outputs = Callable[[DictConfig, Optional[Path]], list[tuple[str, Path]]]
 # Hydra flags that show something instead of running: the config is composed but not validated for a run.
 SHOW_FLAGS = ("help", "cfg", "info")
 
@@ -129,8 +132,21 @@ APP_CONFIGS = {"config": "train.py", "bench": "python -m loka_trainer.bench"}  #
 EXCLUSIVE_FLAGS = ("run", "multirun", "cfg", "info", "shell_completion")  # Hydra's: one at a time
 
 
-def preflight(config_name: str, args: argparse.Namespace, validate: Validate) -> None:
-    """Compose (and, for a run, validate) every run the command line asks for; fail in one line otherwise."""
+def unwritable_line(dirs: list[tuple[str, Path]]) -> Optional[str]:
+    """'<setting>: cannot write to <dir> (<why>)' for the first of ``dirs`` ((setting, directory) pairs) where no
+    file can be created (`output_dirs.unwritable_reason`); None when every one can be written."""
+    for setting, path in dirs:
+        if (reason := unwritable_reason(path)) is not None:
+            return f"{setting}: cannot write to {path} ({reason})"
+    return None
+
+
+def preflight(config_name: str, args: argparse.Namespace, validate: Validate,
+              outputs: Optional[Outputs] = None) -> None:
+    """Compose (and, for a run, validate) every run the command line asks for; fail in one line otherwise.
+
+    A run's directory (the sweep's under ``-m``) and the directories ``outputs`` names for it must be writable:
+    checked here, before Hydra creates the run directory."""
     modes = [flag for flag in EXCLUSIVE_FLAGS if getattr(args, flag)]
     if len(modes) > 1:  # Hydra raises this in a traceback
         fail(f"only one of --run, --multirun, --cfg, --info and --shell-completion can be given, got "
@@ -155,11 +171,11 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Validate) ->
                                                multirun=args.multirun)
         if not showing:
             typed_config(cfg, lambda composed: validate(composed, choices))
-            if (reason := unwritable_reason(out_dir)) is not None:  # Hydra would fail creating it, in a traceback
-                fail(f"hydra.{'sweep' if args.multirun else 'run'}.dir: cannot write to {out_dir} ({reason})")
+            dirs = [(f"hydra.{'sweep' if args.multirun else 'run'}.dir", out_dir)]  # Hydra would fail in a traceback
+            dirs += outputs(cfg, None if args.multirun else out_dir) if outputs is not None else []
+            if (line := unwritable_line(dirs)) is not None:
+                fail(line)
         ckpt = OmegaConf.select(cfg, "trainer.checkpoint_dir")
-        if not showing and ckpt is not None and (reason := unwritable_reason(Path(ckpt))) is not None:
-            fail(f"trainer.checkpoint_dir: cannot write to {ckpt} ({reason})")  # before Hydra makes the run dir
         if ckpt is not None and args.multirun:
             if (other := checkpoint_dirs.setdefault(os.path.abspath(ckpt), point)) is not point:
                 first, second = ([o for o in a if o not in b] for a, b in ((other, point), (point, other)))
@@ -169,14 +185,16 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Validate) ->
     GlobalHydra.instance().clear()
 
 
-def run_app(config_name: str, argv: list[str], job: Job, *, validate: Validate) -> None:
+def run_app(config_name: str, argv: list[str], job: Job, *, validate: Validate,
+            outputs: Optional[Outputs] = None) -> None:
     """``train.py``'s command line: Hydra's flags and overrides, a pre-flight, then ``job`` once per run.
 
-    ``validate(cfg, choices)`` raises on a bad config (it runs for every sweep point before the first run starts).
+    ``validate(cfg, choices)`` raises on a bad config (it runs for every sweep point before the first run starts);
+    the directories ``outputs(cfg, run_dir)`` names must be writable then too.
     Under ``-m`` the runs follow one another in this process, each in ``<sweep dir>/<job number>``.
     """
     parser, args = parse_hydra_args(argv)
-    preflight(config_name, args, validate)
+    preflight(config_name, args, validate, outputs)
     rank = int(os.environ.get("RANK", 0))
     extra = [] if rank == 0 else ["hydra/hydra_logging=none"]  # Hydra's sweep lines once, not once per rank
     # A crash inside a run keeps Python's full traceback (Hydra would shorten it and exit 1 all the same).

@@ -22,13 +22,13 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from loka_trainer.checkpoint import CheckpointError
-from loka_trainer.cli import fail, parse_argv, run_app, typed_config, write_run_config
+from loka_trainer.cli import fail, parse_argv, run_app, typed_config, unwritable_line, write_run_config
 from loka_trainer.config import build_small_model, check_plan_file, register_schemas, to_run_config
 from loka_trainer.nonfinite import NonFiniteError
-from loka_trainer.output_dirs import RunDirInUse, RunDirLock, unwritable_reason
+from loka_trainer.output_dirs import RunDirInUse, RunDirLock
 from loka_trainer.precision import precision_identity
 from loka_trainer.resume import (METRICS_FILE, SUMMARY_FILE, StartPlan, checkpoint_root, model_identity, nothing_left,
                                  plan_start, precision_change, prepare_resumed_run, set_aside_previous_run,
@@ -52,7 +52,21 @@ def setup_logging(run_dir: Path, *, rank: int) -> None:
 def main(argv: Optional[list[str]] = None) -> None:
     """Hydra's command line (``--help``, ``--cfg job``, ``-m``...); every run is checked before the first starts."""
     register_schemas()
-    run_app("config", parse_argv(argv), train_run, validate=to_run_config)
+    run_app("config", parse_argv(argv), train_run, validate=to_run_config, outputs=output_dirs)
+
+
+def output_dirs(cfg: DictConfig, run_dir: Optional[Path]) -> list[tuple[str, Path]]:
+    """(setting, directory) for each directory a run of ``cfg`` (a composed ``config``) writes to besides its run
+    dir's own files: the checkpoint root ``trainer.checkpoint_dir`` (default ``<run dir>/checkpoints``) and, with
+    the Probe on, ``callbacks.probe.out_dir`` (default ``<run dir>/probe``). A default is left out when ``run_dir``
+    is None (a sweep point, whose run dir Hydra numbers when it starts it)."""
+    ckpt = OmegaConf.select(cfg, "trainer.checkpoint_dir")
+    dirs = [("trainer.checkpoint_dir", checkpoint_root(ckpt, run_dir))] if ckpt or run_dir is not None else []
+    if OmegaConf.select(cfg, "callbacks.probe.enabled"):
+        probe_dir = OmegaConf.select(cfg, "callbacks.probe.out_dir")
+        if probe_dir is not None or run_dir is not None:
+            dirs.append(("callbacks.probe.out_dir", Path(probe_dir) if probe_dir is not None else run_dir / "probe"))
+    return dirs
 
 
 def train_run(cfg: DictConfig, run_dir: Path, argv: list[str], choices: dict[str, str]) -> None:
@@ -62,12 +76,8 @@ def train_run(cfg: DictConfig, run_dir: Path, argv: list[str], choices: dict[str
     run = typed_config(cfg, lambda composed: to_run_config(composed, choices))
     rank, world_size, _ = launch_env()
     ckpt_root = checkpoint_root(run.trainer.checkpoint_dir, run_dir)
-    if (reason := unwritable_reason(ckpt_root)) is not None:  # else it fails at the first save, after training
-        fail(f"trainer.checkpoint_dir: cannot write to {ckpt_root} ({reason})")
-    probe = run.callbacks.probe
-    probe_dir = Path(probe.out_dir) if probe.out_dir is not None else run_dir / "probe"
-    if probe.enabled and (reason := unwritable_reason(probe_dir)) is not None:  # else it fails once training started
-        fail(f"callbacks.probe.out_dir: cannot write to {probe_dir} ({reason})")
+    if (line := unwritable_line(output_dirs(cfg, run_dir))) is not None:  # the pre-flight knew no sweep point's dir
+        fail(line)
     try:  # rank 0 holds it for the run: another run on this directory would write the same files
         lock = RunDirLock(run_dir) if rank == 0 else None  # noqa: F841 -- released when train_run returns
     except RunDirInUse as exc:

@@ -186,6 +186,47 @@ def test_a_checkpoint_dir_where_no_file_can_be_created_is_refused_before_the_run
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_a_probe_out_dir_where_no_file_can_be_created_is_refused_before_the_run_dir_exists(tmp_path):
+    """callbacks.probe.out_dir=/proc/x was refused only once Hydra had made an empty run dir."""
+    args = [*TINY, "callbacks.probe.enabled=true", "callbacks.probe.out_dir=/proc/loka_probe",
+            f"hydra.run.dir={tmp_path}/run"]
+    _one_error_line(run_train(args, check=False, timeout=120), "callbacks.probe.out_dir: cannot write to "
+                    "/proc/loka_probe (cannot create a file in /proc: No such file or directory)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_output_dirs_a_run_writes_default_to_its_run_dir_and_a_sweep_checks_only_the_explicit_ones():
+    from omegaconf import OmegaConf
+
+    from loka_trainer.launch import output_dirs
+
+    cfg = OmegaConf.create({"trainer": {"checkpoint_dir": None},
+                            "callbacks": {"probe": {"enabled": False, "out_dir": None}}})
+    assert output_dirs(cfg, Path("run")) == [("trainer.checkpoint_dir", Path("run/checkpoints"))]
+    assert output_dirs(cfg, None) == []
+    cfg.callbacks.probe.enabled = True
+    assert output_dirs(cfg, Path("run"))[1:] == [("callbacks.probe.out_dir", Path("run/probe"))]
+    assert output_dirs(cfg, None) == []
+    cfg.trainer.checkpoint_dir, cfg.callbacks.probe.out_dir = "ck", "pr"
+    assert output_dirs(cfg, None) == [("trainer.checkpoint_dir", Path("ck")), ("callbacks.probe.out_dir", Path("pr"))]
+
+
+def test_a_default_output_dir_that_cannot_be_written_is_one_line_and_the_run_dir_is_left_as_it_was(tmp_path):
+    """<run dir>/checkpoints or <run dir>/probe taken by a file: refused in the pre-flight, nothing is added."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("checkpoints", "probe"):
+        (run_dir / name).write_text("")
+    args = [*TINY, "callbacks.probe.enabled=true", f"hydra.run.dir={run_dir}"]
+    _one_error_line(run_train(args, check=False, timeout=120), f"trainer.checkpoint_dir: cannot write to "
+                    f"{run_dir / 'checkpoints'} ({run_dir / 'checkpoints'} is not a directory)")
+    (run_dir / "checkpoints").unlink()
+    _one_error_line(run_train(args, check=False, timeout=120), f"callbacks.probe.out_dir: cannot write to "
+                    f"{run_dir / 'probe'} ({run_dir / 'probe'} is not a directory)")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["probe"]
+
+
 def test_ids_that_cannot_fit_in_host_memory_are_one_line_before_the_run_dir_exists(tmp_path):
     """data.multi_hot=1000 ran out of memory drawing the synthetic teacher's sample, after .hydra/ was written."""
     args = [*TINY, "data.multi_hot=1000000", f"hydra.run.dir={tmp_path}/run"]
