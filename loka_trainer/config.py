@@ -211,11 +211,12 @@ def check_probe_targets(run: RunConfig, model: Any) -> None:
     probe = run.callbacks.probe
     if not probe.enabled:
         return
-    from loka_trainer.probe.targets import LINEAR_TYPES, clean_fqn, select_linears  # noqa: PLC0415 -- lazy
+    from loka_trainer.module_names import canonical_named_modules  # noqa: PLC0415 -- lazy
+    from loka_trainer.probe.targets import LINEAR_TYPES, select_linears  # noqa: PLC0415 -- lazy
 
     if not select_linears(model, include=probe.include, exclude=probe.exclude, module_types=probe.module_types,
                           min_features=probe.min_features):
-        names = [clean_fqn(f) for f, m in model.named_modules() if isinstance(m, LINEAR_TYPES)]
+        names = [f for f, m in canonical_named_modules(model) if isinstance(m, LINEAR_TYPES)]
         near = closest([*(probe.include or ()), *(probe.module_types or ())], names)
         raise ValueError(f"callbacks.probe: include={probe.include}, exclude={probe.exclude}, module_types="
                          f"{probe.module_types}, min_features={probe.min_features} select none of the model's "

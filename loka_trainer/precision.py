@@ -27,7 +27,7 @@ from loka_trainer.dispatch.convert import convert_to_loka
 from loka_trainer.dispatch.plan import DispatchPlan
 from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, drop_unaligned_rows
 from loka_trainer.kernels.backend_base import emulates_fp8
-from loka_trainer.module_names import canonical_fqn, canonical_named_modules
+from loka_trainer.module_names import canonical_fqns, canonical_named_modules
 
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 LinearFilter = Callable[[nn.Module, str], bool]
@@ -87,7 +87,8 @@ def _apply_torchao(model: nn.Module, recipe: str, linears: dict[str, nn.Linear],
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     targets = set(linears)
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulates_fp8(device))
-    convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: canonical_fqn(fqn) in targets)
+    names = canonical_fqns(model)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: names.get(fqn) in targets)
     if torch.device(device).type == "cpu" and _has_high_precision_gemm(config):
         for fqn, module in canonical_named_modules(model):
             if fqn in targets:

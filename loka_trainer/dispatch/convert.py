@@ -28,7 +28,7 @@ from loka_trainer.dispatch.plan_table import format_plan_table
 from loka_trainer.dispatch.targets import ModuleFilter, configured_targets, dispatch_exclude
 from loka_trainer.kernels.backends import BASELINE, available_backends
 from loka_trainer.kernels.linear import LoKALinear
-from loka_trainer.module_names import canonical_fqn, canonical_named_modules
+from loka_trainer.module_names import canonical_fqns, canonical_named_modules
 from loka_trainer.mods.modes import FORWARD_MODES, default_forward_mode
 from loka_trainer.mods.module import FusedLinearMods
 from loka_trainer.mods.transform import chain_fp8_handoffs, find_unfusable, fuse_linear_mods
@@ -49,9 +49,10 @@ def swap_in_lokalinears(model: nn.Module, plan: DispatchPlan) -> nn.Module:
     fp8_layers = {fqn: lp.backends() for fqn, lp in plan.layers.items()
                   if any(b != BASELINE for b in lp.backends().values())}
     chosen: dict[int, dict[str, str]] = {}  # id(Linear) -> its backends, from the filter that sees the FQN
+    names = canonical_fqns(model)
 
     def take(module: nn.Module, fqn: str) -> bool:
-        if isinstance(module, nn.Linear) and (name := canonical_fqn(fqn)) in fp8_layers:
+        if isinstance(module, nn.Linear) and (name := names.get(fqn)) in fp8_layers:
             chosen[id(module)] = fp8_layers[name]
             return True
         return False
@@ -119,8 +120,8 @@ def convert_to_loka(model: nn.Module, config: LoKAConfig, *, calibration_batch=N
     and the fused triples. ``device``: where Dispatch measures (default: CUDA if available, else CPU). Under
     torch.distributed rank 0 measures and broadcasts its plan (a collective: call it on every rank). A model
     wrapped by ``torch.compile`` or DDP is converted inside the wrapper (``unwrapped``); a compiled part of it
-    inside its wrapper too, and every layer is named without the wrappers (``module_names.canonical_fqn``): a plan
-    fits the model compiled whole, in parts or not at all.
+    inside its wrapper too, and every layer is named without the wrappers (``module_names.canonical_named_modules``):
+    a plan fits the model compiled whole, in parts or not at all.
     """
     if not isinstance(config, LoKAConfig):
         raise TypeError(f"convert_to_loka: config must be a LoKAConfig, got {type(config).__name__}")
