@@ -16,11 +16,13 @@ checkpoint (`loka_trainer.stop_signal`).
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -67,6 +69,45 @@ def output_dirs(cfg: DictConfig, run_dir: Optional[Path]) -> list[tuple[str, Pat
         if probe_dir is not None or run_dir is not None:
             dirs.append(("callbacks.probe.out_dir", Path(probe_dir) if probe_dir is not None else run_dir / "probe"))
     return dirs
+
+
+def script_main() -> NoReturn:
+    """`main` as a process's entry point (``train.py``, ``python -m loka_trainer.train``, ``loka-train``): once
+    `main` returned or raised SystemExit, atexit handlers run, stdout and stderr are flushed and the process ends
+    with that exit status, skipping the interpreter's finalization; any other exception propagates as usual.
+
+    NOTE: a gloo Work issued during backward (TorchRec's all-to-all, FSDP2's gradient reduce) keeps the Python
+    context autograd stashes in thread-local state, and gloo's worker thread may drop it last; after finalization
+    began, taking the GIL for that ends the thread inside a noexcept destructor (std::terminate: "terminate called
+    without an active exception", exit -6 after ``done:``). The worker threads stop only when the ProcessGroup is
+    freed, and references to it outlive `shutdown_distributed`.
+    """
+    try:
+        main()
+        status = 0
+    except SystemExit as exc:
+        status = exit_status(exc.code)
+    end_process(status)
+
+
+def exit_status(code: object) -> int:
+    """The status Python exits with for ``SystemExit(code)``: None is 0, an int itself, anything else is printed to
+    stderr and gives 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def end_process(status: int) -> NoReturn:
+    """Run the atexit handlers (logging's flush among them), flush stdout and stderr, then end the process with
+    ``status`` without the interpreter's finalization (`script_main` says why)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def train_run(cfg: DictConfig, run_dir: Path, argv: list[str], choices: dict[str, str]) -> None:
