@@ -134,7 +134,7 @@ def test_a_checkpoint_of_other_synthetic_data_is_refused_and_left_as_it_was(stop
     assert proc.returncode == 2, proc.stderr[-2000:]
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: ") and "step_000006 does not fit this run" in line and named in line, line
-    assert "trainer.resume=false" in line
+    assert "trainer.resume=false" in line and line.count("resume with") == 1, line  # the advice once
     assert _contents(run_dir) == before  # train.log, metrics.jsonl, the checkpoints and config byte for byte
 
 

@@ -89,7 +89,7 @@ def check_identity(identity: dict, state: dict) -> None:
             "data stream state records no %s (written before these were recorded): resuming without checking them",
             ", ".join(unrecorded))
     if (mismatch := identity_mismatch(identity, state)) is not None:
-        raise ValueError(mismatch)
+        raise ValueError(f"{mismatch}; resume with the same data config and world size")
 
 
 def identity_mismatch(identity: dict, state: dict) -> Optional[str]:
@@ -97,6 +97,5 @@ def identity_mismatch(identity: dict, state: dict) -> Optional[str]:
     None when every recorded one matches (a setting ``state`` does not record is not compared)."""
     for key, value in identity.items():
         if key in state and state[key] != value:
-            return (f"data stream state has {key}={state[key]!r} but this stream has {key}={value!r}; resume with "
-                    f"the same data config and world size")
+            return f"data stream state has {key}={state[key]!r} but this stream has {key}={value!r}"
     return None
