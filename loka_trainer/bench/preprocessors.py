@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch.utils import _pytree as pytree
@@ -12,9 +12,12 @@ from torch.utils import _pytree as pytree
 from loka_trainer.bench.plugins import Job, Preprocessor, RunContext
 from loka_trainer.bench.tree import ModuleInputs, is_leaf
 
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
 
 class _Unreplicable(Exception):
-    """An input the replicator cannot scale along the batch (TorchRec KJT / KeyedTensor, a Batch)."""
+    """An input the replicator cannot scale along the batch (a variable-batch KJT, an object it does not know)."""
 
 
 def ambiguous_batch(x: Any, batch_size: int) -> Optional[str]:
@@ -39,8 +42,9 @@ def replicate_batch(x: Any, *, batch_size: int, factor: int) -> Any:
     """Repeat every tensor whose dim 0 equals ``batch_size`` ``factor`` times along dim 0.
 
     x: a pytree of tensors, (B, ...) -> (factor*B, ...); tensors of another leading size (masks, (T, T)
-    buffers) are left alone. A ValueError when `ambiguous_batch` finds ``batch_size`` at another dim of a tensor.
-    Raises _Unreplicable for non-tensor objects that carry a batch (KJT, Batch).
+    buffers) are left alone. TorchRec KJTs / KeyedTensors and a trainer ``Batch`` are scaled the same way
+    (`replicate_object`). A ValueError when `ambiguous_batch` finds ``batch_size`` at another dim of a tensor.
+    Raises _Unreplicable for other non-tensor objects that may carry a batch (anything with a ``to``).
     """
     if (problem := ambiguous_batch(x, batch_size)) is not None:
         raise ValueError(problem)
@@ -51,15 +55,62 @@ def replicate_batch(x: Any, *, batch_size: int, factor: int) -> Any:
                 return leaf.repeat(factor, *([1] * (leaf.dim() - 1)))
             return leaf
         if hasattr(leaf, "to") and not isinstance(leaf, (torch.nn.Module, torch.dtype, torch.device)):
-            raise _Unreplicable(type(leaf).__name__)
+            return replicate_object(leaf, batch_size=batch_size, factor=factor)
         return leaf
 
     return pytree.tree_map(rep, x, is_leaf=is_leaf)
 
 
+def replicate_object(obj: Any, *, batch_size: int, factor: int) -> Any:
+    """``obj`` (a TorchRec KJT or KeyedTensor, or a trainer ``Batch``) with its batch repeated ``factor`` times.
+
+    KJT of stride B = ``batch_size``: `replicate_kjt`; a KJT of another stride is left alone (as a tensor of
+    another leading size). KeyedTensor: values (B, D) -> (factor*B, D). Batch: every field through
+    `replicate_batch` (dense (B, F_d), labels (B,), sparse / sequences KJTs of stride B), so they stay consistent.
+    Raises _Unreplicable for any other object, and a ValueError as `replicate_batch` does.
+    """
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor  # noqa: PLC0415 -- torchrec is slow
+
+    from loka_trainer.data.batch import Batch  # noqa: PLC0415 -- imports torchrec
+
+    if isinstance(obj, KeyedJaggedTensor):
+        return replicate_kjt(obj, factor) if obj.stride() == batch_size else obj
+    if isinstance(obj, KeyedTensor):
+        if obj.key_dim() != 1:
+            raise _Unreplicable(f"KeyedTensor (key_dim {obj.key_dim()})")
+        values = replicate_batch(obj.values(), batch_size=batch_size, factor=factor)
+        return KeyedTensor(keys=obj.keys(), length_per_key=obj.length_per_key(), values=values, key_dim=1)
+    if isinstance(obj, Batch):
+        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **replicate_batch(fields, batch_size=batch_size, factor=factor))
+    raise _Unreplicable(type(obj).__name__)
+
+
+def replicate_kjt(kjt: KeyedJaggedTensor, factor: int) -> KeyedJaggedTensor:
+    """A KeyedJaggedTensor of stride B -> one of stride ``factor``*B whose rows are the original's ``factor`` times.
+
+    Per key, lengths (B,) -> (factor*B,) and values / weights (L_k,) -> (factor*L_k,), so row r of the result is
+    row r mod B of ``kjt``. Raises _Unreplicable for a variable-batch KJT (a stride per key).
+    """
+    from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor  # noqa: PLC0415 -- torchrec is slow
+
+    if kjt.variable_stride_per_key():
+        raise _Unreplicable("variable-batch KeyedJaggedTensor")
+    if not kjt.keys():
+        return KeyedJaggedTensor(keys=[], values=kjt.values(), lengths=kjt.lengths(), stride=factor * kjt.stride())
+
+    def rep(jt: JaggedTensor) -> JaggedTensor:
+        weights = jt.weights_or_none()
+        return JaggedTensor(values=jt.values().repeat(factor), lengths=jt.lengths().repeat(factor),
+                            weights=None if weights is None else weights.repeat(factor))
+
+    return KeyedJaggedTensor.from_jt_dict({key: rep(jt) for key, jt in kjt.to_dict().items()})
+
+
 class BatchReplicate(Preprocessor):
-    """Scale a captured (small) batch back up by ``factor`` along dim 0 (paper III-B1); inputs it cannot scale (KJT,
-    Batch) run as captured, inputs whose batch dim is ambiguous (`ambiguous_batch`) fail the module (ValueError)."""
+    """Scale a captured (small) batch back up by ``factor`` along dim 0 (paper III-B1), KJTs and Batches included
+    (`replicate_object`); inputs it cannot scale (a variable-batch KJT) run as captured, inputs whose batch dim is
+    ambiguous (`ambiguous_batch`) fail the module (ValueError)."""
 
     name = "batch_replicate"
 

@@ -96,7 +96,7 @@ class ZooProvider(Provider):
     """A zoo model (``loka_trainer.models.zoo``) and one batch of its data stream (``loka_trainer.data``).
 
     model_cfg / data_cfg: the typed configs the trainer uses; batch_size > 0 overrides ``data_cfg.batch_size``.
-    The model's forward takes a ``Batch`` (KJT inside), so batch replication is reported as unsupported for it.
+    The model's forward takes a ``Batch`` (KJTs inside); batch replication scales it whole (`replicate_object`).
     """
 
     def __init__(self, model_cfg: Any, data_cfg: Any, *, batch_size: int = 0, loka_mods: bool = False) -> None:
