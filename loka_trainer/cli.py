@@ -141,12 +141,42 @@ def unwritable_line(dirs: list[tuple[str, Path]]) -> Optional[str]:
     return None
 
 
+def point_label(point: list[str], other: list[str], number: int) -> str:
+    """A sweep point named by its overrides that ``other`` lacks; ``#<job number>`` when it has none."""
+    own = [override for override in point if override not in other]
+    return " ".join(own) if own else f"#{number}"
+
+
+def shared_dir_line(points: list[tuple[list[str], list[tuple[str, Path]]]]) -> Optional[str]:
+    """One line for the first directory two sweep points write to, None when no two share one.
+
+    ``points``: each sweep point (its overrides, in job order) with the (setting, directory) pairs it writes to
+    besides its own run dir; directories compare as absolute paths, symlinks resolved. A point's own settings may
+    share one directory; two points may not, whichever settings name it."""
+    seen: dict[str, tuple[int, str, Path]] = {}  # directory -> (job number, setting, path as given) of its first
+    for number, (point, dirs) in enumerate(points):
+        for setting, path in dirs:
+            first, first_setting, first_path = seen.setdefault(os.path.realpath(path), (number, setting, path))
+            if first == number:
+                continue
+            a = point_label(points[first][0], point, first)
+            b = point_label(point, points[first][0], number)
+            shared = (f"{setting}={path} is shared by the sweep points {a} and {b}" if setting == first_setting
+                      and path == first_path else f"{first_setting}={first_path} of the sweep point {a} is "
+                      f"{setting}={path} of the sweep point {b}")
+            return (f"{shared}: the second would take over the first's files there (resume from its checkpoints "
+                    f"or skip as done, move its Probe stats to previous/); leave it unset (each point's run dir) "
+                    f"or sweep it too")
+    return None
+
+
 def preflight(config_name: str, args: argparse.Namespace, validate: Validate,
               outputs: Optional[Outputs] = None) -> None:
     """Compose (and, for a run, validate) every run the command line asks for; fail in one line otherwise.
 
-    A run's directory (the sweep's under ``-m``) and the directories ``outputs`` names for it must be writable:
-    checked here, before Hydra creates the run directory."""
+    A run's directory (the sweep's under ``-m``) and the directories ``outputs`` names for it must be writable, and
+    no two sweep points may name one directory (`shared_dir_line`): checked here, before Hydra creates the run
+    directory."""
     modes = [flag for flag in EXCLUSIVE_FLAGS if getattr(args, flag)]
     if len(modes) > 1:  # Hydra raises this in a traceback
         fail(f"only one of --run, --multirun, --cfg, --info and --shell-completion can be given, got "
@@ -165,23 +195,19 @@ def preflight(config_name: str, args: argparse.Namespace, validate: Validate,
             fail(f"--config-dir {args.config_dir!r} is not a directory")
         search = [f"hydra.searchpath=[file://{os.path.abspath(args.config_dir)}]"]
     showing = any(getattr(args, flag) for flag in SHOW_FLAGS)
-    checkpoint_dirs: dict[str, list[str]] = {}  # an explicit trainer.checkpoint_dir -> the sweep point naming it
+    written: list[tuple[list[str], list[tuple[str, Path]]]] = []  # each point's overrides, the dirs it writes
     for point in sweep_points(args.overrides, args.config_dir) if args.multirun else [args.overrides]:
         cfg, out_dir, choices = compose_config(args.config_name or config_name, [*search, *point],
                                                multirun=args.multirun)
         if not showing:
             typed_config(cfg, lambda composed: validate(composed, choices))
-            dirs = [(f"hydra.{'sweep' if args.multirun else 'run'}.dir", out_dir)]  # Hydra would fail in a traceback
-            dirs += outputs(cfg, None if args.multirun else out_dir) if outputs is not None else []
+            own = outputs(cfg, None if args.multirun else out_dir) if outputs is not None else []
+            dirs = [(f"hydra.{'sweep' if args.multirun else 'run'}.dir", out_dir), *own]  # Hydra: a traceback
             if (line := unwritable_line(dirs)) is not None:
                 fail(line)
-        ckpt = OmegaConf.select(cfg, "trainer.checkpoint_dir")
-        if ckpt is not None and args.multirun:
-            if (other := checkpoint_dirs.setdefault(os.path.abspath(ckpt), point)) is not point:
-                first, second = ([o for o in a if o not in b] for a, b in ((other, point), (point, other)))
-                fail(f"trainer.checkpoint_dir={ckpt} is shared by the sweep points {' '.join(first)} and "
-                     f"{' '.join(second)}: the second would resume from the first's checkpoints (or skip as done); "
-                     f"leave it unset (each point's <run dir>/checkpoints) or sweep it too")
+            written.append((point, own))
+            if (line := shared_dir_line(written)) is not None:
+                fail(line)
     GlobalHydra.instance().clear()
 
 

@@ -196,6 +196,35 @@ def test_a_probe_out_dir_where_no_file_can_be_created_is_refused_before_the_run_
     assert not (tmp_path / "run").exists()
 
 
+def test_sweep_points_sharing_one_probe_out_dir_are_one_line_before_anything_is_written(tmp_path):
+    """Each later point moved the earlier point's Probe stats into previous/: refused like a shared checkpoint_dir."""
+    shared = tmp_path / "probe"
+    args = ["-m", *TINY, "precision=bf16,fp32", "callbacks.probe.enabled=true", f"callbacks.probe.out_dir={shared}",
+            f"hydra.sweep.dir={tmp_path}/sweep"]
+    _one_error_line(run_train(args, check=False, timeout=120),
+                    f"callbacks.probe.out_dir={shared} is shared by the sweep points precision=bf16 and "
+                    f"precision=fp32", "Probe stats to previous/")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_two_sweep_points_write_is_named_once_with_both_points_and_settings(tmp_path):
+    from loka_trainer.cli import shared_dir_line
+
+    ck, pr = ("trainer.checkpoint_dir", "callbacks.probe.out_dir")
+    bf16, fp32 = ["precision=bf16", "seed=1"], ["precision=fp32", "seed=1"]
+    assert shared_dir_line([(bf16, [(ck, tmp_path / "a"), (pr, tmp_path / "a")]), (fp32, [(ck, tmp_path / "b")])]) \
+        is None  # one point's own settings may share a directory
+    line = shared_dir_line([(bf16, [(ck, tmp_path / "a")]), (fp32, [(ck, tmp_path / "b"), (pr, tmp_path / "a")])])
+    assert line.startswith(f"{ck}={tmp_path / 'a'} of the sweep point precision=bf16 is {pr}={tmp_path / 'a'} of "
+                           f"the sweep point precision=fp32: "), line
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    line = shared_dir_line([(bf16, [(pr, tmp_path / "real")]), (fp32, [(pr, tmp_path / "link/")])])
+    assert line is not None and f"{pr}={tmp_path / 'link'} of the sweep point precision=fp32" in line
+    assert shared_dir_line([(bf16, [(pr, tmp_path / "a")]), (list(bf16), [(pr, tmp_path / "a")])]).startswith(
+        f"{pr}={tmp_path / 'a'} is shared by the sweep points #0 and #1: ")
+
+
 def test_the_output_dirs_a_run_writes_default_to_its_run_dir_and_a_sweep_checks_only_the_explicit_ones():
     from omegaconf import OmegaConf
 
