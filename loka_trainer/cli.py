@@ -15,6 +15,7 @@ import argparse
 import datetime
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable, NamedTuple, NoReturn, Optional, TypeVar
 
@@ -55,9 +56,15 @@ if not OmegaConf.has_resolver("loka_run_name"):
     OmegaConf.register_new_resolver("loka_run_name", run_name, use_cache=True)
 
 
+# Under torchrun the first rank to exit ends the others: a rank other than 0 waits this long before exiting with
+# a failure, so that rank 0, meeting the same error, prints its line first.
+OTHER_RANKS_EXIT_AFTER_S = 5.0
+
+
 def fail(message: object) -> NoReturn:
-    """One line on stderr (under torchrun from rank 0 only: every rank meets the same error), exit status 2 (Hydra's
-    search-path listing and append hint are noise for a user)."""
+    """One line on stderr (under torchrun from rank 0 only: every rank meets the same error; the others exit
+    ``OTHER_RANKS_EXIT_AFTER_S`` later), exit status 2 (Hydra's search-path listing and append hint are noise for a
+    user)."""
     text = str(message).split("Config search path")[0]
     text = " ".join(line for line in text.splitlines() if not line.startswith("To append to your config use"))
     cause = getattr(message, "__cause__", None)
@@ -65,6 +72,8 @@ def fail(message: object) -> NoReturn:
         text += f" ({str(cause).splitlines()[0]})"
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"error: {' '.join(text.split())}", file=sys.stderr)
+    else:
+        time.sleep(OTHER_RANKS_EXIT_AFTER_S)
     raise SystemExit(2)
 
 
