@@ -371,7 +371,7 @@ def test_a_resume_under_another_precision_is_named_in_one_line_and_trains_on(sto
 @pytest.mark.slow
 def test_a_checkpoint_trained_without_dispatch_resumed_under_loka_measures_its_plan(tmp_path):
     """BF16 + Mods (precision=loka precision.dispatch=false) continued as LoKA: no plan to keep to, so Dispatch
-    measures one and writes it (it used to stop asking to restore a plan the run never had)."""
+    measures one and writes it."""
     run_dir = tmp_path / "run"
     loka = [*COMMON, "precision=loka", "trainer.steps=4", f"hydra.run.dir={run_dir}"]
     run_train([*loka, "precision.dispatch=false", "trainer.stop_after=2"])
