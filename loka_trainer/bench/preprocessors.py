@@ -37,6 +37,39 @@ def ambiguous_batch(x: Any, batch_size: int) -> Optional[str]:
     return None
 
 
+def batch_size_of(x: Any) -> Optional[int]:
+    """The batch size of the pytree ``x``: that of its first leaf that has one, positional before keyword, or None.
+
+    A tensor (B, ...) has B (one of no dims has none); a KJT its stride B (a variable-batch KJT, a stride per key,
+    has none); a KeyedTensor of values (B, D) B; a trainer ``Batch`` its length B -- the sizes `replicate_batch`
+    scales.
+    """
+    for leaf in pytree.tree_leaves(x, is_leaf=is_leaf):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.dim() > 0:
+                return leaf.shape[0]
+        elif hasattr(leaf, "to") and not isinstance(leaf, (torch.nn.Module, torch.dtype, torch.device)):
+            if (size := _object_batch_size(leaf)) is not None:
+                return size
+    return None
+
+
+def _object_batch_size(obj: Any) -> Optional[int]:
+    """B of a KJT of stride B (not variable-batch), a key_dim-1 KeyedTensor of values (B, D) or a ``Batch``;
+    None for any other object."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor  # noqa: PLC0415 -- torchrec is slow
+
+    from loka_trainer.data.batch import Batch  # noqa: PLC0415 -- imports torchrec
+
+    if isinstance(obj, KeyedJaggedTensor):
+        return None if obj.variable_stride_per_key() else obj.stride()
+    if isinstance(obj, KeyedTensor):
+        return obj.values().shape[0] if obj.key_dim() == 1 else None
+    if isinstance(obj, Batch):
+        return len(obj)
+    return None
+
+
 @torch.no_grad()
 def replicate_batch(x: Any, *, batch_size: int, factor: int) -> Any:
     """Repeat every tensor whose dim 0 equals ``batch_size`` ``factor`` times along dim 0.

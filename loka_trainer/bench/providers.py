@@ -7,18 +7,19 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from loka_trainer.bench.examples import MLPTree, NanoGPT
 from loka_trainer.bench.plugins import Component, Provider
-from loka_trainer.bench.tree import ModuleInputs, is_leaf
+from loka_trainer.bench.preprocessors import batch_size_of
+from loka_trainer.bench.tree import ModuleInputs
 
 
 class ModuleProvider(Provider):
     """Wrap a model you already have: ``ModuleProvider(model, x)`` or ``ModuleProvider(model, (a, b), {"k": c})``.
 
-    batch_size: the inputs' batch size, needed only for batch replication (default: dim 0 of the first tensor
-    of at least one dimension in the inputs, positional before keyword, inside tuples, lists and dicts too).
+    batch_size: the inputs' batch size, needed only for batch replication (default: `batch_size_of` the inputs:
+    dim 0 of a tensor, the stride of a TorchRec KJT, the length of a trainer ``Batch``, whichever comes first,
+    positional before keyword, inside tuples, lists and dicts too).
     """
 
     def __init__(self, model: nn.Module, args: Any, kwargs: Optional[dict] = None,
@@ -26,9 +27,7 @@ class ModuleProvider(Provider):
         self.model = model
         self.args = args if isinstance(args, tuple) else (args,)
         self.kwargs = kwargs or {}
-        leaves = pytree.tree_leaves((self.args, self.kwargs), is_leaf=is_leaf)
-        first = next((a for a in leaves if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-        self.batch_size = batch_size if batch_size is not None else (None if first is None else first.shape[0])
+        self.batch_size = batch_size if batch_size is not None else batch_size_of((self.args, self.kwargs))
 
     def get_component(self, device: torch.device) -> Component:
         def move(x: Any) -> Any:

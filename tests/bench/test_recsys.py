@@ -7,9 +7,9 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from loka_trainer.bench import BenchOptions, ModuleProvider, run_bench
+from loka_trainer.bench import BenchOptions, ModuleProvider, Profiler, run_bench
 from loka_trainer.bench.plugins import Job
-from loka_trainer.bench.preprocessors import BatchReplicate, replicate_batch
+from loka_trainer.bench.preprocessors import BatchReplicate, batch_size_of, replicate_batch
 from loka_trainer.bench.runner import make_context
 from loka_trainer.bench.tree import ModuleInputs
 from loka_trainer.data.batch import Batch, DataSchema
@@ -96,3 +96,40 @@ def test_a_variable_batch_kjt_runs_as_captured_with_a_note(cpu):
     assert job.inputs.args[0] is kjt and job.batch_size == 3
     assert job.notes == ["batch replication unsupported for variable-batch KeyedJaggedTensor input; ran at the "
                          "captured batch 3"]
+
+
+class _InputStride(Profiler):
+    """Records the stride of the KJT each job replays (its first positional input)."""
+
+    name = "input_stride"
+
+    def profile(self, job, ctx, so_far):
+        return {"input_stride": job.inputs.args[0].stride()}
+
+
+def test_module_provider_of_an_ebc_and_a_kjt_replicates_it_without_a_batch_size(cpu):
+    tables = [EmbeddingBagConfig(name=f"t_{k}", embedding_dim=4, num_embeddings=10, feature_names=[k])
+              for k in ("a", "b")]
+    ebc, kjt = EmbeddingBagCollection(tables=tables), _kjt(5)
+    component = ModuleProvider(ebc, kjt).get_component(cpu)
+    assert component.batch_size == 5
+    opts = BenchOptions(depth=0, warmup=0, repeats=1, progress=False, replicate=2)
+    root = run_bench(component, opts, profilers=[_InputStride()]).nodes["model"]
+    assert root.status == "ok" and root.metrics["input_stride"] == 10
+    assert not [n for n in root.notes if "replication" in n]
+
+
+def test_module_provider_takes_the_batch_size_of_a_batch_input(cpu):
+    model, batch = _dlrm_and_batch()
+    assert ModuleProvider(model, batch).get_component(cpu).batch_size == 6
+
+
+def test_batch_size_of_kjts_keyed_tensors_and_batches():
+    kjt = _kjt(4)
+    var = KeyedJaggedTensor(keys=["a", "b"], values=torch.arange(5), lengths=torch.tensor([1, 1, 1, 2]),
+                            stride_per_key_per_rank=[[1], [3]])
+    kt = KeyedTensor(keys=["a", "b"], length_per_key=[2, 3], values=torch.randn(7, 5))
+    batch = Batch(dense=torch.randn(3, 2), sparse=_kjt(3), labels=torch.zeros(3))
+    assert batch_size_of(((kjt,), {})) == 4 and batch_size_of((kt,)) == 7 and batch_size_of([batch]) == 3
+    assert batch_size_of((var, torch.tensor(1.0), torch.nn.Identity())) is None
+    assert batch_size_of((var, {"x": torch.randn(9, 2)})) == 9
