@@ -107,3 +107,36 @@ def test_ids_that_cannot_fit_in_host_memory_are_one_line_before_the_run_dir_exis
     _one_error_line(run_train(args, check=False, timeout=120), "host memory: this run needs at least",
                     "lower data.multi_hot")
     assert not (tmp_path / "run").exists()
+
+
+def test_one_directory_for_checkpoints_and_probe_stats_resumes_from_its_checkpoint_and_a_fresh_start_keeps_both(
+        tmp_path):
+    """trainer.checkpoint_dir=D callbacks.probe.out_dir=D: stats.pt beside step_NNNNNN/ and latest. The resumed run
+    reads D/step_000002 and ends with the Probe stats of an uninterrupted run; a fresh start moves the checkpoints to
+    <run dir>/previous/ and stats.pt to D/previous/, and neither move takes the other's files."""
+    import torch
+
+    shared, run_dir = tmp_path / "D", tmp_path / "run"
+    args = [*(a for a in TINY if not a.startswith("trainer.steps=")), "trainer.steps=4",
+            "trainer.checkpoint_interval=2", "callbacks.probe.enabled=true", "callbacks.probe.interval=1",
+            "callbacks.probe.tensorboard=false", f"trainer.checkpoint_dir={shared}",
+            f"callbacks.probe.out_dir={shared}", f"hydra.run.dir={run_dir}"]
+    run_train([*args, "trainer.stop_after=2"], timeout=300)
+    assert sorted(p.name for p in shared.iterdir()) == ["latest", "stats.pt", "step_000002"]
+    resumed = run_train(args, timeout=300)
+    assert f"resumed from {shared / 'step_000002'} at step 2" in resumed.stdout, resumed.stdout[-2000:]
+    assert (shared / "latest").read_text().strip() == "step_000004"
+    resumed_stats = torch.load(shared / "stats.pt", weights_only=False)
+
+    fresh = run_train([*args, "trainer.resume=false"], timeout=300)
+    assert "Probe files in callbacks.probe.out_dir (stats.pt) were moved" in fresh.stdout, fresh.stdout[-2000:]
+    [ckpt_aside] = (run_dir / "previous").iterdir()
+    assert sorted(p.name for p in (ckpt_aside / "checkpoints").iterdir()) == ["latest", "step_000002",
+                                                                               "step_000004"]
+    [stats_aside] = (shared / "previous").iterdir()
+    assert sorted(p.name for p in stats_aside.iterdir()) == ["stats.pt"]
+    assert torch.load(stats_aside / "stats.pt", weights_only=False)["sha256"] == resumed_stats["sha256"]
+    assert sorted(p.name for p in shared.iterdir()) == ["latest", "previous", "stats.pt", "step_000002",
+                                                        "step_000004"]
+    uninterrupted = torch.load(shared / "stats.pt", weights_only=False)
+    assert (uninterrupted["step"], uninterrupted["sha256"]) == (resumed_stats["step"], resumed_stats["sha256"])
