@@ -76,7 +76,8 @@ class ProbeCallback(Callback):
 
     Args: the ProbeConfig fields as keyword arguments, plus
       module_filter_fn: optional ``(module, fqn) -> bool`` applied after the config filters.
-      writer: optional TensorBoard SummaryWriter (default: one in <run_dir>/tensorboard/probe on rank 0).
+      writer: optional TensorBoard SummaryWriter (default: one in <run_dir>/tensorboard/probe on rank 0, whatever
+          ``out_dir``; without a run dir beside ``out_dir``).
       run_dir: run directory; stats go to <run_dir>/probe unless ``out_dir`` is set (else state.run_dir).
     """
 
@@ -152,7 +153,8 @@ class ProbeCallback(Callback):
         if self.rank == 0 and self.config.tensorboard and self.writer is None:
             from torch.utils.tensorboard import SummaryWriter  # lazy: only rank 0 with TensorBoard on pays
 
-            self.writer = SummaryWriter(log_dir=str(self.out_dir.parent / "tensorboard" / "probe"),
+            events_root = self.run_dir if self.run_dir is not None else self.out_dir.parent  # run's own events
+            self.writer = SummaryWriter(log_dir=str(events_root / "tensorboard" / "probe"),
                                         purge_step=state.step + 1 if state.step else None)  # as TensorBoardLogger
         for layer in self.layers.values():
             layer.log_scalars = self.writer is not None and self.rank == 0

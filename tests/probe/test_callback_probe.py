@@ -29,6 +29,16 @@ class Tower(nn.Module):
         return self.head(self.inner(x))
 
 
+def test_tensorboard_events_stay_in_the_run_dir_when_the_stats_go_elsewhere(tmp_path):
+    """An explicit out_dir holds the stats only: the events go to <run dir>/tensorboard/probe, which a fresh start
+    moves aside with the run, not beside out_dir, where runs sharing its parent would pile them up."""
+    probe = ProbeCallback(interval=2, save_interval=100, out_dir=str(tmp_path / "stats" / "probe"),
+                          run_dir=tmp_path / "run")
+    run_plain_loop(probe, steps=2)
+    assert list((tmp_path / "run" / "tensorboard" / "probe").iterdir())
+    assert sorted(p.name for p in (tmp_path / "stats").iterdir()) == ["probe"]
+
+
 class MyLinear(nn.Linear):
     """Stands in for Float8Linear / LoKALinear: any nn.Linear subclass is a target."""
 
