@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from loka_trainer import LoKAConfig, ProbeCallback, TrainState, convert_to_loka
+from loka_trainer import LoKAConfig, convert_to_loka
 from loka_trainer.probe.report import main as report_main
 from loka_trainer.probe.stats_io import load_stats
+from tests.probe.test_report_to_dispatch import learn_probe_stats
 
 STEPS = 2
 
@@ -38,18 +39,7 @@ def one_rank_group(tmp_path):
 
 def _probe_layers(model: nn.Module, out) -> set[str]:
     """The layer names of the statistics the Probe writes to ``out`` over a few steps of ``model``."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    probe = ProbeCallback(interval=1, save_interval=STEPS, out_dir=str(out), tensorboard=False)
-    state = TrainState(model=model)
-    probe.on_train_start(state)
-    for step in range(STEPS):
-        state.step = step
-        probe.on_step_start(state)
-        model(torch.randn(32, 64)).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-        probe.on_step_end(state)
-    probe.on_train_end(state)
+    learn_probe_stats(model, torch.optim.SGD(model.parameters(), lr=0.01), out, steps=STEPS, interval=1)
     return set(load_stats(out)["layers"])
 
 

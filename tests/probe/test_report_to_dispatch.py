@@ -19,16 +19,13 @@ def _model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
 
 
-@pytest.fixture(scope="module")
-def probe_dir(tmp_path_factory):
-    """Statistics of `_model` learned over 12 steps, and its report (written next to them)."""
-    out = tmp_path_factory.mktemp("run") / "probe"
-    model = _model()
-    opt = torch.optim.Adam(model.parameters())
-    probe, state = ProbeCallback(interval=2, save_interval=12, out_dir=str(out), tensorboard=False), TrainState(
-        model=model)
+def learn_probe_stats(model: nn.Module, opt: torch.optim.Optimizer, out, *, steps: int, interval: int) -> None:
+    """Train ``model`` (x (32, 64) -> anything) on random inputs for ``steps`` steps, the Probe observing every
+    ``interval``-th; its statistics are written to ``out`` at the last step."""
+    probe = ProbeCallback(interval=interval, save_interval=steps, out_dir=str(out), tensorboard=False)
+    state = TrainState(model=model)
     probe.on_train_start(state)
-    for step in range(12):
+    for step in range(steps):
         state.step = step
         probe.on_step_start(state)
         model(torch.randn(32, 64)).pow(2).mean().backward()
@@ -36,6 +33,14 @@ def probe_dir(tmp_path_factory):
         opt.zero_grad()
         probe.on_step_end(state)
     probe.on_train_end(state)
+
+
+@pytest.fixture(scope="module")
+def probe_dir(tmp_path_factory):
+    """Statistics of `_model` learned over 12 steps, and its report (written next to them)."""
+    out = tmp_path_factory.mktemp("run") / "probe"
+    model = _model()
+    learn_probe_stats(model, torch.optim.Adam(model.parameters()), out, steps=12, interval=2)
     assert report_main([str(out), "--num-samples", "2", "--device", "cpu"]) == 0
     return out
 
