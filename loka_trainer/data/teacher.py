@@ -99,9 +99,10 @@ def pooled_vectors(kjt: KeyedJaggedTensor, key_salts: torch.Tensor, dim: int, th
     lengths = kjt.lengths().long()  # (K * B,) key-major
     batch_size = lengths.numel() // num_keys
     bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)  # (N,)
-    salts = key_salts[bag // batch_size]
     w = torch.ones(bag.numel()) if weights is None else weights.float()
-    vectors = _id_vectors(kjt.values().long(), salts, dim, theta) * w[:, None]  # (N, dim)
+    # Hash each distinct (id, key) once: ids are Zipf-distributed, so a batch repeats its popular ids many times.
+    pairs, inverse = torch.unique(kjt.values().long() * num_keys + bag // batch_size, return_inverse=True)
+    vectors = _id_vectors(pairs // num_keys, key_salts[pairs % num_keys], dim, theta)[inverse] * w[:, None]  # (N, dim)
     sums = torch.zeros(lengths.numel(), dim).index_add_(0, bag, vectors)
     norms = torch.zeros(lengths.numel()).index_add_(0, bag, w).clamp_min(1e-12)
     return (sums / norms[:, None]).view(num_keys, batch_size, dim).transpose(0, 1)

@@ -32,6 +32,28 @@ def test_pooled_vectors_mean_per_bag_and_zero_for_empty():
     torch.testing.assert_close(weighted[1, 1], vb[0])
 
 
+def test_each_id_gets_its_own_keys_vector_however_often_it_repeats():
+    """Ids repeated within and across keys (Zipf batches): every occurrence pools exactly the vector that id has
+    under its own key's salt, bit for bit, so the teacher's labels do not depend on what else is in the batch."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(0, 6, (3 * 40,), generator=gen, dtype=torch.int32)  # 3 keys, batch 40
+    values = torch.randint(0, 7, (int(lengths.sum()),), generator=gen)  # 7 distinct ids: heavy repetition
+    kjt = KeyedJaggedTensor(keys=["a", "b", "c"], values=values, lengths=lengths)
+    salts = torch.tensor([11, 12, 13])
+    out = pooled_vectors(kjt, salts, 5, theta=0.0)
+    starts = torch.cumsum(lengths.long(), 0) - lengths.long()
+    for bag, (start, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
+        key, row = divmod(bag, 40)
+        ids = values[start:start + n]
+        expected = hashed_normal(ids, salts[key].item(), 5).sum(0) / n if n else torch.zeros(5)
+        assert torch.allclose(out[row, key], expected, rtol=0, atol=1e-6), (row, key)
+    same_id_two_keys = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([3, 3]),
+                                         lengths=torch.ones(2, dtype=torch.int32))
+    pooled = pooled_vectors(same_id_two_keys, torch.tensor([11, 12]), 5, theta=0.0)
+    assert torch.equal(pooled[0, 0], hashed_normal(torch.tensor([3]), 11, 5)[0])
+    assert torch.equal(pooled[0, 1], hashed_normal(torch.tensor([3]), 12, 5)[0])
+
+
 def test_drift_rotates_id_vectors_but_keeps_their_scale():
     kjt = KeyedJaggedTensor(keys=["a"], values=torch.arange(4000), lengths=torch.ones(4000, dtype=torch.int32))
     salts = torch.tensor([1])
