@@ -67,6 +67,7 @@ class Trainer:
         self._grad_norm_max: Optional[torch.Tensor] = None  # largest pre-clip dense gradient norm since the last log
         self._window: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._window_start = time.perf_counter()
+        self._data_wait = DataWait()
         self._eval_size_said = False
         if run.data.eval_batches == 0:
             self.log("evaluation skipped: data.eval_batches=0 (no eval metrics in metrics.jsonl or summary.json)")
@@ -84,11 +85,12 @@ class Trainer:
         self.warmup = build_warmup(self.dense_optimizer, base_lr=t.lr, warmup_steps=t.warmup_steps, start_step=start)
         self.callbacks.fire("on_train_start", self.state)
         self._window_start = time.perf_counter()  # start-up and a checkpoint's restore are not training throughput
+        self._data_wait = DataWait()
         stop = StopSignals(enabled=t.stop_on_signal, announce=self.dist.is_rank_zero)
         try:
             for step in range(start, last + 1):
                 self.state.step = step
-                with phase_range("data"):
+                with phase_range("data"), self._data_wait.timed():
                     batch = next(self.train_iter)
                 self._train_step(batch)
                 done = step + 1
@@ -178,7 +180,9 @@ class Trainer:
         metrics.update(torch.cat([w[1] for w in self._window]), torch.cat([w[2] for w in self._window]))
         metrics = metrics.compute()
         out = {"loss": _mean_over_ranks(losses.mean()), "examples_per_s": metrics["examples"] / elapsed,
-               "ne": metrics["ne"], "auc": metrics["auc"]}
+               "ne": metrics["ne"], "auc": metrics["auc"],
+               "data_wait_ms": _mean_over_ranks(torch.tensor(self._data_wait.take_ms_per_step(),
+                                                             device=self.dist.device))}
         self._window, self._window_start = [], time.perf_counter()
         return out
 
@@ -322,6 +326,29 @@ def _while_every_rank_has_one(stream, device: torch.device) -> Iterator[Batch]:
         elif batch is None:
             return
         yield batch
+
+
+class DataWait:
+    """Host time the loop spent waiting for its next train batch (the prefetch queue empty: data generation or
+    reading is slower than the step), per step since the last ``take_ms_per_step``."""
+
+    def __init__(self) -> None:
+        self.seconds, self.steps = 0.0, 0
+
+    @contextlib.contextmanager
+    def timed(self):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - began
+            self.steps += 1
+
+    def take_ms_per_step(self) -> float:
+        """Mean milliseconds per step waited since the last call (0.0 without steps); starts a new window."""
+        ms = 1000.0 * self.seconds / self.steps if self.steps else 0.0
+        self.seconds, self.steps = 0.0, 0
+        return ms
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:

@@ -11,13 +11,15 @@ Each precision trains with the same overrides (sharded embeddings, the data pipe
 included: the whole loop), ``--repeats`` times, each repeat in the reverse order of the last (A B C, C B A, ...:
 ``train_runs.repeat_orders``). Throughput is the mean examples/s of the logged windows after ``--warmup-steps``
 (compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the training's peak GPU
-memory (``peak_gpu_memory_gib`` of ``summary.json``) and the run's window spread (``train_runs.window_spread``: a
-machine slowdown during a run shows there, above ``UNSTEADY``). A precision's ratio to the first one is taken within
-each repeat (runs next to each other in time) and its median over repeats is reported, with the range. Evaluation runs
-once at the end, outside the measured windows. Writes ``DIR/train_throughput.json`` after every run (a run already there
-is reused) and ``train_throughput.png`` (examples/s per log window), and prints the table last. ``--profile-step N``
-profiles step N of every run (inside the warm-up) and adds its split by phase and kernel kind (``profile.json``) to the
-run's entry and a phase table to the output: where each precision's step goes, the whole loop included.
+memory (``peak_gpu_memory_gib`` of ``summary.json``), the run's window spread (``train_runs.window_spread``: a machine
+slowdown during a run shows there, above ``UNSTEADY``) and the host ms per step the loop waited for its next batch
+(``data_wait_ms``: well above zero, the data pipeline is slower than the step). A precision's ratio to the first one is
+taken within each repeat (runs next to each other in time) and its median over repeats is reported, with the range.
+Evaluation runs once at the end, outside the measured windows. Writes ``DIR/train_throughput.json`` after every run (a
+run already there is reused) and ``train_throughput.png`` (examples/s per log window), and prints the table last.
+``--profile-step N`` profiles step N of every run (inside the warm-up) and adds its split by phase and kernel kind
+(``profile.json``) to the run's entry and a phase table to the output: where each precision's step goes, the whole loop
+included.
 """
 from __future__ import annotations
 
@@ -121,13 +123,14 @@ def main() -> None:
     write_result(out_json, result)
     plot(result, args.out / "train_throughput.png")
     first = args.precisions[0]
-    print(f"{'precision':>22}  {'examples/s':>10}  {'x ' + first:>10}  {'range':>13}  {'spread':>6}  {'peak GiB':>8}")
+    print(f"{'precision':>22}  {'examples/s':>10}  {'x ' + first:>10}  {'range':>13}  {'spread':>6}  {'peak GiB':>8}"
+          f"  {'data wait ms':>12}")
     for name, row in result["precisions"].items():
-        peak = result["runs"][name].get("peak_gpu_memory_gib")
+        peak, wait = (result["runs"][name].get(k) for k in ("peak_gpu_memory_gib", "data_wait_ms"))
         flag = "  unsteady" if row["max_window_spread"] > UNSTEADY else ""
         print(f"{name:>22}  {row['examples_per_s']:>10,.0f}  {row['ratio_to_first']:>9.3f}x  "
               f"{min(row['ratios']):>5.3f}-{max(row['ratios']):.3f}x  {row['max_window_spread']:>6.1%}  "
-              f"{'n/a' if peak is None else f'{peak:.2f}':>8}{flag}")
+              f"{'n/a' if peak is None else f'{peak:.2f}':>8}  {'n/a' if wait is None else f'{wait:.1f}':>12}{flag}")
     if args.profile_step is not None:
         print_phase_table(args.profile_step, result["runs"])
 

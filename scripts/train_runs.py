@@ -174,6 +174,13 @@ def steady_throughput(records: list[dict], warmup_steps: int) -> float:
     return statistics.fmean(values)
 
 
+def steady_data_wait(records: list[dict], warmup_steps: int) -> Optional[float]:
+    """Mean host ms per step the loop waited for its next batch (``data_wait_ms``) over the logged windows after the
+    warm-up; None where the run logged none (a train.py older than the metric)."""
+    values = [r["data_wait_ms"] for r in records if "data_wait_ms" in r and r["step"] > warmup_steps]
+    return statistics.fmean(values) if values else None
+
+
 def window_spread(trajectory: list[list[float]], warmup_steps: int) -> float:
     """How unsteady a run was: (90th − 10th percentile) / median of its log windows' examples/s after the warm-up.
     A steady run is a few percent; a machine slowdown during the run shows as tens of percent, however the mean
@@ -247,12 +254,13 @@ def check_profile_step(step: Optional[int], warmup_steps: int) -> None:
 def measured_run(run_dir: Path, overrides: list[str], nproc: int, *, warmup_steps: int,
                  profile_step: Optional[int] = None) -> dict:
     """One train.py run as the throughput benchmarks record it: {"examples_per_s" (after the warm-up),
-    "window_spread", "trajectory", "peak_gpu_memory_gib" (``summary.json``), and with ``profile_step`` "profile"
-    (that step by phase and kernel kind, ``profile.json``)}."""
+    "window_spread", "data_wait_ms" (`steady_data_wait`), "trajectory", "peak_gpu_memory_gib" (``summary.json``),
+    and with ``profile_step`` "profile" (that step by phase and kernel kind, ``profile.json``)}."""
     records = train(run_dir, [*overrides, *profile_overrides(profile_step)], nproc)
     trajectory = throughput_trajectory(records)
     run = {"examples_per_s": steady_throughput(records, warmup_steps),
            "window_spread": window_spread(trajectory, warmup_steps),
+           "data_wait_ms": steady_data_wait(records, warmup_steps),
            "peak_gpu_memory_gib": json.loads((run_dir / "summary.json").read_text()).get("peak_gpu_memory_gib"),
            "trajectory": trajectory}
     if profile_step is not None:

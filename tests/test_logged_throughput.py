@@ -1,6 +1,7 @@
 """examples_per_s in metrics.jsonl counts training time only: an evaluation, a checkpoint save or a restore leaves the
 steps of its log window counted with their own time, wherever it falls in the window. summary.json's mean covers the
-whole run, also when it was resumed."""
+whole run, also when it was resumed. data_wait_ms is the host time per step the loop waited for its next batch,
+averaged over ranks."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from tests.spawn import run_on_ranks
 WORLD = 2
 BATCH = 256  # SMALL's data.batch_size, per rank
 PAUSE_SECONDS = 100.0  # each evaluation, checkpoint save and checkpoint load
+DATA_WAIT_SECONDS = (0.25, 0.5)  # per batch, rank 0 and rank 1: the loop waits that long for each train batch
 # log windows of 4 steps; evaluations and saves fall inside them, not on their edges
 SETTINGS = ["model=dlrm", *SMALL, "trainer.log_interval=4", "trainer.eval_interval=3", "trainer.checkpoint_interval=5",
             "callbacks.tensorboard=false"]
@@ -45,6 +47,13 @@ def _clock(step_seconds: float):
     return Clock()
 
 
+def _waiting(batches, clock, seconds: float):
+    """The train batches of `batches`, each taking `seconds` of `clock` to arrive."""
+    for batch in batches:
+        clock.now += seconds
+        yield batch
+
+
 def _worker(rank: int, out_dir: str) -> None:
     import torch
 
@@ -64,6 +73,7 @@ def _worker(rank: int, out_dir: str) -> None:
         trainer = trainer_module.Trainer(to_run_config(cfg), run_dir=Path(out_dir), dist_info=dist_info,
                                          extra_callbacks=[clock])
         start = trainer.restore(checkpoint) if checkpoint is not None else 0
+        trainer.train_iter = _waiting(trainer.train_iter, clock, DATA_WAIT_SECONDS[rank])
         trainer.fit(start)
         checkpoint = trainer.state.checkpoint_dir
 
@@ -80,7 +90,16 @@ def resumed_run(tmp_path_factory) -> Path:
 def test_evaluations_checkpoints_and_a_restore_inside_a_log_window_do_not_count_as_training_time(resumed_run):
     records = [json.loads(line) for line in (resumed_run / "metrics.jsonl").read_text().splitlines()]
     throughput = {r["step"]: r["examples_per_s"] for r in records if "loss" in r}
-    assert throughput == pytest.approx({4: WORLD * BATCH / 1.0, 8: WORLD * BATCH / 1.0, 12: WORLD * BATCH / 2.0})
+    first, resumed = (WORLD * BATCH / (s + DATA_WAIT_SECONDS[0]) for s in (1.0, 2.0))  # rank 0's clock: its wait too
+    assert throughput == pytest.approx({4: first, 8: first, 12: resumed})
+
+
+@pytest.mark.slow
+def test_each_window_logs_the_time_the_loop_waited_for_data_averaged_over_ranks(resumed_run):
+    records = [json.loads(line) for line in (resumed_run / "metrics.jsonl").read_text().splitlines()]
+    wait = {r["step"]: r["data_wait_ms"] for r in records if "loss" in r}
+    mean_ms = 1000.0 * sum(DATA_WAIT_SECONDS) / WORLD
+    assert wait == pytest.approx({4: mean_ms, 8: mean_ms, 12: mean_ms})
 
 
 @pytest.mark.slow

@@ -27,11 +27,12 @@ def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_
     assert result["command"].startswith("python -m scripts.bench_train_throughput --out") and result["commit"]
     for run in result["runs"].values():
         assert [s for s, _ in run["trajectory"]] == [5, 10, 15, 20] and run["examples_per_s"] > 0
-        assert run["window_spread"] >= 0
+        assert run["window_spread"] >= 0 and run["data_wait_ms"] >= 0
         assert run["profile"]["step"] == 3 and run["profile"]["phases"]["forward"]["host_ms"] > 0
     assert result["precisions"]["bf16"]["ratios"] == [1.0, 1.0]
     assert len(result["precisions"]["fp8_rowwise"]["ratios"]) == 2
     assert (tmp_path / "train_throughput.png").stat().st_size > 0
+    assert "data wait ms" in proc.stdout
     assert "step 3 by phase" in proc.stdout and "forward" in proc.stdout.split("step 3 by phase")[1]
     mtime = (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -47,6 +48,14 @@ def test_window_spread_separates_a_steady_run_from_one_that_slowed_down():
     assert window_spread(slowed, warmup_steps=200) == 0.0  # after step 200 it is steady again, just slower
     with pytest.raises(SystemExit):
         window_spread(steady, warmup_steps=300)
+
+
+def test_data_wait_is_the_mean_after_the_warm_up_and_absent_where_the_run_did_not_log_it():
+    from scripts.train_runs import steady_data_wait
+    records = [{"step": 5, "loss": 1.0, "data_wait_ms": 90.0}, {"step": 10, "loss": 1.0, "data_wait_ms": 3.0},
+               {"step": 10, "eval_logloss": 0.5}, {"step": 15, "loss": 1.0, "data_wait_ms": 5.0}]
+    assert steady_data_wait(records, warmup_steps=5) == pytest.approx(4.0)
+    assert steady_data_wait([{"step": 10, "loss": 1.0, "examples_per_s": 9.0}], warmup_steps=5) is None
 
 
 def test_repeats_alternate_their_order_and_ratios_pair_runs_of_one_repeat():

@@ -1,7 +1,8 @@
 """Built-in observers on rank 0: metrics.jsonl + summary.json, TensorBoard scalars, a progress bar.
 
 Run-directory contract (other tools and tests rely on it):
-- ``metrics.jsonl``: one JSON object per logged step (``step, loss, examples_per_s``, train ``ne, auc`` and
+- ``metrics.jsonl``: one JSON object per logged step (``step, loss, examples_per_s``, train ``ne, auc``,
+  ``data_wait_ms`` (host ms per step spent waiting for the next train batch, mean over ranks) and
   ``skipped_steps``, the running count of steps skipped for a non-finite loss; a logged step whose whole window
   was skipped has only ``step, skipped_steps``) and per evaluation (``step, eval_auc, eval_logloss, eval_ne``);
   appended across resumes (a resume first drops the records after its checkpoint: `loka_trainer.resume`).
