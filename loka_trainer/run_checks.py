@@ -107,10 +107,11 @@ def ids_at_once(data: DataConfig) -> tuple[int, int]:
 
 def host_bytes_per_id(data: DataConfig) -> int:
     """A lower bound of the host bytes each of those ids costs at the peak. Synthetic: float64 uniforms, int64 ranks
-    and ids, and the teacher's hashed (N, D) float32 vectors with their int64 hashes, D = ``data.teacher_latent_dim``,
-    measured (peak RSS, multi_hot 10..40, D 1..32) as about 50 + 32 D bytes; the bound takes 32 + 24 D, so that
-    only a run that clearly cannot fit is refused. Criteo: the id's int64 index alone."""
-    return 32 + 24 * data.teacher_latent_dim if data.name == "synthetic" else INDEX_BYTES
+    and ids, and the teacher's (N, D) float32 vectors, D = ``data.teacher_latent_dim`` (hashed once per distinct id,
+    then gathered for every id), measured (peak RSS, multi_hot 10..40, D 1..32) as 65-350 bytes, about 60 + 7.5 D;
+    the bound takes 40 + 6 D, below every measurement, so that only a run that clearly cannot fit is refused.
+    Criteo: the id's int64 index alone."""
+    return 40 + 6 * data.teacher_latent_dim if data.name == "synthetic" else INDEX_BYTES
 
 
 def cpu_table_bytes(run: RunConfig, device_type: str) -> int:
@@ -128,7 +129,7 @@ def cpu_table_bytes(run: RunConfig, device_type: str) -> int:
 def check_host_memory(run: RunConfig, *, device_type: str, local_ranks: int, available: Optional[int]) -> None:
     """A lower bound of the run's host memory (``local_ranks`` ranks on this host, each generating its largest batch
     of ids, plus the tables of a CPU run) fits in ``available`` bytes (None: unknown, nothing is checked); else the
-    run would be killed for memory once its data starts (``data.multi_hot=1000`` at the defaults: over 40 GiB)."""
+    run would be killed for memory once its data starts (``data.multi_hot=1000`` at the defaults: over 17 GiB)."""
     if available is None:
         return
     data = run.data
