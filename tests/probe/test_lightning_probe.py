@@ -107,3 +107,30 @@ def test_accumulated_probe_statistics_equal_folding_every_micro_batch_at_the_ste
         for name, want in layer.activation.state_dict().items():
             assert (torch.equal(got.state_dict()[name], want) if isinstance(want, torch.Tensor)
                     else got.state_dict()[name] == want), (fqn, name)
+
+
+class CheckpointedModule(TinyModule):
+    """TinyModule under activation checkpointing: the backward runs `net`'s forward again."""
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return torch.utils.checkpoint.checkpoint(self.net, x, use_reentrant=False).square().mean()
+
+
+@pytest.mark.parametrize("module_cls", [TinyModule, CheckpointedModule])
+def test_activation_checkpointing_recomputes_are_not_observed(tmp_path, module_cls):
+    """The backward's recomputed forward sees the same inputs again; the probe folds each observed step's inputs
+    once, so a checkpointed model learns the statistics the plain one does."""
+    stats = {}
+    for name, cls in (("plain", TinyModule), ("tested", module_cls)):
+        torch.manual_seed(0)
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(80, 8)), batch_size=10)
+        probe = ProbeCallback(interval=2, save_interval=100, tensorboard=False)
+        trainer = pl.Trainer(max_steps=8, callbacks=[LightningAdapter(probe, run_dir=tmp_path / name)], logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             accelerator="cpu", default_root_dir=tmp_path / name)
+        trainer.fit(cls(), data)
+        stats[name] = {n: layer.activation.moments for n, layer in probe.layers.items()}
+    for layer in ("net.0", "net.2"):
+        assert float(stats["tested"][layer].count) == 4 * 10  # global steps 0, 2, 4, 6: once each
+        torch.testing.assert_close(stats["tested"][layer].mean, stats["plain"][layer].mean)
