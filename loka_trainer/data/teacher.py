@@ -88,24 +88,47 @@ def _id_vectors(ids: torch.Tensor, salts: torch.Tensor, dim: int, theta: float) 
     return vectors
 
 
+@dataclasses.dataclass(frozen=True)
+class Bags:
+    """Where the ids of a KeyedJaggedTensor (K keys, batch B, N ids) pool, shared by every pooling of it.
+
+    bag: (N,) the (key, row) bag of each id, key-major; pairs: (P,) each distinct (id, key) as id * K + key;
+    inverse: (N,) each id's index into pairs. Ids are Zipf-distributed, so a batch repeats its popular ids many
+    times, and each distinct one is hashed once.
+    """
+
+    num_keys: int
+    batch_size: int
+    bag: torch.Tensor
+    pairs: torch.Tensor
+    inverse: torch.Tensor
+
+    @staticmethod
+    @torch.no_grad()
+    def of(kjt: KeyedJaggedTensor) -> "Bags":
+        num_keys = len(kjt.keys())
+        lengths = kjt.lengths().long()  # (K * B,) key-major
+        bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        batch_size = lengths.numel() // num_keys
+        pairs, inverse = torch.unique(kjt.values().long() * num_keys + bag // batch_size, return_inverse=True)
+        return Bags(num_keys, batch_size, bag, pairs, inverse)
+
+
 @torch.no_grad()
 def pooled_vectors(kjt: KeyedJaggedTensor, key_salts: torch.Tensor, dim: int, theta: float,
-                   weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Weighted mean of per-id vectors per (row, key). key_salts: (K,) int64; weights: (N,) or None.
+                   weights: Optional[torch.Tensor] = None, bags: Optional[Bags] = None) -> torch.Tensor:
+    """Weighted mean of per-id vectors per (row, key). key_salts: (K,) int64; weights: (N,) or None; bags:
+    ``Bags.of(kjt)`` where the caller pools ``kjt`` more than once.
 
     Returns (B, K, dim) float32; an empty bag pools to zeros.
     """
-    num_keys = len(kjt.keys())
-    lengths = kjt.lengths().long()  # (K * B,) key-major
-    batch_size = lengths.numel() // num_keys
-    bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)  # (N,)
-    w = torch.ones(bag.numel()) if weights is None else weights.float()
-    # Hash each distinct (id, key) once: ids are Zipf-distributed, so a batch repeats its popular ids many times.
-    pairs, inverse = torch.unique(kjt.values().long() * num_keys + bag // batch_size, return_inverse=True)
-    vectors = _id_vectors(pairs // num_keys, key_salts[pairs % num_keys], dim, theta)[inverse] * w[:, None]  # (N, dim)
-    sums = torch.zeros(lengths.numel(), dim).index_add_(0, bag, vectors)
-    norms = torch.zeros(lengths.numel()).index_add_(0, bag, w).clamp_min(1e-12)
-    return (sums / norms[:, None]).view(num_keys, batch_size, dim).transpose(0, 1)
+    bags = Bags.of(kjt) if bags is None else bags
+    k, num_bags = bags.num_keys, bags.num_keys * bags.batch_size
+    w = torch.ones(bags.bag.numel()) if weights is None else weights.float()
+    vectors = _id_vectors(bags.pairs // k, key_salts[bags.pairs % k], dim, theta)[bags.inverse] * w[:, None]  # (N, D)
+    sums = torch.zeros(num_bags, dim).index_add_(0, bags.bag, vectors)
+    norms = torch.zeros(num_bags).index_add_(0, bags.bag, w).clamp_min(1e-12)
+    return (sums / norms[:, None]).view(k, bags.batch_size, dim).transpose(0, 1)
 
 
 def _recency_weights(lengths: torch.Tensor) -> torch.Tensor:
@@ -127,9 +150,11 @@ def teacher_components(params: TeacherParams, batch: Batch, x: torch.Tensor,
     dim = params.latent_dim
     salts_first = torch.tensor([params.salt("first", f) for f in range(params.num_sparse)])
     salts_latent = torch.tensor([params.salt("latent", f) for f in range(params.num_sparse)])
-    first = pooled_vectors(batch.sparse, salts_first, 1, theta)[..., 0]  # (B, F_s)
+    sparse = Bags.of(batch.sparse)
+    first = pooled_vectors(batch.sparse, salts_first, 1, theta, bags=sparse)[..., 0]  # (B, F_s)
     out = {"first_order": (first * params.importance).sum(1)}
-    sparse_v = pooled_vectors(batch.sparse, salts_latent, dim, theta) * params.importance[:, None]  # (B, F_s, D)
+    sparse_v = pooled_vectors(batch.sparse, salts_latent, dim, theta, bags=sparse)  # (B, F_s, D)
+    sparse_v = sparse_v * params.importance[:, None]
     dense_v = x[:, :, None] * params.dense_vectors  # (B, F_d, D)
     v = torch.cat([sparse_v, dense_v], 1)
     out["fm"] = 0.5 * (v.sum(1).pow(2).sum(1) - v.pow(2).sum((1, 2)))
@@ -144,9 +169,10 @@ def _sequence_components(params: TeacherParams, batch: Batch, theta: float) -> d
     num_seq = params.num_sequences
     recency = _recency_weights(seqs.lengths().long())
     salts_bias = torch.tensor([params.salt("item_bias", q) for q in range(num_seq)])
-    item_bias = pooled_vectors(seqs, salts_bias, 1, theta, weights=recency)[..., 0]  # (B, F_q)
+    items = Bags.of(seqs)
+    item_bias = pooled_vectors(seqs, salts_bias, 1, theta, weights=recency, bags=items)[..., 0]  # (B, F_q)
     salts_item = torch.tensor([params.salt("item", q) for q in range(num_seq)])
-    interest = pooled_vectors(seqs, salts_item, params.latent_dim, theta, weights=recency)  # (B, F_q, D)
+    interest = pooled_vectors(seqs, salts_item, params.latent_dim, theta, weights=recency, bags=items)  # (B, F_q, D)
     cand_features = [q % params.num_sparse for q in range(num_seq)]
     cand_kjt = batch.sparse.permute(cand_features)
     salts_cand = torch.tensor([params.salt("candidate", q) for q in range(num_seq)])

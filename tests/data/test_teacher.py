@@ -5,7 +5,7 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from loka_trainer.data.hashing import hashed_normal
-from loka_trainer.data.teacher import draw_teacher_params, pooled_vectors, solve_bias
+from loka_trainer.data.teacher import Bags, draw_teacher_params, pooled_vectors, solve_bias
 
 
 @pytest.mark.parametrize("target", [0.03, 0.25, 0.7])
@@ -47,6 +47,10 @@ def test_each_id_gets_its_own_keys_vector_however_often_it_repeats():
         ids = values[start:start + n]
         expected = hashed_normal(ids, salts[key].item(), 5).sum(0) / n if n else torch.zeros(5)
         assert torch.allclose(out[row, key], expected, rtol=0, atol=1e-6), (row, key)
+    shared = Bags.of(kjt)  # what a caller pooling kjt twice passes: the same result
+    assert torch.equal(pooled_vectors(kjt, salts, 5, theta=0.0, bags=shared), out)
+    other_salts = salts + 1
+    assert torch.equal(pooled_vectors(kjt, other_salts, 2, 0.0, bags=shared), pooled_vectors(kjt, other_salts, 2, 0.0))
     same_id_two_keys = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor([3, 3]),
                                          lengths=torch.ones(2, dtype=torch.int32))
     pooled = pooled_vectors(same_id_two_keys, torch.tensor([11, 12]), 5, theta=0.0)
