@@ -211,6 +211,7 @@ class Trainer:
     def _evaluate(self) -> None:
         if self.run.data.eval_batches == 0:  # said once at start-up
             return
+        self.callbacks.fire("on_eval_start", self.state)
         self.model.eval()
         metrics = CTRMetrics(device=self.dist.device)
         num_batches = 0

@@ -11,7 +11,7 @@ Where each event fires in the loop (see ``loka_trainer.trainer.Trainer.fit``)::
         on_after_backward
         optimizer.step()
         on_step_end              # state.step still the finished step; state.metrics holds train metrics
-        [every eval_interval: evaluate -> on_eval_end]
+        [every eval_interval: on_eval_start -> evaluate -> on_eval_end]
         [every checkpoint interval: save -> on_checkpoint_save]
     on_train_end
     (any exception inside the loop -> on_exception, then re-raised)
@@ -46,6 +46,7 @@ EVENTS = (
     "on_after_forward",
     "on_after_backward",
     "on_step_end",
+    "on_eval_start",
     "on_eval_end",
     "on_checkpoint_save",
     "on_checkpoint_load",
@@ -107,6 +108,7 @@ class Callback:
     def on_after_forward(self, state: TrainState) -> None: ...
     def on_after_backward(self, state: TrainState) -> None: ...
     def on_step_end(self, state: TrainState) -> None: ...
+    def on_eval_start(self, state: TrainState) -> None: ...
     def on_eval_end(self, state: TrainState) -> None: ...
     def on_checkpoint_save(self, state: TrainState) -> None: ...
     def on_checkpoint_load(self, state: TrainState) -> None: ...

@@ -6,7 +6,8 @@
 Event mapping (Lightning hook -> loka event): on_train_start -> on_train_start; on_train_batch_start ->
 on_step_start; on_before_backward -> on_after_forward (``state.loss``: the loss Lightning backpropagates, divided by
 k under accumulation); on_after_backward -> on_after_backward; on_train_batch_end -> on_step_end (with
-``state.loss`` from the step's output); on_validation_end -> on_eval_end (``state.eval_metrics`` from
+``state.loss`` from the step's output); on_validation_start -> on_eval_start (also between the batches of an
+accumulated step, where Lightning may validate); on_validation_end -> on_eval_end (``state.eval_metrics`` from
 ``trainer.callback_metrics``); on_save_checkpoint / on_load_checkpoint -> the callback's state_dict is stored in /
 restored from Lightning's checkpoint under ``loka_callbacks/<state_key>``; on_train_end and on_exception as named.
 ``state.step`` is Lightning's ``global_step`` (optimizer steps taken before this batch). Under
@@ -82,6 +83,9 @@ class LightningAdapter(pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         state.loss = loss.detach() if isinstance(loss, torch.Tensor) else None
         self.callback.on_step_end(state)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.callback.on_eval_start(self._state(trainer, pl_module))
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         state = self._state(trainer, pl_module)

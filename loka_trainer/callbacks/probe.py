@@ -193,6 +193,17 @@ class ProbeCallback(Callback):
             for layer in self.layers.values():
                 layer.armed = True
 
+    def on_eval_start(self, state: TrainState) -> None:
+        """Evaluation inside an observed step (Lightning may validate between the micro-batches of an accumulated
+        step): fold what the step's forwards stashed and disarm, so that no evaluation input is observed."""
+        self._fold_inputs()
+
+    def on_eval_end(self, state: TrainState) -> None:
+        """Re-arm for the observed step's next micro-batch, if evaluation came inside one."""
+        if self._observing:
+            for layer in self.layers.values():
+                layer.armed = True
+
     def on_step_end(self, state: TrainState) -> None:
         if self.writer is not None:
             self._scalars.write(self.writer, wait=False)

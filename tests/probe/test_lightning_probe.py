@@ -134,3 +134,27 @@ def test_activation_checkpointing_recomputes_are_not_observed(tmp_path, module_c
     for layer in ("net.0", "net.2"):
         assert float(stats["tested"][layer].count) == 4 * 10  # global steps 0, 2, 4, 6: once each
         torch.testing.assert_close(stats["tested"][layer].mean, stats["plain"][layer].mean)
+
+
+class ValidatedModule(TinyModule):
+    def validation_step(self, batch, batch_idx):
+        (x,) = batch
+        self.log("val_loss", self.net(x).square().mean())
+
+
+def test_validation_between_micro_batches_is_not_observed(tmp_path):
+    """accumulate_grad_batches=2 with val_check_interval=3: Lightning validates after the first micro-batch of the
+    second step, while the probe waits for that step's next forward. The validation rows (around 100, far from the
+    training rows) stay out of the statistics, and the step's second micro-batch is still observed."""
+    torch.manual_seed(0)
+    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(80, 8)), batch_size=10)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(100 + torch.randn(50, 8)), batch_size=10)
+    probe = ProbeCallback(interval=1, save_interval=100, tensorboard=False)
+    trainer = pl.Trainer(max_steps=4, accumulate_grad_batches=2, val_check_interval=3, num_sanity_val_steps=0,
+                         callbacks=[LightningAdapter(probe, run_dir=tmp_path)], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", default_root_dir=tmp_path)
+    trainer.fit(ValidatedModule(), train, val)
+    moments = probe.layers["net.0"].activation.moments
+    assert float(moments.count) == 8 * 10  # every training micro-batch, no validation batch
+    assert float(moments.mean.abs().max()) < 1.0  # training rows are N(0, 1); validation rows would pull it to ~40
