@@ -189,9 +189,7 @@ class ProbeCallback(Callback):
         """Arm the hooks again while an observed step is in flight: under gradient accumulation another
         micro-batch's forward follows, and it is observed too (folded after its own forward, so the stash holds one
         micro-batch's inputs at a time). With no further forward the step's end disarms them unused."""
-        if self._observing:
-            for layer in self.layers.values():
-                layer.armed = True
+        self._arm_again()
 
     def on_eval_start(self, state: TrainState) -> None:
         """Evaluation inside an observed step (Lightning may validate between the micro-batches of an accumulated
@@ -200,6 +198,10 @@ class ProbeCallback(Callback):
 
     def on_eval_end(self, state: TrainState) -> None:
         """Re-arm for the observed step's next micro-batch, if evaluation came inside one."""
+        self._arm_again()
+
+    def _arm_again(self) -> None:
+        """Arm every hook while an observed step is in flight (no-op between observed steps)."""
         if self._observing:
             for layer in self.layers.values():
                 layer.armed = True
