@@ -26,6 +26,7 @@ from typing import NoReturn, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from loka_trainer.callbacks.probe_config import probe_out_dir
 from loka_trainer.checkpoint import CheckpointError
 from loka_trainer.cli import fail, parse_argv, run_app, typed_config, unwritable_line, write_run_config
 from loka_trainer.config import build_small_model, check_plan_file, register_schemas, to_run_config
@@ -64,10 +65,9 @@ def output_dirs(cfg: DictConfig, run_dir: Optional[Path]) -> list[tuple[str, Pat
     is None (a sweep point, whose run dir Hydra numbers when it starts it)."""
     ckpt = OmegaConf.select(cfg, "trainer.checkpoint_dir")
     dirs = [("trainer.checkpoint_dir", checkpoint_root(ckpt, run_dir))] if ckpt or run_dir is not None else []
-    if OmegaConf.select(cfg, "callbacks.probe.enabled"):
-        probe_dir = OmegaConf.select(cfg, "callbacks.probe.out_dir")
-        if probe_dir is not None or run_dir is not None:
-            dirs.append(("callbacks.probe.out_dir", Path(probe_dir) if probe_dir is not None else run_dir / "probe"))
+    probe_dir = probe_out_dir(OmegaConf.select(cfg, "callbacks.probe.out_dir"), run_dir)
+    if OmegaConf.select(cfg, "callbacks.probe.enabled") and probe_dir is not None:
+        dirs.append(("callbacks.probe.out_dir", probe_dir))
     return dirs
 
 

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from loka_trainer.callbacks.base import Callback, TrainState
-from loka_trainer.callbacks.probe_config import ProbeConfig, to_probe_config
+from loka_trainer.callbacks.probe_config import ProbeConfig, probe_out_dir, to_probe_config
 from loka_trainer.callbacks.probe_layer import SCALAR_NAMES, LayerProbe, WeightUpdates
 from loka_trainer.output_dirs import unwritable_reason
 from loka_trainer.probe.activation import ActivationTracker
@@ -112,9 +112,7 @@ class ProbeCallback(Callback):
 
     @property
     def out_dir(self) -> Optional[Path]:
-        if self.config.out_dir is not None:
-            return Path(self.config.out_dir)
-        return self.run_dir / "probe" if self.run_dir is not None else None
+        return probe_out_dir(self.config.out_dir, self.run_dir)
 
     @property
     def stats_path(self) -> Optional[Path]:

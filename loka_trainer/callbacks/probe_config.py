@@ -2,10 +2,19 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import List, Optional
 
 from loka_trainer.field_types import field_type_problem
 from loka_trainer.probe.activation import STATS_DTYPES
+
+
+def probe_out_dir(out_dir: Optional[str], run_dir: Optional[Path]) -> Optional[Path]:
+    """Where the Probe writes its statistics: ``callbacks.probe.out_dir``, default ``<run dir>/probe`` (None
+    without either)."""
+    if out_dir is not None:
+        return Path(out_dir)
+    return Path(run_dir) / "probe" if run_dir is not None else None
 
 
 @dataclasses.dataclass
