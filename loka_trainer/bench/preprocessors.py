@@ -37,6 +37,12 @@ def ambiguous_batch(x: Any, batch_size: int) -> Optional[str]:
     return None
 
 
+def _batch_object(leaf: Any) -> bool:
+    """Whether a non-tensor leaf may carry a batch: any object with ``to`` (a KJT, a ``Batch``) but a module, a
+    dtype or a device."""
+    return hasattr(leaf, "to") and not isinstance(leaf, (torch.nn.Module, torch.dtype, torch.device))
+
+
 def batch_size_of(x: Any) -> Optional[int]:
     """The batch size of the pytree ``x``: that of its first leaf that has one, positional before keyword, or None.
 
@@ -48,7 +54,7 @@ def batch_size_of(x: Any) -> Optional[int]:
         if isinstance(leaf, torch.Tensor):
             if leaf.dim() > 0:
                 return leaf.shape[0]
-        elif hasattr(leaf, "to") and not isinstance(leaf, (torch.nn.Module, torch.dtype, torch.device)):
+        elif _batch_object(leaf):
             if (size := _object_batch_size(leaf)) is not None:
                 return size
     return None
@@ -87,7 +93,7 @@ def replicate_batch(x: Any, *, batch_size: int, factor: int) -> Any:
             if leaf.dim() > 0 and leaf.shape[0] == batch_size:
                 return leaf.repeat(factor, *([1] * (leaf.dim() - 1)))
             return leaf
-        if hasattr(leaf, "to") and not isinstance(leaf, (torch.nn.Module, torch.dtype, torch.device)):
+        if _batch_object(leaf):
             return replicate_object(leaf, batch_size=batch_size, factor=factor)
         return leaf
 
