@@ -166,9 +166,14 @@ def train(run_dir: Path, overrides: list[str], nproc: int) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def logged_after(records: list[dict], key: str, warmup_steps: int) -> list[float]:
+    """``key`` of every metrics.jsonl record that logged it after the warm-up."""
+    return [r[key] for r in records if key in r and r["step"] > warmup_steps]
+
+
 def steady_throughput(records: list[dict], warmup_steps: int) -> float:
     """Mean examples/s over logged train steps after the warm-up."""
-    values = [r["examples_per_s"] for r in records if "examples_per_s" in r and r["step"] > warmup_steps]
+    values = logged_after(records, "examples_per_s", warmup_steps)
     if not values:
         raise SystemExit(f"no logged step after --warmup-steps {warmup_steps}: train longer")
     return statistics.fmean(values)
@@ -177,7 +182,7 @@ def steady_throughput(records: list[dict], warmup_steps: int) -> float:
 def steady_data_wait(records: list[dict], warmup_steps: int) -> Optional[float]:
     """Mean host ms per step the loop waited for its next batch (``data_wait_ms``) over the logged windows after the
     warm-up; None where the run logged none (a train.py older than the metric)."""
-    values = [r["data_wait_ms"] for r in records if "data_wait_ms" in r and r["step"] > warmup_steps]
+    values = logged_after(records, "data_wait_ms", warmup_steps)
     return statistics.fmean(values) if values else None
 
 
