@@ -20,23 +20,21 @@ import torch
 from loka_trainer.arg_types import positive_int, writable_dir
 from loka_trainer.cli import compose_config
 from loka_trainer.config import register_schemas, to_run_config
-from loka_trainer.data import build_stream
+from loka_trainer.data import DataConfig, build_stream
 from scripts.provenance import provenance
 from scripts.result_files import write_result
 
 
-def batch_ms(overrides: list[str], *, threads: int, batches: int) -> dict:
-    """{"ms_per_batch", "examples_per_s"} of the train stream of ``overrides`` at ``threads`` torch threads."""
-    composed = compose_config("config", [*overrides, "data.prefetch=0"])
-    run = to_run_config(composed.cfg, composed.choices)
+def batch_ms(data: DataConfig, *, threads: int, batches: int) -> dict:
+    """{"ms_per_batch", "examples_per_s"} of the train stream of ``data`` at ``threads`` torch threads."""
     torch.set_num_threads(threads)
-    stream = iter(build_stream(run.data, split="train", rank=0, world_size=1))
+    stream = iter(build_stream(data, split="train", rank=0, world_size=1))
     next(stream)  # the first batch pays one-off set-up
     began = time.perf_counter()
     for _ in range(batches):
         next(stream)
     ms = 1000.0 * (time.perf_counter() - began) / batches
-    return {"ms_per_batch": ms, "examples_per_s": run.data.batch_size / ms * 1000.0}
+    return {"ms_per_batch": ms, "examples_per_s": data.batch_size / ms * 1000.0}
 
 
 def main() -> None:
@@ -47,7 +45,9 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="train.py's Hydra overrides (after --)")
     args = ap.parse_args()
     register_schemas()
-    rows = {str(t): batch_ms(args.overrides, threads=t, batches=args.batches) for t in dict.fromkeys(args.threads)}
+    composed = compose_config("config", [*args.overrides, "data.prefetch=0"])
+    data = to_run_config(composed.cfg, composed.choices).data
+    rows = {str(t): batch_ms(data, threads=t, batches=args.batches) for t in dict.fromkeys(args.threads)}
     write_result(args.out / "data_speed.json", {**provenance(), "overrides": args.overrides,
                                                   "batches": args.batches, "threads": rows})
     print(f"{'threads':>8}  {'ms per batch':>12}  {'examples/s':>11}")
