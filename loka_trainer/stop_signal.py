@@ -9,7 +9,8 @@ all-reduce, so every rank stops after the same step, saves it and exits with sta
 Running the same command again resumes there. Ctrl-C (SIGINT) does the same, and says so on rank 0. A second
 signal acts as if no handler were installed (SIGTERM ends the process at once, SIGINT raises KeyboardInterrupt),
 except a repeat within `REPEAT_WINDOW_S`: one Ctrl-C under torchrun reaches each rank twice (from the terminal,
-and forwarded by torchrun).
+and forwarded by torchrun). A signal ignored when the loop starts stays ignored (a shell script's background job
+ignores SIGINT), as Python itself leaves an ignored SIGINT alone.
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class RunStopped(Exception):
 
 class StopSignals:
     """Records the first of `STOP_SIGNALS` this process receives (handlers only in the main thread, where Python
-    runs them; elsewhere, and with ``enabled=False``, nothing is installed and no signal is ever recorded).
+    runs them, and only for signals not ignored (``SIG_IGN``) when it is made; elsewhere, and with ``enabled=False``,
+    nothing is installed and no signal is ever recorded).
     ``announce``: write one line to stderr when the first arrives (rank 0). ``clock``: seconds, for the repeat window.
     """
 
@@ -53,7 +55,8 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
         if enabled and threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._record)
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._record)
 
     def _record(self, signum: int, frame: Any) -> None:
         now = self._clock()

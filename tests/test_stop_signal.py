@@ -44,7 +44,8 @@ def test_the_first_signal_is_recorded_a_repeat_a_second_later_goes_to_the_handle
 
 def test_ctrl_c_is_announced_once_and_pressed_again_raises_keyboard_interrupt(capfd):
     now = [0.0]
-    stop = StopSignals(enabled=True, announce=True, clock=lambda: now[0])
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, also when pytest was started
+    stop = StopSignals(enabled=True, announce=True, clock=lambda: now[0])  # with SIGINT ignored (in the background)
     try:
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.received == signal.SIGINT
@@ -55,7 +56,23 @@ def test_ctrl_c_is_announced_once_and_pressed_again_raises_keyboard_interrupt(ca
             time.sleep(1)  # the handler runs between bytecodes; never reached
     finally:
         stop.close()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        restored = signal.signal(signal.SIGINT, before)
+    assert restored is signal.default_int_handler
+
+
+def test_a_signal_ignored_when_the_loop_starts_stays_ignored():
+    before = signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # as a script's background job starts with SIGINT
+    stop = StopSignals(enabled=True)
+    try:
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == stop._record
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.1)
+        assert stop.received is None
+    finally:
+        stop.close()
+        signal.signal(signal.SIGUSR1, before)
+    assert signal.getsignal(signal.SIGUSR1) is before
 
 
 def test_disabled_installs_nothing():
@@ -71,12 +88,18 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before exec: SIGINT not ignored, also when these tests run in a background job, which does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_and_signal(args: list[str], run_dir: Path, *, nproc: int, signum: int) -> subprocess.CompletedProcess:
     """Start train.py for many steps, send `signum` to the launched process once a few steps are logged."""
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
                 if nproc > 1 else [sys.executable])
     proc = subprocess.Popen([*launcher, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_terminal)
     deadline = time.monotonic() + 180
     while not any(r.get("step", 0) >= 4 for r in _records(run_dir)):
         assert proc.poll() is None and time.monotonic() < deadline, "train.py ended or never logged"
