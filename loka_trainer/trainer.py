@@ -85,7 +85,6 @@ class Trainer:
         self.warmup = build_warmup(self.dense_optimizer, base_lr=t.lr, warmup_steps=t.warmup_steps, start_step=start)
         self.callbacks.fire("on_train_start", self.state)
         self._window_start = time.perf_counter()  # start-up and a checkpoint's restore are not training throughput
-        self._data_wait = DataWait()
         stop = StopSignals(enabled=t.stop_on_signal, announce=self.dist.is_rank_zero)
         try:
             for step in range(start, last + 1):
@@ -179,10 +178,10 @@ class Trainer:
         metrics = CTRMetrics(device=self.dist.device)
         metrics.update(torch.cat([w[1] for w in self._window]), torch.cat([w[2] for w in self._window]))
         metrics = metrics.compute()
-        out = {"loss": _mean_over_ranks(losses.mean()), "examples_per_s": metrics["examples"] / elapsed,
-               "ne": metrics["ne"], "auc": metrics["auc"],
-               "data_wait_ms": _mean_over_ranks(torch.tensor(self._data_wait.take_ms_per_step(),
-                                                             device=self.dist.device))}
+        wait_ms = torch.tensor(self._data_wait.take_ms_per_step(), device=losses.device)
+        loss, data_wait_ms = _mean_over_ranks(torch.stack([losses.mean().float(), wait_ms]))
+        out = {"loss": loss, "examples_per_s": metrics["examples"] / elapsed, "ne": metrics["ne"],
+               "auc": metrics["auc"], "data_wait_ms": data_wait_ms}
         self._window, self._window_start = [], time.perf_counter()
         return out
 
@@ -352,9 +351,10 @@ class DataWait:
         return ms
 
 
-def _mean_over_ranks(value: torch.Tensor) -> float:
+def _mean_over_ranks(values: torch.Tensor) -> list[float]:
+    """values: (V,) float32; each one's mean over ranks, in one all-reduce."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        value = value.clone()
-        dist.all_reduce(value)  # SUM: gloo has no AVG
-        value /= dist.get_world_size()
-    return value.item()
+        values = values.clone()
+        dist.all_reduce(values)  # SUM: gloo has no AVG
+        values /= dist.get_world_size()
+    return values.tolist()
