@@ -340,16 +340,17 @@ def test_layer_sensitivity_sees_an_amplified_layer_and_restores_the_model():
     assert dict(net.named_children()) == modules and torch.equal(forward(net, batches), before)
 
 
-def test_data_bench_times_the_train_stream_per_thread_count_and_refuses_a_bad_config(tmp_path):
-    cmd = [sys.executable, "-m", "scripts.bench_data", "--out", str(tmp_path), "--threads", "1", "2", "--batches", "2",
-           "--", "model=interformer", "data.batch_size=64"]
+def test_data_bench_times_the_train_stream_per_thread_and_worker_count_and_refuses_a_bad_config(tmp_path):
+    cmd = [sys.executable, "-m", "scripts.bench_data", "--out", str(tmp_path), "--threads", "1", "2", "--workers", "1",
+           "3", "--batches", "2", "--", "model=interformer", "data.batch_size=64"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "data_speed.json").read_text())
-    assert set(result["threads"]) == {"1", "2"} and result["overrides"] == ["model=interformer", "data.batch_size=64"]
-    for row in result["threads"].values():
+    assert [(row["threads"], row["workers"]) for row in result["rows"]] == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert result["overrides"] == ["model=interformer", "data.batch_size=64"]
+    for row in result["rows"]:
         assert row["ms_per_batch"] > 0 and row["examples_per_s"] == pytest.approx(64 / row["ms_per_batch"] * 1000)
-    assert "ms per batch" in proc.stdout.splitlines()[-3]
+    assert "ms per batch" in proc.stdout.splitlines()[-5]
     before = (tmp_path / "data_speed.json").read_text()
     bad = subprocess.run([*cmd[:-2], "model=no_such_model"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "no_such_model" in bad.stderr + bad.stdout

@@ -62,8 +62,16 @@ class IndexedStream(BatchStream):
         self.position += 1
         return batch
 
+    def batch_at(self, index: int) -> Batch:
+        """Batch ``index``, the stream's position unchanged (safe from several threads: it reads no position)."""
+        return self._batch_at(index)
+
+    def state_at(self, position: int) -> dict:
+        """The ``state_dict`` this stream has at ``position``."""
+        return {**self._identity, "position": position}
+
     def state_dict(self) -> dict:
-        return {**self._identity, "position": self.position}
+        return self.state_at(self.position)
 
     def load_state_dict(self, state: dict) -> None:
         check_identity(self._identity, state)

@@ -65,7 +65,7 @@ class OutlierConfig:
 UNREAD_BY_SOURCE = {
     "synthetic": ("path", "eval_path", "eval_fraction"),
     "criteo": ("seed", "zipf_alpha", "multi_hot", "num_sequences", "max_sequence_length", "sequence_vocab_size",
-               "target_ctr", "teacher_logit_std", "teacher_latent_dim", "drift", "batches_per_day"),
+               "target_ctr", "teacher_logit_std", "teacher_latent_dim", "drift", "batches_per_day", "workers"),
 }
 
 
@@ -75,8 +75,9 @@ class DataConfig:
 
     Synthetic only: ``zipf_alpha``, ``multi_hot``, sequences, the teacher fields, ``drift``, ``outliers``.
     Criteo only: ``path``, ``eval_path`` and ``eval_fraction`` (tail of ``path`` held out when no eval_path).
-    ``prefetch``: train batches produced ahead on a background thread (0: off); ``pin_memory`` pins them when
-    CUDA is available, so ``Batch.to(device, non_blocking=True)`` is asynchronous.
+    ``prefetch``: train batches produced ahead on a background thread (0: off); ``workers``: threads making them at
+    once (synthetic only: its batches are random-access; a file is read in order by one); ``pin_memory`` pins them
+    when CUDA is available, so ``Batch.to(device, non_blocking=True)`` is asynchronous.
     """
 
     name: str = "synthetic"
@@ -100,6 +101,7 @@ class DataConfig:
     eval_path: Optional[str] = None
     eval_fraction: float = 0.1
     prefetch: int = 2
+    workers: int = 1
     pin_memory: bool = True
     outliers: OutlierConfig = dataclasses.field(default_factory=OutlierConfig)
 
@@ -167,4 +169,5 @@ _LOWER_BOUNDS = {
     "batches_per_day": (0, True),
     "eval_batches": (0, False),
     "prefetch": (0, False),
+    "workers": (1, False),
 }

@@ -17,7 +17,8 @@ SPLITS = ("train", "eval")
 # ``DataConfig`` fields that leave the synthetic batches as they are; every other one, ``outliers``' included, is
 # part of a synthetic stream's identity, so that a resume with other data is refused rather than continuing one
 # metrics series over two datasets.
-SYNTHETIC_BATCH_INDEPENDENT = ("name", "eval_batches", "path", "eval_path", "eval_fraction", "prefetch", "pin_memory")
+SYNTHETIC_BATCH_INDEPENDENT = ("name", "eval_batches", "path", "eval_path", "eval_fraction", "prefetch", "workers",
+                               "pin_memory")
 
 
 def synthetic_identity(cfg: DataConfig) -> dict[str, Any]:
@@ -61,7 +62,8 @@ def stream_identity(cfg: DataConfig, *, split: str, rank: int, world_size: int) 
 def build_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> BatchStream:
     """The batches of ``rank`` (of ``world_size``) for ``split`` ("train": infinite, "eval": finite).
 
-    Train streams are wrapped in a ``PrefetchStream`` when ``cfg.prefetch > 0``.
+    Train streams are wrapped in a ``PrefetchStream`` when ``cfg.prefetch > 0``, made by ``cfg.workers`` threads
+    when random-access (synthetic), else by one.
     """
     cfg.validate()
     if split not in SPLITS:
@@ -74,5 +76,6 @@ def build_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> 
     stream = DATA_SOURCES[cfg.name](cfg, split=split, rank=rank, world_size=world_size)
     if split == "train" and cfg.prefetch > 0:
         pin = cfg.pin_memory and torch.cuda.is_available()
-        stream = PrefetchStream(stream, depth=cfg.prefetch, pin_memory=pin)
+        workers = cfg.workers if isinstance(stream, IndexedStream) else 1
+        stream = PrefetchStream(stream, depth=cfg.prefetch, workers=workers, pin_memory=pin)
     return stream

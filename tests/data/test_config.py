@@ -29,6 +29,7 @@ def test_defaults_are_valid():
     ({"zipf_alpha": -0.5}, "data.zipf_alpha must be >= 0.0"),
     ({"target_ctr": 1.5}, "data.target_ctr must be in (0, 1)"),
     ({"eval_batches": -1}, "data.eval_batches must be >= 0"),
+    ({"workers": 0}, "data.workers must be >= 1, got 0"),
     ({"name": "criteo"}, "data.path must be set"),
     ({"name": "criteo", "path": "/nonexistent/train.txt"}, "data.path must be an existing Criteo TSV file"),
 ])

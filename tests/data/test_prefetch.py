@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loka_trainer.data import DataConfig, build_stream, write_criteo_tsv
-from loka_trainer.data.base import BatchStream
+from loka_trainer.data.base import BatchStream, IndexedStream
 from loka_trainer.data.prefetch import PrefetchStream
 
 from .helpers import assert_batches_equal
@@ -114,15 +114,82 @@ def test_worker_errors_surface_in_the_consumer():
         PrefetchStream(build_stream(CFG, split="eval", rank=0, world_size=1))
 
 
-def test_abandoned_stream_stops_its_thread():
-    stream = build_stream(CFG, split="train", rank=0, world_size=1)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_abandoned_stream_stops_its_threads(workers):
+    stream = build_stream(dataclasses.replace(CFG, workers=workers), split="train", rank=0, world_size=1)
     next(stream)
-    thread = stream._thread
-    assert thread.is_alive()
+    threads = list(stream._threads)
+    assert len(threads) == workers and all(thread.is_alive() for thread in threads)
     del stream
     gc.collect()
-    thread.join(timeout=5)
-    assert not thread.is_alive()
+    for thread in threads:
+        thread.join(timeout=5)
+    assert not any(thread.is_alive() for thread in threads)
+
+
+@pytest.mark.parametrize("workers, depth", [(2, 2), (3, 1), (4, 6)])
+def test_several_workers_yield_the_batches_in_order_with_the_consumers_position(workers, depth):
+    plain = _plain()
+    fast = build_stream(dataclasses.replace(CFG, workers=workers, prefetch=depth), split="train", rank=0,
+                        world_size=1)
+    assert len(fast._queues) == 0
+    for _ in range(2 * workers + 1):
+        assert_batches_equal(next(fast), next(plain))
+        assert fast.state_dict() == plain.state_dict()
+    assert len(fast._threads) == workers
+    fast.close()
+
+
+def test_several_workers_close_and_resume_never_skip_queued_batches():
+    plain = _plain()
+    expected = [next(plain) for _ in range(9)]
+    cfg = dataclasses.replace(CFG, workers=3)
+    fast = build_stream(cfg, split="train", rank=0, world_size=1)
+    for i in range(4):  # the workers have run ahead to batch 6 or beyond
+        assert_batches_equal(next(fast), expected[i])
+    state = fast.state_dict()
+    fast.close()
+    assert_batches_equal(next(fast), expected[4])  # restarted at the consumer's position, worker 0 first
+    assert_batches_equal(next(fast), expected[5])
+    resumed = build_stream(dataclasses.replace(cfg, workers=2), split="train", rank=0, world_size=1)
+    resumed.load_state_dict(state)  # another worker count resumes the same batches
+    for i in (4, 5, 6, 7):
+        assert_batches_equal(next(resumed), expected[i])
+    fast.close()
+    resumed.close()
+
+
+def test_an_error_in_one_of_several_workers_surfaces_at_its_batch():
+    plain = _plain()
+    expected = [next(plain) for _ in range(3)]
+
+    def batch_at(index: int):
+        if index == 3:
+            raise OSError("batch 3 failed")
+        return expected[index] if index < 3 else expected[0]
+
+    stream = PrefetchStream(IndexedStream(batch_at, identity={}, num_batches=None), depth=4, workers=3)
+    for i in range(3):
+        assert_batches_equal(next(stream), expected[i])  # the batches before it, although later ones were made
+    with pytest.raises(OSError, match="batch 3 failed"):
+        next(stream)
+    assert stream.state_dict() == {"position": 3}
+    with pytest.raises(OSError, match="batch 3 failed"):  # retried at the failed batch, not past it, not hung
+        next(stream)
+    assert not stream._threads
+
+
+def test_several_workers_need_a_random_access_stream(tmp_path):
+    with pytest.raises(ValueError, match="random-access stream .*got _Failing"):
+        PrefetchStream(_Failing(), workers=2)
+    path = tmp_path / "train.txt"
+    write_criteo_tsv(_plain(DataConfig(batch_size=40)), str(path), 80)
+    cfg = DataConfig(name="criteo", path=str(path), batch_size=40, eval_batches=0, workers=3)
+    assert cfg.unread_settings() == ["data.workers"]  # named to the user, not refused
+    stream = build_stream(cfg, split="train", rank=0, world_size=1)
+    next(stream)
+    assert len(stream._threads) == 1  # a file is read in order
+    stream.close()
 
 
 # Streams still producing when the script ends: their workers sit in torch ops while the interpreter finalizes.

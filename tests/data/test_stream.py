@@ -96,7 +96,7 @@ def test_every_setting_outside_the_batch_independent_ones_is_in_the_synthetic_id
         assert {k for k in base if base[k] != changed[k]} == {f"outliers.{field}"}
 
 
-@pytest.mark.parametrize("changes", [{"eval_batches": 7}, {"prefetch": 0}, {"pin_memory": False},
+@pytest.mark.parametrize("changes", [{"eval_batches": 7}, {"prefetch": 0}, {"workers": 3}, {"pin_memory": False},
                                      {"eval_fraction": 0.5}])
 def test_batch_independent_settings_leave_the_synthetic_batches_as_they_are(changes):
     a = build_stream(CFG, split="train", rank=0, world_size=1)
