@@ -21,7 +21,7 @@ from tqdm import tqdm
 from loka_trainer.data.base import BatchStream, check_identity
 from loka_trainer.data.batch import Batch
 from loka_trainer.data.config import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE, DataConfig
-from loka_trainer.data.criteo_format import ParsedRow, format_lines, malformed_reason, parse_line, rows_to_batch
+from loka_trainer.data.criteo_format import format_lines, is_row, malformed_reason, row_text, rows_to_batch
 from loka_trainer.data.schema import counts_from_dense, dense_from_counts, sparse_vocab_sizes
 
 
@@ -91,10 +91,10 @@ class CriteoStream(BatchStream):
                 raise StopIteration
             rows.append(row)
         self.batches += 1
-        return rows_to_batch(rows)
+        return rows_to_batch(rows, self._vocab)
 
-    def _next_row(self) -> Optional[ParsedRow]:
-        """The next good parsed row, or None at the end of a non-cycling range."""
+    def _next_row(self) -> Optional[bytes]:
+        """The next valid row's text (``row_text``), or None at the end of a non-cycling range."""
         while True:
             line = self._read_line()
             if line is None:
@@ -103,8 +103,8 @@ class CriteoStream(BatchStream):
                 continue
             is_new = self.offset > self._high_water
             self._high_water = max(self._high_water, self.offset)
-            row = parse_line(line, self._vocab)
-            if row is not None:
+            row = row_text(line)
+            if is_row(row):
                 self._good_in_pass += 1
                 return row
             if is_new:
@@ -195,10 +195,9 @@ def criteo_identity(cfg: DataConfig, *, split: str, rank: int, world_size: int) 
             "byte_range": [start, end]}
 
 
-def count_rows(path: str, start: int, end: int, *, limit: int, max_vocab_size: int) -> tuple[int, Optional[bytes]]:
+def count_rows(path: str, start: int, end: int, *, limit: int) -> tuple[int, Optional[bytes]]:
     """How many valid Criteo rows start in bytes [start, end) of ``path``, counting no further than ``limit``, and
     the first malformed line met (None if none)."""
-    vocab = sparse_vocab_sizes(CRITEO_NUM_SPARSE, max_vocab_size)
     found, first_bad = 0, None
     with open(path, "rb") as f:
         f.seek(start)
@@ -208,7 +207,7 @@ def count_rows(path: str, start: int, end: int, *, limit: int, max_vocab_size: i
             if not line:
                 break
             offset += len(line)
-            good = parse_line(line, vocab) is not None
+            good = is_row(row_text(line))
             found += good
             first_bad = line if first_bad is None and not good else first_bad
     return found, first_bad
@@ -230,7 +229,7 @@ def check_shards(cfg: DataConfig, *, world_size: int) -> None:
         path, lo, hi = _split_range(cfg, split)
         for rank in range(world_size):
             start, end = shard_range(path, lo, hi, rank, world_size)
-            rows, first_bad = count_rows(path, start, end, limit=need, max_vocab_size=cfg.max_vocab_size)
+            rows, first_bad = count_rows(path, start, end, limit=need)
             if rows >= need:
                 continue
             where = _describe_range(cfg, split, path, lo, hi)

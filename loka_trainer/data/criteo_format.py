@@ -7,8 +7,9 @@ Missing counts read as 0; a missing categorical hashes like "0", i.e. to id 0 (t
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from typing import Sequence
 
+import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -23,7 +24,6 @@ _LINE_RE = re.compile(
     % (CRITEO_NUM_DENSE - 1, CRITEO_NUM_SPARSE)
 )
 
-ParsedRow = tuple[int, list[int], list[int]]
 # Editors and spreadsheet exports start a UTF-8 file with it; it would make the first row's label unreadable.
 UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -34,20 +34,39 @@ def row_text(line: bytes) -> bytes:
     return line.rstrip(b"\r\n ").removeprefix(UTF8_BOM)
 
 
-def parse_line(line: bytes, vocab_sizes: Sequence[int]) -> Optional[ParsedRow]:
-    """(label, 13 counts, 26 ids hashed into ``vocab_sizes``) or None when the line is malformed (``row_text``
-    says what of a line is not part of the row).
+def is_row(text: bytes) -> bool:
+    """Whether a line's ``row_text`` is a valid Criteo row (``parse_rows`` reads every such row)."""
+    return _LINE_RE.fullmatch(text) is not None
 
-    Hash: ``int(hex, 16) % vocab`` (DLRM's preprocessing); the values in Criteo files are already hashes.
+
+# hex digit value per byte; 255 for any other byte (the NUL padding of a fixed-width numpy bytes array)
+_HEX_VALUE = np.full(256, 255, dtype=np.uint8)
+_HEX_VALUE[list(b"0123456789")] = range(10)
+_HEX_VALUE[list(b"abcdef")] = _HEX_VALUE[list(b"ABCDEF")] = range(10, 16)
+_NUM_FIELDS = 1 + CRITEO_NUM_DENSE + CRITEO_NUM_SPARSE
+_FIELD_BYTES = 19  # a count's "-" and 18 digits; hex values have at most 16
+
+
+def parse_rows(texts: Sequence[bytes], vocab_sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(labels (B,) int64 in {0, 1}, counts (B, 13) int64, ids (B, 26) int64) of B valid rows (``is_row``).
+
+    Missing counts read as 0, missing categoricals hash like "0". Hash: ``int(hex, 16) % vocab`` (DLRM's
+    preprocessing; the values in Criteo files are already hashes). Vectorized over the batch with numpy: field by
+    field in Python a row costs ~30 µs, slower than a GPU-scale step consumes rows.
     """
-    line = row_text(line)
-    if _LINE_RE.fullmatch(line) is None:
-        return None
-    fields = line.split(b"\t")
-    counts = [int(f) if f else 0 for f in fields[1:1 + CRITEO_NUM_DENSE]]
-    cats = fields[1 + CRITEO_NUM_DENSE:]
-    ids = [(int(f, 16) if f else 0) % v for f, v in zip(cats, vocab_sizes)]
-    return int(fields[0]), counts, ids
+    num_rows = len(texts)
+    fields = np.array(b"\t".join(texts).split(b"\t"), dtype=f"S{_FIELD_BYTES}").reshape(num_rows, _NUM_FIELDS)
+    labels = (fields[:, 0] == b"1").astype(np.int64)
+    dense = fields[:, 1:1 + CRITEO_NUM_DENSE]
+    counts = np.where(dense == b"", b"0", dense).astype(np.int64)
+    hex_bytes = fields[:, 1 + CRITEO_NUM_DENSE:].astype("S16").view(np.uint8).reshape(num_rows, CRITEO_NUM_SPARSE, 16)
+    digits = _HEX_VALUE[hex_bytes]  # (B, 26, 16), 255 past a value's last digit
+    values = np.zeros((num_rows, CRITEO_NUM_SPARSE), dtype=np.uint64)  # 16 hex digits fit in 64 bits
+    for position in range(16):
+        digit = digits[:, :, position]
+        values = np.where(digit != 255, values * np.uint64(16) + digit.astype(np.uint64), values)
+    ids = (values % np.asarray(vocab_sizes, dtype=np.uint64)).astype(np.int64)
+    return labels, counts, ids
 
 
 _FIELD_RULES = (
@@ -60,8 +79,8 @@ _FIELD_NAMES = ("label", *(f"I{i}" for i in range(1, CRITEO_NUM_DENSE + 1)),
 
 
 def malformed_reason(line: bytes) -> str:
-    """Why ``parse_line`` refuses ``line``, naming the first bad field: 'I3 is b'1.5', not an integer count or
-    empty'. For messages only; ``parse_line`` decides."""
+    """Why ``is_row`` refuses ``line``'s row, naming the first bad field: 'I3 is b'1.5', not an integer count or
+    empty'. For messages only; ``is_row`` decides."""
     fields = row_text(line).split(b"\t")
     if len(fields) != len(_FIELD_NAMES):
         return f"{len(fields)} tab-separated fields, not {len(_FIELD_NAMES)} (label, I1..I13, C1..C26)"
@@ -72,17 +91,18 @@ def malformed_reason(line: bytes) -> str:
     return "unreadable"
 
 
-def rows_to_batch(rows: Sequence[ParsedRow]) -> Batch:
-    """Stack parsed rows into a ``Batch``: dense (B, 13) = log1p(max(count, 0)), one id per bag, labels (B,)."""
-    labels = torch.tensor([r[0] for r in rows], dtype=torch.float32)
-    counts = torch.tensor([r[1] for r in rows], dtype=torch.int64)  # (B, 13)
-    ids = torch.tensor([r[2] for r in rows], dtype=torch.int64)  # (B, 26)
+def rows_to_batch(texts: Sequence[bytes], vocab_sizes: Sequence[int]) -> Batch:
+    """A ``Batch`` of B valid rows (``parse_rows``): dense (B, 13) = log1p(max(count, 0)), one id per bag, labels
+    (B,)."""
+    labels, counts, ids = parse_rows(texts, vocab_sizes)
+    ids = torch.from_numpy(ids)  # (B, 26)
     sparse = KeyedJaggedTensor(
         keys=list(sparse_feature_names(CRITEO_NUM_SPARSE)),
         values=ids.t().reshape(-1),  # key-major
         lengths=torch.ones(ids.numel(), dtype=torch.int32),
     )
-    return Batch(dense=dense_from_counts(counts), sparse=sparse, labels=labels)
+    return Batch(dense=dense_from_counts(torch.from_numpy(counts)), sparse=sparse,
+                 labels=torch.from_numpy(labels).to(torch.float32))
 
 
 def format_lines(labels: torch.Tensor, counts: torch.Tensor, ids: torch.Tensor) -> list[str]:

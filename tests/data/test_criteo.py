@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from loka_trainer.data import DataConfig, SyntheticSource, build_stream, write_criteo_tsv
-from loka_trainer.data.criteo_format import parse_line
+from loka_trainer.data.criteo_format import is_row, parse_rows, row_text
 from loka_trainer.data.schema import sparse_vocab_sizes
 
 from .helpers import assert_batches_equal, row_keys
@@ -67,19 +67,44 @@ def test_malformed_lines_are_skipped_counted_and_reported(tmp_path, tsv):
         next(stream)  # wraps around: the second pass must not count the bad lines again
     assert stream.num_malformed == 5
     assert any("skipped 5 malformed lines" in str(w.message) for w in record)
-    clean = [parse_line(line.encode(), VOCAB) for line in good]
-    assert torch.equal(torch.cat([r.labels for r in rows]), torch.tensor([float(c[0]) for c in clean]))
+    assert torch.equal(torch.cat([r.labels for r in rows]), torch.tensor([float(line[0]) for line in good]))
     assert stream.state_dict()["num_malformed"] == 5
 
 
 def test_missing_and_negative_fields():
     fields = ["1", "-2", ""] + ["7"] * 11 + ["", "1f"] + ["00000003"] * 24
-    label, counts, ids = parse_line("\t".join(fields).encode(), VOCAB)
-    assert label == 1 and counts[:3] == [-2, 0, 7]
-    assert ids[:2] == [0, 0x1F % VOCAB[1]]
-    batch_stream_line = "\t".join(fields) + "\n"
-    assert parse_line(batch_stream_line.encode(), VOCAB) is not None  # trailing newline accepted
-    assert parse_line(b"1\t+2" + b"\t" * 38, VOCAB) is None  # only plain integers
+    labels, counts, ids = parse_rows([row_text("\t".join(fields).encode() + b"\n")], VOCAB)  # newline accepted
+    assert labels.tolist() == [1] and counts[0, :3].tolist() == [-2, 0, 7]
+    assert ids[0, :2].tolist() == [0, 0x1F % VOCAB[1]]
+    assert not is_row(b"1\t+2" + b"\t" * 38)  # only plain integers
+
+
+def _row_by_python(text: bytes) -> tuple[int, list[int], list[int]]:
+    """The Criteo row format read field by field with Python's int(): what ``parse_rows`` must equal."""
+    fields = text.split(b"\t")
+    counts = [int(f) if f else 0 for f in fields[1:14]]
+    return int(fields[0]), counts, [(int(f, 16) if f else 0) % v for f, v in zip(fields[14:], VOCAB)]
+
+
+def test_parse_rows_equals_reading_each_field_with_python_int():
+    gen = torch.Generator().manual_seed(0)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    extremes = ["", "0", "-0", "007", "-1", "9" * 18, "-" + "9" * 18, "123456789012345678"]
+    hexes = ["", "0", "f", "A", "00000001", "deadBEEF", "f" * 16, "F" * 16, "8000000000000000", "0123456789abcdef"]
+    rows = []
+    for _ in range(300):
+        counts = [pick(extremes + [str(int(torch.randint(-5, 10**6, (1,), generator=gen)))]) for _ in range(13)]
+        cats = [pick(hexes + [f"{int(torch.randint(0, 2**31, (1,), generator=gen)):08x}"]) for _ in range(26)]
+        rows.append("\t".join([pick(["0", "1"]), *counts, *cats]).encode())
+    assert all(is_row(row) for row in rows)
+    labels, counts, ids = parse_rows(rows, VOCAB)
+    expected = [_row_by_python(row) for row in rows]
+    assert labels.tolist() == [e[0] for e in expected]
+    assert counts.tolist() == [e[1] for e in expected]
+    assert ids.tolist() == [e[2] for e in expected]
 
 
 @pytest.mark.parametrize("line_end", [b"\r\n", b"  \n", b" \r\n"])
