@@ -13,7 +13,8 @@ included: the whole loop), ``--repeats`` times, each repeat in the reverse order
 (compilation excluded; a LoKA plan is built before step 0, so it is excluded too); beside it the training's peak GPU
 memory (``peak_gpu_memory_gib`` of ``summary.json``), the run's window spread (``train_runs.window_spread``: a machine
 slowdown during a run shows there, above ``UNSTEADY``) and the host ms per step the loop waited for its next batch
-(``data_wait_ms``: well above zero, the data pipeline is slower than the step). A precision's ratio to the first one is
+(``data_wait_ms``, and its share of the step: above ``DATA_PACED`` the run is marked data-paced, its examples/s the
+data pipeline's pace rather than the model's). A precision's ratio to the first one is
 taken within each repeat (runs next to each other in time) and its median over repeats is reported, with the range.
 Evaluation runs once at the end, outside the measured windows. Writes ``DIR/train_throughput.json`` after every run (a
 run already there is reused) and ``train_throughput.png`` (examples/s per log window), and prints the table last.
@@ -36,6 +37,7 @@ from scripts.train_runs import (check_measured_runs, check_profile_step, known_v
                                 precision_overrides, print_phase_table, profile_overrides, repeat_orders)
 
 UNSTEADY = 0.10  # a window spread above this marks a run whose mean is not its steady speed
+DATA_PACED = 0.10  # a wait for data above this share of the step marks a run paced by its data, not its model
 
 
 def plot(result: dict, path: Path) -> None:
@@ -124,13 +126,21 @@ def main() -> None:
     plot(result, args.out / "train_throughput.png")
     first = args.precisions[0]
     print(f"{'precision':>22}  {'examples/s':>10}  {'x ' + first:>10}  {'range':>13}  {'spread':>6}  {'peak GiB':>8}"
-          f"  {'data wait ms':>12}")
+          f"  {'data wait ms (of step)':>22}")
+    paced = False
     for name, row in result["precisions"].items():
-        peak, wait = (result["runs"][name].get(k) for k in ("peak_gpu_memory_gib", "data_wait_ms"))
-        flag = "  unsteady" if row["max_window_spread"] > UNSTEADY else ""
+        run = result["runs"][name]
+        peak, wait, share = (run.get(k) for k in ("peak_gpu_memory_gib", "data_wait_ms", "data_wait_share"))
+        flags = [flag for flag, on in (("unsteady", row["max_window_spread"] > UNSTEADY),
+                                       ("data-paced", share is not None and share > DATA_PACED)) if on]
+        paced = paced or "data-paced" in flags
+        waited = "n/a" if wait is None else f"{wait:.1f}" + ("" if share is None else f" ({share:.0%})")
         print(f"{name:>22}  {row['examples_per_s']:>10,.0f}  {row['ratio_to_first']:>9.3f}x  "
               f"{min(row['ratios']):>5.3f}-{max(row['ratios']):.3f}x  {row['max_window_spread']:>6.1%}  "
-              f"{'n/a' if peak is None else f'{peak:.2f}':>8}  {'n/a' if wait is None else f'{wait:.1f}':>12}{flag}")
+              f"{'n/a' if peak is None else f'{peak:.2f}':>8}  {waited:>22}{''.join('  ' + f for f in flags)}")
+    if paced:
+        print(f"data-paced: the loop waited for its next batch over {DATA_PACED:.0%} of the step, so examples/s is the "
+              f"data pipeline's pace there; synthetic data: raise data.workers (with data.prefetch > 0)")
     if args.profile_step is not None:
         print_phase_table(args.profile_step, result["runs"])
 

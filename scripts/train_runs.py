@@ -186,6 +186,14 @@ def steady_data_wait(records: list[dict], warmup_steps: int) -> Optional[float]:
     return statistics.fmean(values) if values else None
 
 
+def data_wait_share(data_wait_ms: Optional[float], examples_per_s: float, examples_per_step: int) -> Optional[float]:
+    """The share of the mean step the loop spent waiting for its next batch: ``data_wait_ms`` over the step time
+    ``1000 · examples_per_step / examples_per_s`` (examples of all ranks); None where the run logged no wait."""
+    if data_wait_ms is None:
+        return None
+    return data_wait_ms / (1000.0 * examples_per_step / examples_per_s)
+
+
 def window_spread(trajectory: list[list[float]], warmup_steps: int) -> float:
     """How unsteady a run was: (90th − 10th percentile) / median of its log windows' examples/s after the warm-up.
     A steady run is a few percent; a machine slowdown during the run shows as tens of percent, however the mean
@@ -259,15 +267,21 @@ def check_profile_step(step: Optional[int], warmup_steps: int) -> None:
 def measured_run(run_dir: Path, overrides: list[str], nproc: int, *, warmup_steps: int,
                  profile_step: Optional[int] = None) -> dict:
     """One train.py run as the throughput benchmarks record it: {"examples_per_s" (after the warm-up),
-    "window_spread", "data_wait_ms" (`steady_data_wait`), "trajectory", "peak_gpu_memory_gib" (``summary.json``),
-    and with ``profile_step`` "profile" (that step by phase and kernel kind, ``profile.json``)}."""
+    "window_spread", "data_wait_ms" (`steady_data_wait`), "data_wait_share" (of the step, `data_wait_share`),
+    "trajectory", "peak_gpu_memory_gib" (``summary.json``), and with ``profile_step`` "profile" (that step by phase
+    and kernel kind, ``profile.json``)}."""
+    from omegaconf import OmegaConf
+
     records = train(run_dir, [*overrides, *profile_overrides(profile_step)], nproc)
     trajectory = throughput_trajectory(records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    examples_per_step = OmegaConf.load(run_dir / ".hydra" / "config.yaml").data.batch_size * summary["world_size"]
     run = {"examples_per_s": steady_throughput(records, warmup_steps),
            "window_spread": window_spread(trajectory, warmup_steps),
            "data_wait_ms": steady_data_wait(records, warmup_steps),
-           "peak_gpu_memory_gib": json.loads((run_dir / "summary.json").read_text()).get("peak_gpu_memory_gib"),
+           "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"),
            "trajectory": trajectory}
+    run["data_wait_share"] = data_wait_share(run["data_wait_ms"], run["examples_per_s"], examples_per_step)
     if profile_step is not None:
         run["profile"] = json.loads((run_dir / "profile.json").read_text())["steps"][0]
     return run

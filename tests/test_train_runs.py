@@ -28,6 +28,7 @@ def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_
     for run in result["runs"].values():
         assert [s for s, _ in run["trajectory"]] == [5, 10, 15, 20] and run["examples_per_s"] > 0
         assert run["window_spread"] >= 0 and run["data_wait_ms"] >= 0
+        assert run["data_wait_share"] == pytest.approx(run["data_wait_ms"] / (1000 * 512 / run["examples_per_s"]))
         assert run["profile"]["step"] == 3 and run["profile"]["phases"]["forward"]["host_ms"] > 0
     assert result["precisions"]["bf16"]["ratios"] == [1.0, 1.0]
     assert len(result["precisions"]["fp8_rowwise"]["ratios"]) == 2
@@ -39,6 +40,18 @@ def test_train_throughput_bench_runs_train_py_per_precision_and_reuses_finished_
     assert again.returncode == 0 and (tmp_path / "runs" / "bf16_1" / "metrics.jsonl").stat().st_mtime == mtime
 
 
+@pytest.mark.slow
+def test_a_run_that_makes_its_batches_on_the_training_thread_is_marked_data_paced(tmp_path):
+    """With ``data.prefetch=0`` every batch is made inside the step: the wait is a large share of it."""
+    cmd = [sys.executable, "-m", "scripts.bench_train_throughput", "--out", str(tmp_path), "--precisions", "bf16",
+           "--warmup-steps", "5", "--", "model=dlrm", "trainer.steps=20", "trainer.log_interval=5", "data.prefetch=0"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run = json.loads((tmp_path / "train_throughput.json").read_text())["runs"]["bf16"]
+    assert run["data_wait_share"] > 0.1
+    assert "data-paced" in proc.stdout.splitlines()[-2] and proc.stdout.splitlines()[-1].startswith("data-paced:")
+
+
 def test_window_spread_separates_a_steady_run_from_one_that_slowed_down():
     from scripts.train_runs import window_spread
     steady = [[s, 100.0 + (s % 20) / 10] for s in range(10, 310, 10)]  # within 2%
@@ -48,6 +61,13 @@ def test_window_spread_separates_a_steady_run_from_one_that_slowed_down():
     assert window_spread(slowed, warmup_steps=200) == 0.0  # after step 200 it is steady again, just slower
     with pytest.raises(SystemExit):
         window_spread(steady, warmup_steps=300)
+
+
+def test_data_wait_share_is_the_wait_over_the_step_time_of_all_ranks():
+    from scripts.train_runs import data_wait_share
+    assert data_wait_share(19.0, examples_per_s=60_000.0, examples_per_step=4096) == pytest.approx(19.0 / 68.2666, 1e-4)
+    assert data_wait_share(5.0, examples_per_s=1000.0, examples_per_step=2 * 5) == pytest.approx(0.5)  # 10 ms steps
+    assert data_wait_share(None, examples_per_s=1000.0, examples_per_step=10) is None
 
 
 def test_data_wait_is_the_mean_after_the_warm_up_and_absent_where_the_run_did_not_log_it():
