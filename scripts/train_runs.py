@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+from omegaconf import OmegaConf
+
 from loka_trainer.dispatch.config import unread_precision_fields
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: train.py and conf/
@@ -270,8 +272,6 @@ def measured_run(run_dir: Path, overrides: list[str], nproc: int, *, warmup_step
     "window_spread", "data_wait_ms" (`steady_data_wait`), "data_wait_share" (of the step, `data_wait_share`),
     "trajectory", "peak_gpu_memory_gib" (``summary.json``), and with ``profile_step`` "profile" (that step by phase
     and kernel kind, ``profile.json``)}."""
-    from omegaconf import OmegaConf
-
     records = train(run_dir, [*overrides, *profile_overrides(profile_step)], nproc)
     trajectory = throughput_trajectory(records)
     summary = json.loads((run_dir / "summary.json").read_text())
