@@ -11,10 +11,12 @@ the state after the last batch *consumed*, so a checkpoint never skips the batch
 from __future__ import annotations
 
 import atexit
+import functools
+import itertools
 import queue
-import sys
 import threading
 import weakref
+from typing import Callable, Iterator
 
 from loka_trainer.data.base import BatchStream, IndexedStream
 from loka_trainer.data.batch import Batch
@@ -77,13 +79,14 @@ class PrefetchStream(BatchStream):
         # NOTE: a worker gets its inputs, not ``self``: a thread holding ``self`` would keep an abandoned
         # stream (and its threads) alive forever; this way ``__del__`` can stop them.
         if self._workers == 1:
-            jobs = [(_work, (self._stream, self._queues[0], self._stop, self._pin))]
+            sources = [functools.partial(_next_in_order, self._stream)]
         else:
             first = self._stream.position
-            jobs = [(_work_indexed, (self._stream, range(first + k, sys.maxsize, self._workers), self._queues[k],
-                                     self._stop, self._pin)) for k in range(self._workers)]
-        self._threads = [threading.Thread(target=target, args=args, name=f"loka-data-prefetch-{k}", daemon=True)
-                         for k, (target, args) in enumerate(jobs)]
+            sources = [functools.partial(_next_by_index, self._stream, itertools.count(first + k, self._workers))
+                       for k in range(self._workers)]
+        self._threads = [threading.Thread(target=_work, args=(source, out, self._stop, self._pin),
+                                          name=f"loka-data-prefetch-{k}", daemon=True)
+                         for k, (source, out) in enumerate(zip(sources, self._queues))]
         for thread in self._threads:
             thread.start()
         _RUNNING.add(self)
@@ -122,26 +125,28 @@ def _stop_running_workers() -> None:
         stream._stop_worker()
 
 
-def _work(stream: BatchStream, out: queue.Queue, stop: threading.Event, pin: bool) -> None:
-    """Worker loop: (batch, state and malformed count of ``stream`` right after it) into ``out`` until ``stop``;
-    errors go in too."""
+def _work(next_item: Callable[[], tuple[Batch, dict, int]], out: queue.Queue, stop: threading.Event,
+          pin: bool) -> None:
+    """Worker loop: ``next_item()`` (a batch, and the state and malformed count of the stream right after it) into
+    ``out`` until ``stop``; errors go in too, where their batch would have."""
     try:
         while not stop.is_set():
-            _put(out, stop, (_ready(next(stream), pin), stream.state_dict(), stream.num_malformed))
+            batch, state, malformed = next_item()
+            _put(out, stop, (_ready(batch, pin), state, malformed))
     except BaseException as err:  # handed to the consumer, which re-raises it on its own thread
         _put(out, stop, err)
 
 
-def _work_indexed(stream: IndexedStream, indices: range, out: queue.Queue, stop: threading.Event, pin: bool) -> None:
-    """One of several workers: each batch of ``indices`` and the stream's state after it into ``out`` until
-    ``stop``; an error goes in where its batch would have."""
-    try:
-        for index in indices:
-            if stop.is_set():
-                return
-            _put(out, stop, (_ready(stream.batch_at(index), pin), stream.state_at(index + 1), stream.num_malformed))
-    except BaseException as err:
-        _put(out, stop, err)
+def _next_in_order(stream: BatchStream) -> tuple[Batch, dict, int]:
+    """The one worker of a stream read in order: its next batch."""
+    batch = next(stream)
+    return batch, stream.state_dict(), stream.num_malformed
+
+
+def _next_by_index(stream: IndexedStream, indices: Iterator[int]) -> tuple[Batch, dict, int]:
+    """One of several workers of a random-access stream: the batch at its next index."""
+    index = next(indices)
+    return stream.batch_at(index), stream.state_at(index + 1), stream.num_malformed
 
 
 def _ready(batch: Batch, pin: bool) -> Batch:
