@@ -3,11 +3,11 @@
     python -m scripts.bench_data --out DIR [--threads 1 4] [--workers 1 2 4] [--batches 10] -- \
         model=interformer_h200 data.batch_size=4096
 
-Builds the train stream of the composed config (train.py's Hydra overrides after ``--``) as train.py does, made by
-``data.workers`` = each of ``--workers`` background threads at once (random-access sources; one for a file), and
-takes its batches as fast as they come, for each torch thread count in ``--threads`` (the workers run on the
-process's intra-op threads): ms per batch over ``--batches`` batches after the first ``workers`` (their one-off
-set-up and head start left out). Prints ms per batch and examples/s per row; writes ``DIR/data_speed.json``.
+Builds the train stream of the composed config (train.py's Hydra overrides after ``--``) as train.py does, with
+``data.workers`` = each of ``--workers`` (1: one background thread on the process's ``--threads`` intra-op threads;
+more: that many worker processes of one torch thread each, random-access sources only), and takes its batches as
+fast as they come: ms per batch over ``--batches`` batches after the first ``workers`` (their one-off set-up and
+head start left out). Prints ms per batch and examples/s per row; writes ``DIR/data_speed.json``.
 Compare ms per batch with the step time train.py logs (``examples_per_s``, ``data_wait_ms`` in ``metrics.jsonl``):
 a pipeline slower than the step makes the loop wait for data.
 """
@@ -29,7 +29,7 @@ from scripts.result_files import write_result
 
 def batch_ms(data: DataConfig, *, threads: int, workers: int, batches: int) -> dict:
     """{"threads", "workers", "ms_per_batch", "examples_per_s"} of the train stream of ``data`` made by ``workers``
-    threads at ``threads`` torch threads."""
+    (one thread, or worker processes) in a process of ``threads`` torch threads."""
     torch.set_num_threads(threads)
     data = dataclasses.replace(data, workers=workers, prefetch=workers)  # one batch ahead per worker
     stream = build_stream(data, split="train", rank=0, world_size=1)

@@ -17,7 +17,7 @@ from loka_trainer.data.config import DataConfig
 _LAZY = {
     "BatchStream": "base", "Batch": "batch", "DataSchema": "batch", "write_criteo_tsv": "criteo",
     "PrefetchStream": "prefetch", "data_schema": "schema", "DATA_SOURCES": "stream", "build_stream": "stream",
-    "SyntheticSource": "synthetic",
+    "SyntheticSource": "synthetic", "WorkerProcessStream": "worker_processes",
 }
 
 __all__ = ["DataConfig", *_LAZY]

@@ -54,6 +54,15 @@ class Batch:
             with_host_key_lengths(self.sequences)
         return self
 
+    def pin_memory(self) -> "Batch":
+        """This batch in pinned host memory (what ``DataLoader(pin_memory=True)`` calls), key lengths kept."""
+        return Batch(
+            dense=self.dense.pin_memory(),
+            sparse=self.sparse.pin_memory(),
+            labels=self.labels.pin_memory(),
+            sequences=None if self.sequences is None else self.sequences.pin_memory(),
+        )
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         """The batch on ``device``; the KJTs carry their per-key lengths, counted on the host (see below)."""
         self.with_host_key_lengths()

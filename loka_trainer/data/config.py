@@ -75,9 +75,9 @@ class DataConfig:
 
     Synthetic only: ``zipf_alpha``, ``multi_hot``, sequences, the teacher fields, ``drift``, ``outliers``.
     Criteo only: ``path``, ``eval_path`` and ``eval_fraction`` (tail of ``path`` held out when no eval_path).
-    ``prefetch``: train batches produced ahead on a background thread (0: off); ``workers``: threads making them at
-    once (synthetic only: its batches are random-access; a file is read in order by one); ``pin_memory`` pins them
-    when CUDA is available, so ``Batch.to(device, non_blocking=True)`` is asynchronous.
+    ``prefetch``: train batches produced ahead on a background thread (0: off); ``workers``: processes making them
+    at once when above 1 (synthetic only: its batches are random-access; a file is read in order by one thread);
+    ``pin_memory`` pins them when CUDA is available, so ``Batch.to(device, non_blocking=True)`` is asynchronous.
     """
 
     name: str = "synthetic"

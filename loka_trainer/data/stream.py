@@ -11,6 +11,7 @@ from loka_trainer.data.config import DataConfig
 from loka_trainer.data.criteo import build_criteo_stream, criteo_identity
 from loka_trainer.data.prefetch import PrefetchStream
 from loka_trainer.data.synthetic import SyntheticSource
+from loka_trainer.data.worker_processes import WorkerProcessStream
 from loka_trainer.field_types import dotted
 
 SPLITS = ("train", "eval")
@@ -62,8 +63,8 @@ def stream_identity(cfg: DataConfig, *, split: str, rank: int, world_size: int) 
 def build_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> BatchStream:
     """The batches of ``rank`` (of ``world_size``) for ``split`` ("train": infinite, "eval": finite).
 
-    Train streams are wrapped in a ``PrefetchStream`` when ``cfg.prefetch > 0``, made by ``cfg.workers`` threads
-    when random-access (synthetic), else by one.
+    Train streams are made ahead when ``cfg.prefetch > 0``: by ``cfg.workers`` processes when random-access
+    (synthetic) and ``cfg.workers > 1`` (``WorkerProcessStream``), else on one background thread (``PrefetchStream``).
     """
     cfg.validate()
     if split not in SPLITS:
@@ -76,6 +77,7 @@ def build_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> 
     stream = DATA_SOURCES[cfg.name](cfg, split=split, rank=rank, world_size=world_size)
     if split == "train" and cfg.prefetch > 0:
         pin = cfg.pin_memory and torch.cuda.is_available()
-        workers = cfg.workers if isinstance(stream, IndexedStream) else 1
-        stream = PrefetchStream(stream, depth=cfg.prefetch, workers=workers, pin_memory=pin)
+        if cfg.workers > 1 and isinstance(stream, IndexedStream):
+            return WorkerProcessStream(stream, depth=cfg.prefetch, workers=cfg.workers, pin_memory=pin)
+        stream = PrefetchStream(stream, depth=cfg.prefetch, pin_memory=pin)
     return stream

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import subprocess
 import sys
 import time
@@ -9,10 +10,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from loka_trainer.data import DataConfig, build_stream, write_criteo_tsv
 from loka_trainer.data.base import BatchStream, IndexedStream
 from loka_trainer.data.prefetch import PrefetchStream
+from loka_trainer.data.worker_processes import WorkerProcessStream
 
 from .helpers import assert_batches_equal
 
@@ -114,33 +117,45 @@ def test_worker_errors_surface_in_the_consumer():
         PrefetchStream(build_stream(CFG, split="eval", rank=0, world_size=1))
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_abandoned_stream_stops_its_threads(workers):
-    stream = build_stream(dataclasses.replace(CFG, workers=workers), split="train", rank=0, world_size=1)
+def test_abandoned_stream_stops_its_thread():
+    stream = build_stream(CFG, split="train", rank=0, world_size=1)
     next(stream)
-    threads = list(stream._threads)
-    assert len(threads) == workers and all(thread.is_alive() for thread in threads)
+    thread = stream._thread
+    assert thread.is_alive()
     del stream
     gc.collect()
-    for thread in threads:
-        thread.join(timeout=5)
-    assert not any(thread.is_alive() for thread in threads)
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_abandoned_worker_process_stream_stops_its_processes():
+    stream = build_stream(dataclasses.replace(CFG, workers=3), split="train", rank=0, world_size=1)
+    assert isinstance(stream, WorkerProcessStream) and stream.worker_processes == []
+    next(stream)
+    processes = stream.worker_processes
+    assert len(processes) == 3 and all(process.is_alive() for process in processes)
+    assert os.getpid() not in [process.pid for process in processes]
+    del stream
+    gc.collect()
+    for process in processes:
+        process.join(timeout=10)
+    assert not any(process.is_alive() for process in processes)
 
 
 @pytest.mark.parametrize("workers, depth", [(2, 2), (3, 1), (4, 6)])
-def test_several_workers_yield_the_batches_in_order_with_the_consumers_position(workers, depth):
+def test_worker_processes_yield_the_batches_in_order_with_the_consumers_position(workers, depth):
     plain = _plain()
     fast = build_stream(dataclasses.replace(CFG, workers=workers, prefetch=depth), split="train", rank=0,
                         world_size=1)
-    assert len(fast._queues) == 0
     for _ in range(2 * workers + 1):
         assert_batches_equal(next(fast), next(plain))
         assert fast.state_dict() == plain.state_dict()
-    assert len(fast._threads) == workers
+    assert len(fast.worker_processes) == workers
     fast.close()
+    assert fast.worker_processes == []
 
 
-def test_several_workers_close_and_resume_never_skip_queued_batches():
+def test_worker_processes_close_and_resume_never_skip_batches_made_ahead():
     plain = _plain()
     expected = [next(plain) for _ in range(9)]
     cfg = dataclasses.replace(CFG, workers=3)
@@ -149,17 +164,20 @@ def test_several_workers_close_and_resume_never_skip_queued_batches():
         assert_batches_equal(next(fast), expected[i])
     state = fast.state_dict()
     fast.close()
-    assert_batches_equal(next(fast), expected[4])  # restarted at the consumer's position, worker 0 first
+    assert_batches_equal(next(fast), expected[4])  # restarted at the consumer's position
     assert_batches_equal(next(fast), expected[5])
     resumed = build_stream(dataclasses.replace(cfg, workers=2), split="train", rank=0, world_size=1)
     resumed.load_state_dict(state)  # another worker count resumes the same batches
     for i in (4, 5, 6, 7):
         assert_batches_equal(next(resumed), expected[i])
-    fast.close()
-    resumed.close()
+    one_thread = build_stream(dataclasses.replace(cfg, workers=1), split="train", rank=0, world_size=1)
+    one_thread.load_state_dict(resumed.state_dict())  # and so does one thread
+    assert_batches_equal(next(one_thread), expected[8])
+    for stream in (fast, resumed, one_thread):
+        stream.close()
 
 
-def test_an_error_in_one_of_several_workers_surfaces_at_its_batch():
+def test_an_error_in_a_worker_process_surfaces_at_its_batch():
     plain = _plain()
     expected = [next(plain) for _ in range(3)]
 
@@ -168,34 +186,44 @@ def test_an_error_in_one_of_several_workers_surfaces_at_its_batch():
             raise OSError("batch 3 failed")
         return expected[index] if index < 3 else expected[0]
 
-    stream = PrefetchStream(IndexedStream(batch_at, identity={}, num_batches=None), depth=4, workers=3)
+    stream = WorkerProcessStream(IndexedStream(batch_at, identity={}, num_batches=None), depth=4, workers=3)
     for i in range(3):
         assert_batches_equal(next(stream), expected[i])  # the batches before it, although later ones were made
     with pytest.raises(OSError, match="batch 3 failed"):
         next(stream)
-    assert stream.state_dict() == {"position": 3}
+    assert stream.state_dict() == {"position": 3} and stream.worker_processes == []
     with pytest.raises(OSError, match="batch 3 failed"):  # retried at the failed batch, not past it, not hung
         next(stream)
-    assert not stream._threads
 
 
-def test_several_workers_need_a_random_access_stream(tmp_path):
+def test_worker_processes_need_a_random_access_stream(tmp_path):
     with pytest.raises(ValueError, match="random-access stream .*got _Failing"):
-        PrefetchStream(_Failing(), workers=2)
+        WorkerProcessStream(_Failing(), workers=2)
     path = tmp_path / "train.txt"
     write_criteo_tsv(_plain(DataConfig(batch_size=40)), str(path), 80)
     cfg = DataConfig(name="criteo", path=str(path), batch_size=40, eval_batches=0, workers=3)
     assert cfg.unread_settings() == ["data.workers"]  # named to the user, not refused
     stream = build_stream(cfg, split="train", rank=0, world_size=1)
+    assert isinstance(stream, PrefetchStream)  # a file is read in order, on one thread
     next(stream)
-    assert len(stream._threads) == 1  # a file is read in order
     stream.close()
+
+
+def test_pinned_batches_keep_their_values_and_key_lengths():
+    batch = next(_plain()).with_host_key_lengths()
+    if not torch.cuda.is_available():
+        pytest.skip("pinned memory needs CUDA")
+    pinned = batch.pin_memory()
+    assert pinned.dense.is_pinned() and pinned.sparse.values().is_pinned()
+    assert_batches_equal(pinned, batch)
+    assert pinned.sparse._length_per_key == batch.sparse._length_per_key
 
 
 # Streams still producing when the script ends: their workers sit in torch ops while the interpreter finalizes.
 _EXIT_WITH_RUNNING_WORKERS = """
 from loka_trainer.data import DataConfig, build_stream
-streams = [build_stream(DataConfig(batch_size=2048, seed=s), split="train", rank=0, world_size=1) for s in range(3)]
+streams = [build_stream(DataConfig(batch_size=2048, seed=s, workers=w), split="train", rank=0, world_size=1)
+           for s, w in ((0, 1), (1, 1), (2, 2))]
 for stream in streams:
     next(stream)
 print("done")
