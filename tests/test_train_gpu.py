@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not _fbgemm_cuda(), reason="needs CUDA and the C
 
 GPU_SMALL = ["trainer.device=cuda", "data.batch_size=1024", "data.eval_batches=4", "callbacks.progress=false",
              "trainer.log_interval=5", "trainer.eval_interval=0", "trainer.compile=true", "trainer.steps=20"]
-RUNS = {  # name -> overrides; the zoo under LoKA as users compile it, plus BF16 and the GPU-scale config
+RUNS = {  # name -> overrides; the zoo under LoKA as users compile it, BF16, the GPU-scale config, data workers
     "dlrm_loka": ["model=dlrm", "precision=loka", *GPU_SMALL],
     "dlrm_dcnv2_loka": ["model=dlrm_dcnv2", "precision=loka", *GPU_SMALL],
     "wukong_loka": ["model=wukong", "precision=loka", *GPU_SMALL],
@@ -34,6 +34,8 @@ RUNS = {  # name -> overrides; the zoo under LoKA as users compile it, plus BF16
                     "callbacks.profiler.start_step=15", "callbacks.profiler.num_steps=2"],
     "wukong_h200_loka": ["model=wukong_h200", "precision=loka", *GPU_SMALL, "data.batch_size=8192",
                          "trainer.steps=10"],
+    # batches from forked DataLoader worker processes, pinned by its thread, in a process that holds CUDA and NCCL
+    "dlrm_bf16_workers": ["model=dlrm", "precision=bf16", *GPU_SMALL, "data.workers=2"],
 }
 
 
