@@ -18,7 +18,6 @@ from typing import Optional
 from loka_trainer.data.base import BatchStream
 from loka_trainer.data.batch import Batch
 
-_STOP = object()
 # Streams whose worker runs. A daemon thread still inside a torch op when the interpreter finalizes aborts the
 # process ("terminate called without an active exception", exit 134), so the workers are stopped at exit.
 _RUNNING: "weakref.WeakSet[PrefetchStream]" = weakref.WeakSet()

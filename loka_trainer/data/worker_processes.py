@@ -48,7 +48,7 @@ class WorkerProcessStream(BatchStream):
     def worker_processes(self) -> list:
         """The worker processes (``multiprocessing.Process``) running now: none before the first batch and after
         ``close``."""
-        return [] if self._batches is None else list(self._batches._workers)
+        return [] if self._batches is None else list(self._batches._workers)  # the DataLoader iterator's
 
     def __next__(self) -> Batch:
         if self._batches is None:
@@ -69,6 +69,7 @@ class WorkerProcessStream(BatchStream):
         """Stop the workers and drop the batches they made ahead; the next ``next()`` resumes after the last
         consumed batch."""
         if self._batches is not None:
+            # explicit: dropping the iterator stops them only once nothing else (a traceback) refers to it
             self._batches._shutdown_workers()
             self._batches = None
 
