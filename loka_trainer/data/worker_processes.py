@@ -1,7 +1,7 @@
 """``WorkerProcessStream``: the batches of a random-access train stream made by worker processes.
 
 Why processes: on one H100, interformer_h200's train.py loop waited 19 ms per step for its data with one background
-thread, and making the batches on four threads of the training process removed the wait but halved the loop's
+thread, and making the batches on four threads of the training process removed the wait but nearly halved the loop's
 speed (`docs/results/train_throughput_interformer_h200/`): generation competed with the loop's host work in one
 process. A ``torch.utils.data.DataLoader`` with ``workers`` processes (each on one torch thread, forked so the
 stream needs no pickling; they never touch CUDA) makes batch p+k in worker k, hands them over in index order through
