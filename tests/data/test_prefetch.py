@@ -237,10 +237,11 @@ def test_a_script_that_leaves_train_streams_running_exits_cleanly():
     assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("prefetch", [0, 3])
-def test_peek_returns_the_next_batch_and_leaves_the_stream_where_it_was(prefetch):
+@pytest.mark.parametrize("prefetch, workers", [(0, 1), (3, 1), (3, 2)])
+def test_peek_returns_the_next_batch_and_leaves_the_stream_where_it_was(prefetch, workers):
     from loka_trainer.data.base import peek
-    stream = build_stream(dataclasses.replace(CFG, prefetch=prefetch), split="train", rank=0, world_size=1)
+    stream = build_stream(dataclasses.replace(CFG, prefetch=prefetch, workers=workers), split="train", rank=0,
+                          world_size=1)
     plain = _plain()
     expected = [next(plain), next(plain)]
     assert_batches_equal(peek(stream), expected[0])
