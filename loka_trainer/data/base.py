@@ -63,15 +63,11 @@ class IndexedStream(BatchStream):
         return batch
 
     def batch_at(self, index: int) -> Batch:
-        """Batch ``index``, the stream's position unchanged (safe from several threads: it reads no position)."""
+        """Batch ``index``, the stream's position unchanged (what data worker processes call)."""
         return self._batch_at(index)
 
-    def state_at(self, position: int) -> dict:
-        """The ``state_dict`` this stream has at ``position``."""
-        return {**self._identity, "position": position}
-
     def state_dict(self) -> dict:
-        return self.state_at(self.position)
+        return {**self._identity, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
         check_identity(self._identity, state)

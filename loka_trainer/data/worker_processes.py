@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from loka_trainer.data.base import BatchStream, IndexedStream
@@ -31,7 +30,8 @@ class _BatchAt(Dataset):
 
 class WorkerProcessStream(BatchStream):
     """Wraps an infinite ``IndexedStream``; ``depth`` batches are kept ready (at least one per worker), made by
-    ``workers`` processes. ``pin_memory`` for async H2D copies."""
+    ``workers`` processes. ``pin_memory`` (only where CUDA is available: ``build_stream`` decides) for async H2D
+    copies."""
 
     def __init__(self, stream: IndexedStream, *, depth: int = 2, workers: int = 2, pin_memory: bool = False) -> None:
         if not isinstance(stream, IndexedStream):
@@ -55,7 +55,7 @@ class WorkerProcessStream(BatchStream):
             self._batches = iter(DataLoader(
                 _BatchAt(self._stream), batch_size=None, sampler=itertools.count(self._stream.position),
                 num_workers=self._workers, prefetch_factor=-(-self._depth // self._workers),
-                multiprocessing_context="fork", pin_memory=self._pin and torch.cuda.is_available()))
+                multiprocessing_context="fork", pin_memory=self._pin))
         try:
             batch = next(self._batches)
         except BaseException:
