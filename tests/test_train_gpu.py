@@ -39,13 +39,24 @@ RUNS = {  # name -> overrides; the zoo under LoKA as users compile it, BF16, the
 }
 
 
+def runs_read_by(items) -> list[str]:
+    """The RUNS that the collected tests read (their ``name`` parameter): ``-k dlrm`` trains only DLRM's."""
+    names = set()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "gpu_runs" in item.fixturenames:
+            names.add(callspec.params["name"])
+    return sorted(names)
+
+
 @pytest.fixture(scope="module")
-def gpu_runs(tmp_path_factory):
-    """All runs at once (compilation is CPU-bound and the GPU has room): name -> run dir."""
+def gpu_runs(request, tmp_path_factory):
+    """The collected tests' runs, all at once (compilation is CPU-bound and the GPU has room): name -> run dir."""
     root = tmp_path_factory.mktemp("gpu_runs")
-    with ThreadPoolExecutor(max_workers=len(RUNS)) as pool:
-        futures = {name: pool.submit(run_train, [*args, f"hydra.run.dir={root / name}"], nproc=1, timeout=900,
-                                     check=False) for name, args in RUNS.items()}
+    names = runs_read_by(request.session.items)
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        futures = {name: pool.submit(run_train, [*RUNS[name], f"hydra.run.dir={root / name}"], nproc=1, timeout=900,
+                                     check=False) for name in names}
         procs = {name: f.result() for name, f in futures.items()}
     return {name: (root / name, proc) for name, proc in procs.items()}
 
@@ -67,9 +78,10 @@ def test_trains_on_gpu_through_train_py(gpu_runs, name):
         assert (run_dir / "dispatch_plan.json").is_file()
 
 
-def test_profiled_steps_split_their_gpu_kernels(gpu_runs):
+@pytest.mark.parametrize("name", ["wukong_bf16"])
+def test_profiled_steps_split_their_gpu_kernels(gpu_runs, name):
     """callbacks.profiler on CUDA: each profiled step's kernels, by kind, in profile.json."""
-    run_dir, proc = gpu_runs["wukong_bf16"]
+    run_dir, proc = gpu_runs[name]
     assert proc.returncode == 0, proc.stderr[-4000:]
     steps = json.loads((run_dir / "profile.json").read_text())["steps"]
     assert [s["step"] for s in steps] == [15, 16]
