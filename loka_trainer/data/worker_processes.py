@@ -44,12 +44,6 @@ class WorkerProcessStream(BatchStream):
         self._stream, self._depth, self._workers, self._pin = stream, depth, workers, pin_memory
         self._batches = None  # the DataLoader's iterator while the workers run
 
-    @property
-    def worker_processes(self) -> list:
-        """The worker processes (``multiprocessing.Process``) running now: none before the first batch and after
-        ``close``."""
-        return [] if self._batches is None else list(self._batches._workers)  # the DataLoader iterator's
-
     def __next__(self) -> Batch:
         if self._batches is None:
             self._batches = iter(DataLoader(
