@@ -171,15 +171,22 @@ def test_the_training_batches_do_not_depend_on_whether_there_are_eval_batches(tm
     assert len(losses[0]) == 2 and losses[0] == losses[1]
 
 
-def test_data_worker_processes_train_on_the_same_batches_as_one_thread(tmp_path):
-    """data.workers=3 (forked worker processes on each of 2 ranks) against one background thread: same losses and
-    eval."""
+@pytest.mark.parametrize("source", ["synthetic", "criteo"])
+def test_data_worker_processes_train_on_the_same_batches_as_one_thread(tmp_path, source):
+    """data.workers=3 (forked worker processes on each of 2 ranks; for a Criteo file each reads its rank's share and
+    parses every third batch) against one background thread: same losses and eval."""
+    from tests.test_cli import criteo_lines
+
+    data = []
+    if source == "criteo":
+        (tmp_path / "day.txt").write_text("".join(criteo_lines(6000)))
+        data = ["data=criteo", f"data.path={tmp_path / 'day.txt'}", "data.eval_batches=2"]
     records = {}
     for workers in (1, 3):
         run_dir = tmp_path / f"workers{workers}"
         run_train(["model=dlrm", "trainer.steps=6", "trainer.log_interval=1", "trainer.eval_interval=6",
-                   "callbacks.tensorboard=false", f"data.workers={workers}", f"hydra.run.dir={run_dir}", *SMALL],
-                  nproc=2)
+                   "callbacks.tensorboard=false", f"data.workers={workers}", f"hydra.run.dir={run_dir}", *SMALL,
+                   *data], nproc=2)
         records[workers] = _records(run_dir)
     losses = {w: [r["loss"] for r in recs if "loss" in r] for w, recs in records.items()}
     evals = {w: [r["eval_auc"] for r in recs if "eval_auc" in r] for w, recs in records.items()}

@@ -30,6 +30,10 @@ class BatchStream:
             raise TypeError("an infinite (train) BatchStream has no len()")
         return self.num_batches
 
+    def skip(self) -> None:
+        """Move past the next batch; sources that can do so without making it override this."""
+        next(self)
+
     @property
     def num_malformed(self) -> int:
         return 0

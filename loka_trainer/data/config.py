@@ -65,7 +65,7 @@ class OutlierConfig:
 UNREAD_BY_SOURCE = {
     "synthetic": ("path", "eval_path", "eval_fraction"),
     "criteo": ("seed", "zipf_alpha", "multi_hot", "num_sequences", "max_sequence_length", "sequence_vocab_size",
-               "target_ctr", "teacher_logit_std", "teacher_latent_dim", "drift", "batches_per_day", "workers"),
+               "target_ctr", "teacher_logit_std", "teacher_latent_dim", "drift", "batches_per_day"),
 }
 
 
@@ -76,7 +76,7 @@ class DataConfig:
     Synthetic only: ``zipf_alpha``, ``multi_hot``, sequences, the teacher fields, ``drift``, ``outliers``.
     Criteo only: ``path``, ``eval_path`` and ``eval_fraction`` (tail of ``path`` held out when no eval_path).
     ``prefetch``: train batches produced ahead on a background thread (0: off); ``workers``: processes making them
-    at once when above 1 (synthetic only: its batches are random-access; a file is read in order by one thread);
+    at once when above 1 (a Criteo file is read by each and every ``workers``-th batch parsed by one);
     ``pin_memory`` pins them when CUDA is available, so ``Batch.to(device, non_blocking=True)`` is asynchronous.
     """
 

@@ -82,6 +82,15 @@ class CriteoStream(BatchStream):
         return self
 
     def __next__(self) -> Batch:
+        return rows_to_batch(self._next_rows(), self._vocab)
+
+    def skip(self) -> None:
+        """Pass over the next batch's lines without parsing them (a third of the time of making it): how each
+        of several data workers reaches the batches it makes (``StridedWorkerStream``)."""
+        self._next_rows()
+
+    def _next_rows(self) -> list[bytes]:
+        """The next batch's ``batch_size`` valid rows (``row_text``); StopIteration at the end of an eval range."""
         if self.num_batches is not None and self.batches >= self.num_batches:
             raise StopIteration
         rows = []
@@ -91,7 +100,7 @@ class CriteoStream(BatchStream):
                 raise StopIteration
             rows.append(row)
         self.batches += 1
-        return rows_to_batch(rows, self._vocab)
+        return rows
 
     def _next_row(self) -> Optional[bytes]:
         """The next valid row's text (``row_text``), or None at the end of a non-cycling range."""

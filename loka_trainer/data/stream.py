@@ -11,7 +11,7 @@ from loka_trainer.data.config import DataConfig
 from loka_trainer.data.criteo import build_criteo_stream, criteo_identity
 from loka_trainer.data.prefetch import PrefetchStream
 from loka_trainer.data.synthetic import SyntheticSource
-from loka_trainer.data.worker_processes import WorkerProcessStream
+from loka_trainer.data.worker_processes import StridedWorkerStream, WorkerProcessStream
 from loka_trainer.field_types import dotted
 
 SPLITS = ("train", "eval")
@@ -63,8 +63,10 @@ def stream_identity(cfg: DataConfig, *, split: str, rank: int, world_size: int) 
 def build_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> BatchStream:
     """The batches of ``rank`` (of ``world_size``) for ``split`` ("train": infinite, "eval": finite).
 
-    Train streams are made ahead when ``cfg.prefetch > 0``: by ``cfg.workers`` processes when random-access
-    (synthetic) and ``cfg.workers > 1`` (``WorkerProcessStream``), else on one background thread (``PrefetchStream``).
+    Train streams are made ahead when ``cfg.prefetch > 0``: with ``cfg.workers > 1`` by that many processes
+    (``WorkerProcessStream`` for a random-access source, the synthetic one; ``StridedWorkerStream`` for a file read
+    in order, each worker reading it all and parsing every ``workers``-th batch), else on one background thread
+    (``PrefetchStream``).
     """
     cfg.validate()
     if split not in SPLITS:
@@ -77,7 +79,8 @@ def build_stream(cfg: DataConfig, *, split: str, rank: int, world_size: int) -> 
     stream = DATA_SOURCES[cfg.name](cfg, split=split, rank=rank, world_size=world_size)
     if split == "train" and cfg.prefetch > 0:
         pin = cfg.pin_memory and torch.cuda.is_available()
-        if cfg.workers > 1 and isinstance(stream, IndexedStream):
-            return WorkerProcessStream(stream, depth=cfg.prefetch, workers=cfg.workers, pin_memory=pin)
+        if cfg.workers > 1:
+            by_workers = WorkerProcessStream if isinstance(stream, IndexedStream) else StridedWorkerStream
+            return by_workers(stream, depth=cfg.prefetch, workers=cfg.workers, pin_memory=pin)
         stream = PrefetchStream(stream, depth=cfg.prefetch, pin_memory=pin)
     return stream

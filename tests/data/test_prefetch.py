@@ -15,7 +15,7 @@ import torch
 from loka_trainer.data import DataConfig, build_stream, write_criteo_tsv
 from loka_trainer.data.base import BatchStream, IndexedStream
 from loka_trainer.data.prefetch import PrefetchStream
-from loka_trainer.data.worker_processes import WorkerProcessStream
+from loka_trainer.data.worker_processes import StridedWorkerStream, WorkerProcessStream
 
 from .helpers import assert_batches_equal
 
@@ -128,7 +128,7 @@ def test_abandoned_stream_stops_its_thread():
     assert not thread.is_alive()
 
 
-def _worker_processes(stream: WorkerProcessStream) -> list:
+def _worker_processes(stream: WorkerProcessStream | StridedWorkerStream) -> list:
     """The stream's worker processes running now (its DataLoader iterator's): none before the first batch and after
     ``close``."""
     return [] if stream._batches is None else list(stream._batches._workers)
@@ -202,17 +202,75 @@ def test_an_error_in_a_worker_process_surfaces_at_its_batch():
         next(stream)
 
 
-def test_worker_processes_need_a_random_access_stream(tmp_path):
+def test_worker_processes_need_a_random_access_stream():
     with pytest.raises(ValueError, match="random-access stream .*got _Failing"):
         WorkerProcessStream(_Failing(), workers=2)
+
+
+def _criteo(tmp_path, rows: int, *, malformed_at: int | None = None) -> DataConfig:
+    """A Criteo file of ``rows`` rows (a malformed line inserted before row ``malformed_at``), batches of 40."""
     path = tmp_path / "train.txt"
-    write_criteo_tsv(_plain(DataConfig(batch_size=40)), str(path), 80)
-    cfg = DataConfig(name="criteo", path=str(path), batch_size=40, eval_batches=0, workers=3)
-    assert cfg.unread_settings() == ["data.workers"]  # named to the user, not refused
-    stream = build_stream(cfg, split="train", rank=0, world_size=1)
-    assert isinstance(stream, PrefetchStream)  # a file is read in order, on one thread
-    next(stream)
+    write_criteo_tsv(_plain(DataConfig(batch_size=40)), str(path), rows)
+    if malformed_at is not None:
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(lines[:malformed_at] + ["1\tbad\n"] + lines[malformed_at:]))
+    return DataConfig(name="criteo", path=str(path), batch_size=40, eval_batches=0, prefetch=2)
+
+
+def _one_thread_batches(cfg: DataConfig, count: int) -> list[tuple]:
+    """(batch, state after it, malformed rows counted) for the first ``count`` train batches, read in place."""
+    plain = build_stream(dataclasses.replace(cfg, prefetch=0), split="train", rank=0, world_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [(next(plain), plain.state_dict(), plain.num_malformed) for _ in range(count)]
+
+
+@pytest.mark.parametrize("workers, depth", [(2, 2), (3, 5)])
+def test_criteo_workers_yield_one_threads_batches_positions_and_malformed_counts(tmp_path, workers, depth):
+    cfg = _criteo(tmp_path, 200, malformed_at=130)  # a pass of 4 train batches: 9 batches wrap it twice
+    assert cfg.unread_settings() == []
+    expected = _one_thread_batches(cfg, 9)
+    assert [count for _, _, count in expected] == [0, 0, 0, 1, 1, 1, 1, 1, 1]
+    stream = build_stream(dataclasses.replace(cfg, workers=workers, prefetch=depth), split="train", rank=0,
+                          world_size=1)
+    assert isinstance(stream, StridedWorkerStream)
+    for batch, state, malformed in expected:
+        assert_batches_equal(next(stream), batch)
+        assert stream.state_dict() == state and stream.num_malformed == malformed
+    assert len(_worker_processes(stream)) == workers
     stream.close()
+    assert _worker_processes(stream) == []
+
+
+def test_criteo_workers_close_and_resume_at_the_consumers_batch_with_any_worker_count(tmp_path):
+    cfg = _criteo(tmp_path, 200)
+    expected = _one_thread_batches(cfg, 8)
+    stream = build_stream(dataclasses.replace(cfg, workers=3, prefetch=3), split="train", rank=0, world_size=1)
+    for i in range(3):  # the workers have read ahead
+        assert_batches_equal(next(stream), expected[i][0])
+    state = stream.state_dict()
+    stream.close()
+    assert_batches_equal(next(stream), expected[3][0])
+    resumed = build_stream(dataclasses.replace(cfg, workers=2), split="train", rank=0, world_size=1)
+    resumed.load_state_dict(state)
+    for i in (3, 4, 5):
+        assert_batches_equal(next(resumed), expected[i][0])
+    one_thread = build_stream(cfg, split="train", rank=0, world_size=1)
+    one_thread.load_state_dict(resumed.state_dict())
+    assert_batches_equal(next(one_thread), expected[6][0])
+    for each in (stream, resumed, one_thread):
+        each.close()
+
+
+def test_an_error_in_a_strided_worker_surfaces_and_the_position_stays():
+    stream = StridedWorkerStream(_Failing(), depth=2, workers=2)
+    with pytest.raises(OSError, match="disk gone"):
+        next(stream)
+    assert stream.state_dict() == {"position": 0} and _worker_processes(stream) == []
+    with pytest.raises(OSError, match="disk gone"):  # retried, not hung
+        next(stream)
+    with pytest.raises(ValueError, match="infinite"):
+        StridedWorkerStream(build_stream(CFG, split="eval", rank=0, world_size=1))
 
 
 def test_pinned_batches_keep_their_values_and_key_lengths():
