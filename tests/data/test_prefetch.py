@@ -262,6 +262,17 @@ def test_criteo_workers_close_and_resume_at_the_consumers_batch_with_any_worker_
         each.close()
 
 
+def test_peek_leaves_a_criteo_stream_with_workers_where_it_was(tmp_path):
+    from loka_trainer.data.base import peek
+    cfg = _criteo(tmp_path, 200)
+    expected = _one_thread_batches(cfg, 2)
+    stream = build_stream(dataclasses.replace(cfg, workers=2), split="train", rank=0, world_size=1)
+    assert_batches_equal(peek(stream), expected[0][0])
+    assert_batches_equal(next(stream), expected[0][0])
+    assert_batches_equal(next(stream), expected[1][0])
+    stream.close()
+
+
 def test_an_error_in_a_strided_worker_surfaces_and_the_position_stays():
     stream = StridedWorkerStream(_Failing(), depth=2, workers=2)
     with pytest.raises(OSError, match="disk gone"):
