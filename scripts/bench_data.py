@@ -6,9 +6,9 @@
 Builds the train stream of the composed config (train.py's Hydra overrides after ``--``) as train.py does, with
 ``data.workers`` = each of ``--workers`` (1: one background thread on the process's ``--threads`` intra-op threads;
 more: that many worker processes of one torch thread each; a Criteo file's workers each read it all and parse every
-N-th batch), and takes its batches as
-fast as they come: ms per batch over ``--batches`` batches after the first ``workers`` (their one-off set-up and
-head start left out). Prints ms per batch and examples/s per row; writes ``DIR/data_speed.json``.
+N-th batch), and takes its batches as fast as they come: ms per batch over ``--batches`` batches after the first
+``workers`` (their one-off set-up and head start left out). Prints ms per batch and examples/s per row; writes
+``DIR/data_speed.json``.
 Compare ms per batch with the step time train.py logs (``examples_per_s``, ``data_wait_ms`` in ``metrics.jsonl``):
 a pipeline slower than the step makes the loop wait for data.
 """

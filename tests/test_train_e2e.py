@@ -180,7 +180,7 @@ def test_data_worker_processes_train_on_the_same_batches_as_one_thread(tmp_path,
     data = []
     if source == "criteo":
         (tmp_path / "day.txt").write_text("".join(criteo_lines(6000)))
-        data = ["data=criteo", f"data.path={tmp_path / 'day.txt'}", "data.eval_batches=2"]
+        data = ["data=criteo", f"data.path={tmp_path / 'day.txt'}", "data.eval_batches=1"]
     records = {}
     for workers in (1, 3):
         run_dir = tmp_path / f"workers{workers}"

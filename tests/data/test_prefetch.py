@@ -227,7 +227,7 @@ def _one_thread_batches(cfg: DataConfig, count: int) -> list[tuple]:
 
 @pytest.mark.parametrize("workers, depth", [(2, 2), (3, 5)])
 def test_criteo_workers_yield_one_threads_batches_positions_and_malformed_counts(tmp_path, workers, depth):
-    cfg = _criteo(tmp_path, 200, malformed_at=130)  # a pass of 4 train batches: 9 batches wrap it twice
+    cfg = _criteo(tmp_path, 200, malformed_at=130)  # 5 batches a pass: the 9 go round the file once
     assert cfg.unread_settings() == []
     expected = _one_thread_batches(cfg, 9)
     assert [count for _, _, count in expected] == [0, 0, 0, 1, 1, 1, 1, 1, 1]
