@@ -140,7 +140,7 @@ def main() -> None:
               f"{'n/a' if peak is None else f'{peak:.2f}':>8}  {waited:>22}{''.join('  ' + f for f in flags)}")
     if paced:
         print(f"data-paced: the loop waited for its next batch over {DATA_PACED:.0%} of the step, so examples/s is the "
-              f"data pipeline's pace there; synthetic data: raise data.workers (with data.prefetch > 0)")
+              f"data pipeline's pace there: raise data.workers (with data.prefetch > 0)")
     if args.profile_step is not None:
         print_phase_table(args.profile_step, result["runs"])
 
