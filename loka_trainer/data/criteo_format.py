@@ -18,9 +18,10 @@ from loka_trainer.data.config import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE
 from loka_trainer.data.schema import dense_from_counts, sparse_feature_names
 
 # One whole-line check instead of per-field try/except: a line that passes converts without errors.
-# Counts are limited to 18 digits so they fit int64; hex to 16 digits (64-bit hashes).
+# Counts are limited to 18 digits so they fit int64; hex to 16 digits (64-bit hashes). Possessive quantifiers (`+`
+# after one): no field holds a tab, so there is nothing to backtrack into, and the check takes ~0.6x the time.
 _LINE_RE = re.compile(
-    rb"[01]\t(?:-?[0-9]{1,18})?(?:\t(?:-?[0-9]{1,18})?){%d}(?:\t[0-9a-fA-F]{0,16}){%d}"
+    rb"[01]\t(?:-?[0-9]{1,18}+)?+(?:\t(?:-?[0-9]{1,18}+)?+){%d}+(?:\t[0-9a-fA-F]{0,16}+){%d}+"
     % (CRITEO_NUM_DENSE - 1, CRITEO_NUM_SPARSE)
 )
 

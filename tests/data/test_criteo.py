@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 import warnings
 
@@ -105,6 +106,32 @@ def test_parse_rows_equals_reading_each_field_with_python_int():
     assert labels.tolist() == [e[0] for e in expected]
     assert counts.tolist() == [e[1] for e in expected]
     assert ids.tolist() == [e[2] for e in expected]
+
+
+def _row_by_fields(text: bytes) -> bool:
+    """Whether ``text`` is a Criteo row, field by field: label 0/1, 13 counts of an optional minus and 1-18 digits
+    (or empty), 26 hex values of 0-16 digits. ``is_row``'s one whole-line pattern must say the same."""
+    fields = text.split(b"\t")
+    return (len(fields) == 40 and fields[0] in (b"0", b"1")
+            and all(f == b"" or (len(digits := f.removeprefix(b"-")) in range(1, 19) and digits.isdigit())
+                    for f in fields[1:14])
+            and all(len(f) <= 16 and all(c in b"0123456789abcdefABCDEF" for c in f) for f in fields[14:]))
+
+
+def test_is_row_agrees_with_a_field_by_field_check_on_damaged_rows():
+    rng = random.Random(0)
+    rows = [b"\t".join([b"1", *[b"12"] * 13, *[b"0000abcd"] * 26]), b"\t".join([b"0", *[b""] * 39])]
+    edits = [b"", b"-", b"-0", b"--1", b"1-", b"+1", b"9" * 18, b"9" * 19, b"-" + b"9" * 18, b"-" + b"9" * 19,
+             b"f" * 16, b"f" * 17, b"F0", b"0x1", b"g", b"2", b"1.5", b" 1", b"\t", b"\t\t"]
+    seen = {True: 0, False: 0}
+    for _ in range(20_000):
+        fields = rng.choice(rows).split(b"\t")
+        for _ in range(rng.randint(1, 3)):
+            fields[rng.randrange(len(fields))] = rng.choice(edits)
+        text = b"\t".join(fields)
+        assert is_row(text) == _row_by_fields(text), text
+        seen[is_row(text)] += 1
+    assert min(seen.values()) > 1000  # both outcomes exercised
 
 
 @pytest.mark.parametrize("line_end", [b"\r\n", b"  \n", b" \r\n"])
