@@ -85,7 +85,7 @@ class CriteoStream(BatchStream):
         return rows_to_batch(self._next_rows(), self._vocab)
 
     def skip(self) -> None:
-        """Pass over the next batch's lines without parsing them (a third of the time of making it): how each
+        """Pass over the next batch's lines without parsing them (under a third of the time of making it): how each
         of several data workers reaches the batches it makes (``StridedWorkerStream``)."""
         self._next_rows()
 
