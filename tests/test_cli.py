@@ -187,6 +187,21 @@ def test_multirun_runs_each_point_in_its_own_dir(tmp_path, nproc):
 
 
 # ---- plan files (precision.plan) ---------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides, workers", [
+    ([], 1),
+    (["model=interformer_h200"], 4),  # the preset sets data fields: composed after the data group
+    (["model=interformer_h200", "data.workers=1"], 1),  # the command line still wins
+])
+def test_a_model_preset_sets_data_workers_and_the_command_line_overrides_it(overrides, workers):
+    from loka_trainer.cli import compose_config
+    from loka_trainer.config import register_schemas, to_run_config
+
+    register_schemas()
+    composed = compose_config("config", overrides)
+    run = to_run_config(composed.cfg, composed.choices)
+    assert run.data.workers == workers
+
+
 def _target_shapes(overrides: list[str]) -> dict[str, tuple[int, int]]:
     """FQN -> (K, N) of the Dispatch targets of the model the overrides compose."""
     from loka_trainer.cli import compose_config
