@@ -7,6 +7,7 @@ Missing counts read as 0; a missing categorical hashes like "0", i.e. to id 0 (t
 from __future__ import annotations
 
 import re
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -17,13 +18,17 @@ from loka_trainer.data.batch import Batch
 from loka_trainer.data.config import CRITEO_NUM_DENSE, CRITEO_NUM_SPARSE
 from loka_trainer.data.schema import dense_from_counts, sparse_feature_names
 
-# One whole-line check instead of per-field try/except: a line that passes converts without errors.
-# Counts are limited to 18 digits so they fit int64; hex to 16 digits (64-bit hashes). Possessive quantifiers (`+`
-# after one): no field holds a tab, so there is nothing to backtrack into, and the check takes ~0.6x the time.
-_LINE_RE = re.compile(
-    rb"[01]\t(?:-?[0-9]{1,18}+)?+(?:\t(?:-?[0-9]{1,18}+)?+){%d}+(?:\t[0-9a-fA-F]{0,16}+){%d}+"
-    % (CRITEO_NUM_DENSE - 1, CRITEO_NUM_SPARSE)
-)
+def line_pattern(possessive: bool) -> bytes:
+    """The whole-line check of a Criteo row (one check instead of per-field try/except: a line that passes converts
+    without errors). Counts are limited to 18 digits so they fit int64; hex to 16 digits (64-bit hashes).
+    ``possessive`` puts `+` after each quantifier (Python 3.11+): no field holds a tab, so there is nothing to
+    backtrack into, the same lines pass, and the check takes ~0.6x the time."""
+    p = "+" if possessive else ""
+    return (rf"[01]\t(?:-?[0-9]{{1,18}}{p})?{p}(?:\t(?:-?[0-9]{{1,18}}{p})?{p}){{{CRITEO_NUM_DENSE - 1}}}{p}"
+            rf"(?:\t[0-9a-fA-F]{{0,16}}{p}){{{CRITEO_NUM_SPARSE}}}{p}").encode()
+
+
+_LINE_RE = re.compile(line_pattern(possessive=sys.version_info >= (3, 11)))
 
 # Editors and spreadsheet exports start a UTF-8 file with it; it would make the first row's label unreadable.
 UTF8_BOM = b"\xef\xbb\xbf"

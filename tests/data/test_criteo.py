@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from loka_trainer.data import DataConfig, SyntheticSource, build_stream, write_criteo_tsv
-from loka_trainer.data.criteo_format import is_row, parse_rows, row_text
+from loka_trainer.data.criteo_format import is_row, line_pattern, parse_rows, row_text
 from loka_trainer.data.schema import sparse_vocab_sizes
 
 from .helpers import assert_batches_equal, row_keys
@@ -118,7 +118,8 @@ def _row_by_fields(text: bytes) -> bool:
             and all(len(f) <= 16 and all(c in b"0123456789abcdefABCDEF" for c in f) for f in fields[14:]))
 
 
-def test_is_row_agrees_with_a_field_by_field_check_on_damaged_rows():
+def test_is_row_and_both_line_patterns_agree_with_a_field_by_field_check_on_damaged_rows():
+    plain, possessive = (re.compile(line_pattern(possessive=p)) for p in (False, True))  # Python 3.10, 3.11+
     rng = random.Random(0)
     rows = [b"\t".join([b"1", *[b"12"] * 13, *[b"0000abcd"] * 26]), b"\t".join([b"0", *[b""] * 39])]
     edits = [b"", b"-", b"-0", b"--1", b"1-", b"+1", b"9" * 18, b"9" * 19, b"-" + b"9" * 18, b"-" + b"9" * 19,
@@ -129,7 +130,9 @@ def test_is_row_agrees_with_a_field_by_field_check_on_damaged_rows():
         for _ in range(rng.randint(1, 3)):
             fields[rng.randrange(len(fields))] = rng.choice(edits)
         text = b"\t".join(fields)
-        assert is_row(text) == _row_by_fields(text), text
+        expected = _row_by_fields(text)
+        assert is_row(text) == expected, text
+        assert (plain.fullmatch(text) is not None) == expected and (possessive.fullmatch(text) is not None) == expected
         seen[is_row(text)] += 1
     assert min(seen.values()) > 1000  # both outcomes exercised
 
