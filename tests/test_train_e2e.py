@@ -188,6 +188,7 @@ def test_data_worker_processes_train_on_the_same_batches_as_one_thread(tmp_path,
                    "callbacks.tensorboard=false", f"data.workers={workers}", f"hydra.run.dir={run_dir}", *SMALL,
                    *data], nproc=2)
         records[workers] = _records(run_dir)
+        assert "does not read" not in (run_dir / "train.log").read_text()  # data.workers is read, for a file too
     losses = {w: [r["loss"] for r in recs if "loss" in r] for w, recs in records.items()}
     evals = {w: [r["eval_auc"] for r in recs if "eval_auc" in r] for w, recs in records.items()}
     assert len(losses[1]) == 6 and losses[3] == losses[1]
