@@ -34,6 +34,10 @@ class BatchStream:
         """Move past the next batch; sources that can do so without making it override this."""
         next(self)
 
+    def close(self) -> None:
+        """Release what the stream holds open (a file, worker threads or processes); the next ``next()`` opens it
+        again where the stream is. Nothing to release here."""
+
     @property
     def num_malformed(self) -> int:
         return 0

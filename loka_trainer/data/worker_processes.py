@@ -115,20 +115,20 @@ class WorkerProcessStream(_WorkerBatches):
 
 
 class _EveryNth(IterableDataset):
-    """In worker k of n: from ``state``, every n-th batch of ``stream`` starting with the k-th, each with the
-    stream's state after it. The DataLoader asks its workers in turn, so their batches arrive in the stream's
-    order. Worker k > 0 passes silently over what worker 0 reads too (the warnings about malformed rows)."""
+    """In worker k of n: from where ``stream`` was when the workers were forked, every n-th batch of it starting
+    with the k-th, each with the stream's state after it. The DataLoader asks its workers in turn, so their batches
+    arrive in the stream's order. Worker k > 0 passes silently over what worker 0 reads too (the warnings about
+    malformed rows)."""
 
-    def __init__(self, stream: BatchStream, state: dict) -> None:
-        self._stream, self._state = stream, state
+    def __init__(self, stream: BatchStream) -> None:
+        self._stream = stream
 
     def __iter__(self) -> Iterator[tuple[Batch, dict]]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         if worker:
             warnings.simplefilter("ignore")  # this process only: worker 0 reports each malformed row once
-        stream = self._stream
-        stream.load_state_dict(self._state)
+        stream = self._stream  # each worker's forked copy
         for _ in range(worker):
             stream.skip()
         while True:
@@ -146,11 +146,8 @@ class StridedWorkerStream(_WorkerBatches):
     are those of one thread."""
 
     def _dataset(self) -> Dataset:
-        # An open file forked into the workers would share its offset with them: each worker opens its own.
-        close = getattr(self._stream, "close", None)
-        if close is not None:
-            close()
-        return _EveryNth(self._stream, self._stream.state_dict())
+        self._stream.close()  # an open file forked into the workers would share its offset: each opens its own
+        return _EveryNth(self._stream)
 
     def _consume(self, item: tuple[Batch, dict]) -> Batch:
         batch, state = item
