@@ -76,7 +76,7 @@ class DataConfig:
     Synthetic only: ``zipf_alpha``, ``multi_hot``, sequences, the teacher fields, ``drift``, ``outliers``.
     Criteo only: ``path``, ``eval_path`` and ``eval_fraction`` (tail of ``path`` held out when no eval_path).
     ``prefetch``: train batches produced ahead on a background thread (0: off); ``workers``: processes making them
-    at once when above 1 (a Criteo file is read by each and every ``workers``-th batch parsed by one);
+    at once when above 1 (for a Criteo file each reads it all and parses every ``workers``-th batch);
     ``pin_memory`` pins them when CUDA is available, so ``Batch.to(device, non_blocking=True)`` is asynchronous.
     """
 
