@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+import sys
 import warnings
 
 import pytest
@@ -119,7 +120,8 @@ def _row_by_fields(text: bytes) -> bool:
 
 
 def test_is_row_and_both_line_patterns_agree_with_a_field_by_field_check_on_damaged_rows():
-    plain, possessive = (re.compile(line_pattern(possessive=p)) for p in (False, True))  # Python 3.10, 3.11+
+    kinds = (False, True) if sys.version_info >= (3, 11) else (False,)  # 3.10's re has no possessive quantifiers
+    patterns = [re.compile(line_pattern(possessive=p)) for p in kinds]
     rng = random.Random(0)
     rows = [b"\t".join([b"1", *[b"12"] * 13, *[b"0000abcd"] * 26]), b"\t".join([b"0", *[b""] * 39])]
     edits = [b"", b"-", b"-0", b"--1", b"1-", b"+1", b"9" * 18, b"9" * 19, b"-" + b"9" * 18, b"-" + b"9" * 19,
@@ -132,7 +134,7 @@ def test_is_row_and_both_line_patterns_agree_with_a_field_by_field_check_on_dama
         text = b"\t".join(fields)
         expected = _row_by_fields(text)
         assert is_row(text) == expected, text
-        assert (plain.fullmatch(text) is not None) == expected and (possessive.fullmatch(text) is not None) == expected
+        assert all((pattern.fullmatch(text) is not None) == expected for pattern in patterns)
         seen[is_row(text)] += 1
     assert min(seen.values()) > 1000  # both outcomes exercised
 
