@@ -9,9 +9,10 @@ train losses are comparable window by window. `--launcher python` starts `python
 1`), `--launcher torchrun` starts `torchrun --nproc_per_node=N` on its own rendezvous port; either way every run
 gets its own MASTER_PORT, so `--concurrent K` runs up to K of them at once (they share the device).
 `--time-budget S` starts no run later than S seconds after the first one started (running ones finish): the
-queue is `scripts.run_queue`. `--gpus G` spreads the runs over G GPUs: each run sees only its own `--nproc` of
-them (`CUDA_VISIBLE_DEVICES`), the group with the fewest runs when it starts; `--concurrent` still caps the total
-(on 8 GPUs, `--gpus 8 --concurrent 8` trains eight one-GPU runs at once).
+queue is `scripts.run_queue`. A run that ran out of GPU memory while others shared the device starts again, once,
+alone (the others first finish; nothing else starts while it runs). `--gpus G` spreads the runs over G GPUs: each
+run sees only its own `--nproc` of them (`CUDA_VISIBLE_DEVICES`), the group with the fewest runs when it starts;
+`--concurrent` still caps the total (on 8 GPUs, `--gpus 8 --concurrent 8` trains eight one-GPU runs at once).
 `--eval-interval N` evaluates every N steps (the eval log loss curve). After every finished run
 `<out>/quality.json` (per run: the train-loss trajectory, the eval curve and the final eval metrics; the table adds
 the relative log loss (RLL) vs the BF16 run of the same seed, the BF16 seed-to-seed noise floor and LoKA vs
@@ -303,10 +304,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     launcher = Launcher(args.launcher, args.nproc, threads, gpus=args.gpus)
     failed: list[tuple[Job, str]] = []
 
-    def on_finish(job: Job, code: int) -> None:
+    def on_finish(job: Job, code: int, again: bool) -> None:
         launcher.finish(job, code)
+        if again:  # ran out of GPU memory beside other runs: it starts again alone
+            return
         if not job.finished():
-            failed.append((job, f"failed: exit {code}, log {job.run_dir.with_suffix('.log')}"))
+            failed.append((job, f"failed: exit {code}, log {job.log_file}"))
         write_results(out, meta, jobs, failed, differing)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # unwinds: the runs are stopped

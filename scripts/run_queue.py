@@ -3,7 +3,8 @@ of a Dispatch precision share one plan, measured by the first of them while noth
 
 A ``Job`` is one run (its run dir and train.py overrides); ``run_jobs`` starts them in ``start_order`` as
 ``readiness`` allows, within a time budget; ``Launcher`` starts one as a child process (output in
-``<run dir>.log``, exit status, port and wall time in ``<run dir>.launch.json``).
+``<run dir>.log``, exit status, port and wall time in ``<run dir>.launch.json``). A run that ran out of device
+memory while others shared the device (``ran_out_of_device_memory``) starts again once, alone.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from scripts.train_runs import LAUNCHERS, ROOT, free_port, run_env
 @dataclasses.dataclass
 class Job:
     """One (model, precision variant, seed) run. ``shared_plan``: its Dispatch plan file under --share-plan;
-    ``builds_plan``: this run measures that plan (the first seed), the others load it."""
+    ``builds_plan``: this run measures that plan (the first seed), the others load it. ``alone``: it ran out of
+    device memory beside other runs and starts again with the device to itself."""
 
     model: str
     variant: str
@@ -35,6 +37,7 @@ class Job:
     overrides: list[str]
     shared_plan: Optional[Path] = None
     builds_plan: bool = False
+    alone: bool = False
 
     @property
     def name(self) -> str:
@@ -46,6 +49,15 @@ class Job:
     def measuring(self) -> bool:
         """True while this run still has to measure the shared plan (nothing else may use the device then)."""
         return self.builds_plan and not self.shared_plan.is_file()
+
+    def needs_device_alone(self) -> bool:
+        """While measuring the shared plan (timings), or started again after running out of device memory."""
+        return self.alone or self.measuring()
+
+    @property
+    def log_file(self) -> Path:
+        """The run's output, ``<run dir>.log``."""
+        return self.run_dir.with_suffix(".log")
 
     def command_overrides(self) -> list[str]:
         """train.py's overrides; a run that loads the shared plan gets `precision.plan` (once the plan exists)."""
@@ -191,12 +203,27 @@ def reuse_from(jobs: list[Job], out: Path, source: Path, variants: Sequence[str]
 WAIT = "wait"
 
 
+OUT_OF_MEMORY_LINES = ("torch.OutOfMemoryError", "CUDA out of memory")  # what torch prints when the device is full
+
+
+def ran_out_of_device_memory(log: Path, *, tail_bytes: int = 65536) -> bool:
+    """Whether a run's output (its ``<run dir>.log``) ends in torch's out-of-memory error (the last
+    ``tail_bytes``, where a traceback lands)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail_bytes))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(line in tail for line in OUT_OF_MEMORY_LINES)
+
+
 def readiness(job: Job, running: list[Job], active: list[Job]) -> Optional[str]:
     """None: ``job`` may start now; ``WAIT``: not yet; any other string: it cannot run, and why.
     ``running``: the jobs running now; ``active``: the jobs still pending or running."""
-    if any(r.measuring() for r in running):
-        return WAIT  # a plan is being measured: its timings need the device to itself
-    if job.measuring():
+    if any(r.needs_device_alone() for r in running):
+        return WAIT  # a plan is being measured (its timings) or a run needs all the device memory
+    if job.needs_device_alone():
         return WAIT if running else None
     if job.shared_plan is not None and not job.shared_plan.is_file():
         if any(j.builds_plan and j.shared_plan == job.shared_plan for j in active):
@@ -205,17 +232,28 @@ def readiness(job: Job, running: list[Job], active: list[Job]) -> Optional[str]:
     return None
 
 
+def budget_spent(job: Job, budget_s: float) -> str:
+    """Why ``job`` did not run: the time budget was spent before it started (again, for a run that ran out of
+    device memory beside others)."""
+    if job.alone:
+        return f"ran out of device memory beside other runs; not started again: time budget {budget_s:g} s spent"
+    return f"not started: time budget {budget_s:g} s spent"
+
+
 class Process(Protocol):
     def poll(self) -> Optional[int]: ...
 
 
 def run_jobs(jobs: list[Job], *, concurrent: int, budget_s: Optional[float], start: Callable[[Job], Process],
-             on_finish: Callable[[Job, int], None], log: Callable[[str], None] = print,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-             poll_s: float = 1.0) -> list[tuple[Job, str]]:
+             on_finish: Callable[[Job, int, bool], None],
+             out_of_memory: Callable[[Job], bool] = lambda job: ran_out_of_device_memory(job.log_file),
+             log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+             sleep: Callable[[float], None] = time.sleep, poll_s: float = 1.0) -> list[tuple[Job, str]]:
     """Start ``jobs`` in order, up to ``concurrent`` at a time, none after ``budget_s`` seconds (running ones
-    finish); ``on_finish(job, returncode)`` after each. Returns the jobs that did not run, with the reason."""
-    t0, pending, running, not_run = clock(), list(jobs), [], []
+    finish); ``on_finish(job, returncode, again)`` after each, ``again`` True where the run failed
+    ``out_of_memory`` while another one ran: it goes back to the front of the queue, ``alone``, once. Returns the
+    jobs that did not run, with the reason."""
+    t0, pending, running, not_run, shared = clock(), list(jobs), [], [], set()
     try:
         while pending or running:
             for job, proc in list(running):
@@ -225,9 +263,14 @@ def run_jobs(jobs: list[Job], *, concurrent: int, budget_s: Optional[float], sta
                     log(line)
                 if code is not None:
                     running.remove((job, proc))
-                    on_finish(job, code)
+                    again = code != 0 and not job.alone and job.name in shared and out_of_memory(job)
+                    on_finish(job, code, again)
+                    if again:
+                        job.alone = True
+                        pending.insert(0, job)
+                        log(f"{job.name} ran out of device memory beside other runs: it starts again alone")
             if pending and budget_s is not None and clock() - t0 >= budget_s:
-                not_run += [(j, f"not started: time budget {budget_s:g} s spent") for j in pending]
+                not_run += [(j, budget_spent(j, budget_s)) for j in pending]
                 pending = []
             while pending and len(running) < concurrent:
                 now = [j for j, _ in running]
@@ -241,6 +284,8 @@ def run_jobs(jobs: list[Job], *, concurrent: int, budget_s: Optional[float], sta
                     not_run.append((job, verdict))
                     continue
                 running.append((job, start(job)))
+            if len(running) > 1:
+                shared.update(j.name for j, _ in running)
             if running:
                 sleep(poll_s)
     finally:
@@ -297,7 +342,7 @@ class Launcher:
         devices = least_loaded(self.groups, [r.devices for r in self.live.values()]) if self.groups else None
         cmd = [*self.command(self.nproc, port), *job.command_overrides()]
         job.run_dir.parent.mkdir(parents=True, exist_ok=True)
-        log = job.run_dir.with_suffix(".log").open("w")
+        log = job.log_file.open("w")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env=run_env(port, threads=self.threads, devices=devices))
         self.live[job.name] = Launched(proc, log, port, cmd, time.perf_counter(), devices)
@@ -313,4 +358,4 @@ class Launcher:
              "returncode": code, "wall_s": wall,
              **self.checkout}, indent=1) + "\n")
         state = "finished" if code == 0 and job.finished() else f"FAILED (exit {code})"
-        print(f"{state}: {job.name} in {wall:.0f} s (log {job.run_dir.with_suffix('.log')})", flush=True)
+        print(f"{state}: {job.name} in {wall:.0f} s (log {job.log_file})", flush=True)

@@ -13,6 +13,7 @@ import torch
 
 from scripts import quality_runs as qr
 from scripts.provenance import source_digest
+from scripts.run_queue import SUMMARY_KEYS
 from scripts.plot_results import (mean_curve, plot_quality, plot_quality_curves, quality_table, summarize,
                                   trajectory_rll)
 
@@ -263,3 +264,37 @@ def test_git_keeps_a_finished_runs_record_and_ignores_the_rest_of_its_directory(
              f"{run}.log", f"{run}/train.log", f"{run}/tensorboard/events.out", f"{run}/checkpoint.pt"]
     out = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=root, capture_output=True, text=True)
     assert out.stdout.split() == paths[3:]
+
+
+class _OutOfMemoryOnce:
+    """A launcher whose first start of ``oom`` ends in torch's out-of-memory error; every other start writes a
+    finished run's records at its first poll."""
+
+    def __init__(self, oom: str):
+        self.oom, self.starts = oom, []
+
+    def start(self, job):
+        self.starts.append(job.name)
+        failing = job.name == self.oom and self.starts.count(job.name) == 1
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        if failing:
+            job.log_file.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+        else:
+            (job.run_dir / "summary.json").write_text(json.dumps(dict.fromkeys(SUMMARY_KEYS, 0.5)))
+            (job.run_dir / "metrics.jsonl").write_text('{"step": 5, "eval_logloss": 0.5}\n')
+        return type("Proc", (), {"poll": lambda self: 1 if failing else 0, "terminate": lambda self: None})()
+
+    def finish(self, job, code):
+        pass
+
+
+def test_a_run_out_of_gpu_memory_beside_others_trains_again_and_is_no_failure(tmp_path, monkeypatch, capsys):
+    fake = _OutOfMemoryOnce(oom="wukong_bf16_seed0")
+    monkeypatch.setattr(qr, "Launcher", lambda *args, **kwargs: fake)
+    qr.main(["--out", str(tmp_path), "--models", "wukong", "--precisions", "bf16", "--seeds", "0", "1",
+             "--steps", "10", "--concurrent", "2", "--", *TINY])  # exits 1 if any run failed
+    assert fake.starts == ["wukong_bf16_seed0", "wukong_bf16_seed1", "wukong_bf16_seed0"]
+    out = capsys.readouterr().out
+    assert "wukong_bf16_seed0 ran out of device memory beside other runs: it starts again alone" in out
+    result = json.loads((tmp_path / "quality.json").read_text())
+    assert len(result["runs"]) == 2 and result["not_run"] == []

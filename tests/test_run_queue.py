@@ -67,12 +67,16 @@ class Clock:
         self.t += s
 
 
+OUT_OF_MEMORY = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 136.00 MiB. GPU 0 has ...\n"
+
+
 class FakeRun:
     """A run that ends after ``duration`` s of the fake clock; a plan-measuring one writes its plan after
-    ``plan_after`` s (never when None)."""
+    ``plan_after`` s (never when None). A failing one (``code`` != 0) ends its log with ``error``."""
 
-    def __init__(self, job: qr.Job, clock: Clock, duration: float, plan_after, code: int = 0):
-        self.job, self.clock, self.end, self.code = job, clock, clock.t + duration, code
+    def __init__(self, job: qr.Job, clock: Clock, duration: float, plan_after, code: int = 0,
+                 error: str = "ValueError: something else\n"):
+        self.job, self.clock, self.end, self.code, self.error = job, clock, clock.t + duration, code, error
         self.plan_at = None if plan_after is None else clock.t + plan_after
 
     def poll(self):
@@ -85,6 +89,9 @@ class FakeRun:
             self.job.run_dir.mkdir(parents=True, exist_ok=True)
             (self.job.run_dir / "summary.json").write_text(json.dumps(dict.fromkeys(SUMMARY_KEYS, 0.5)))
             (self.job.run_dir / "metrics.jsonl").write_text('{"step": 10, "loss": 0.5}\n')
+        else:
+            self.job.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self.job.log_file.write_text("step 1\n" + self.error)
         return self.code
 
     def terminate(self):
@@ -92,21 +99,24 @@ class FakeRun:
 
 
 def _schedule(tmp_path, *, variants, seeds, concurrent, budget=None, share_plan=False, duration=10.0,
-              plan_after=3.0, fail=()):
-    """Run fake jobs; returns (events [(t, 'start'|'end', name, running count)], not run, jobs)."""
-    clock, events, running = Clock(), [], set()
+              plan_after=3.0, fail=(), out_of_memory=None):
+    """Run fake jobs; returns (events [(t, 'start'|'end'|'end, again', name, running count)], not run, jobs).
+    ``out_of_memory``: run name -> how many of its first starts end in torch's out-of-memory error."""
+    clock, events, running, starts = Clock(), [], set(), {}
     jobs = qr.build_jobs(tmp_path, ["m"], variants, seeds, overrides=lambda m, v, s: [],
                          dispatch=lambda m, v: v == "loka", share_plan=share_plan)
 
     def start(job):
         running.add(job.name)
+        starts[job.name] = starts.get(job.name, 0) + 1
         events.append((clock.t, "start", job.name, len(running)))
+        oom = starts[job.name] <= (out_of_memory or {}).get(job.name, 0)
         return FakeRun(job, clock, duration, plan_after if job.builds_plan else None,
-                       code=1 if job.name in fail else 0)
+                       code=1 if job.name in fail or oom else 0, **({"error": OUT_OF_MEMORY} if oom else {}))
 
-    def on_finish(job, code):
+    def on_finish(job, code, again):
         running.discard(job.name)
-        events.append((clock.t, "end", job.name, len(running)))
+        events.append((clock.t, "end, again" if again else "end", job.name, len(running)))
 
     not_run = qr.run_jobs(qr.start_order(jobs), concurrent=concurrent, budget_s=budget, start=start,
                           on_finish=on_finish, log=lambda _: None, clock=clock, sleep=clock.sleep)
@@ -167,3 +177,44 @@ def test_reuse_from_copies_a_shared_plan_the_study_lacks_but_not_the_runs_that_m
     assert (tmp_path / plan).read_bytes() == (published / plan).read_bytes() and len(lines) == 3
     loka = [j for j in jobs if j.variant == "loka"]
     assert not any(j.finished() for j in loka) and not any(j.measuring() for j in loka)  # both load the plan
+
+
+def test_a_run_out_of_device_memory_beside_others_starts_again_alone_and_finishes(tmp_path):
+    events, not_run, jobs = _schedule(tmp_path, variants=["bf16"], seeds=[0, 1, 2], concurrent=2,
+                                      out_of_memory={"m_bf16_seed0": 1})
+    assert [(t, kind, name) for t, kind, name, _ in events] == [
+        (0.0, "start", "m_bf16_seed0"), (0.0, "start", "m_bf16_seed1"),
+        (10.0, "end, again", "m_bf16_seed0"), (10.0, "end", "m_bf16_seed1"),
+        (10.0, "start", "m_bf16_seed0"),  # alone: seed 2 waits for it although two may run at once
+        (20.0, "end", "m_bf16_seed0"), (20.0, "start", "m_bf16_seed2"), (30.0, "end", "m_bf16_seed2")]
+    assert not not_run and all(j.finished() for j in jobs)
+
+
+def test_a_run_is_started_again_only_after_running_out_of_memory_beside_others_and_only_once(tmp_path):
+    events, _, jobs = _schedule(tmp_path / "alone", variants=["bf16"], seeds=[0, 1], concurrent=1,
+                                out_of_memory={"m_bf16_seed0": 1})  # it had the device to itself: no help
+    assert [e[1:3] for e in events if e[2] == "m_bf16_seed0"] == [("start", "m_bf16_seed0"), ("end", "m_bf16_seed0")]
+    events, _, jobs = _schedule(tmp_path / "other", variants=["bf16"], seeds=[0, 1], concurrent=2,
+                                fail={"m_bf16_seed0"})  # another error: running alone would not help
+    assert [e[1] for e in events if e[2] == "m_bf16_seed0"] == ["start", "end"]
+    events, _, jobs = _schedule(tmp_path / "twice", variants=["bf16"], seeds=[0, 1], concurrent=2,
+                                out_of_memory={"m_bf16_seed0": 2})
+    assert [e[1] for e in events if e[2] == "m_bf16_seed0"] == ["start", "end, again", "start", "end"]
+    assert not jobs[0].finished() and jobs[1].finished()
+
+
+def test_a_run_waiting_to_start_again_when_the_budget_is_spent_says_it_ran_out_of_memory(tmp_path):
+    _, not_run, _ = _schedule(tmp_path, variants=["bf16"], seeds=[0, 1, 2], concurrent=2, budget=5.0,
+                              out_of_memory={"m_bf16_seed0": 1})
+    assert dict((j.name, why) for j, why in not_run) == {
+        "m_bf16_seed0": "ran out of device memory beside other runs; not started again: time budget 5 s spent",
+        "m_bf16_seed2": "not started: time budget 5 s spent"}
+
+
+def test_out_of_memory_is_read_from_the_end_of_a_runs_log(tmp_path):
+    log = tmp_path / "run.log"
+    assert not run_queue.ran_out_of_device_memory(log)  # no log: not a memory error
+    log.write_text("x" * 100_000 + "Traceback ...\n" + OUT_OF_MEMORY)
+    assert run_queue.ran_out_of_device_memory(log)
+    log.write_text("Traceback ...\n" + OUT_OF_MEMORY.replace("OutOfMemoryError: CUDA out of memory", "ValueError"))
+    assert not run_queue.ran_out_of_device_memory(log)
