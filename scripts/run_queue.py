@@ -251,8 +251,8 @@ def run_jobs(jobs: list[Job], *, concurrent: int, budget_s: Optional[float], sta
              sleep: Callable[[float], None] = time.sleep, poll_s: float = 1.0) -> list[tuple[Job, str]]:
     """Start ``jobs`` in order, up to ``concurrent`` at a time, none after ``budget_s`` seconds (running ones
     finish); ``on_finish(job, returncode, again)`` after each, ``again`` True where the run failed
-    ``out_of_memory`` while another one ran: it goes back to the front of the queue, ``alone``, once. Returns the
-    jobs that did not run, with the reason."""
+    ``out_of_memory`` while another one ran (on any device: runs spread over GPUs count too): it goes back to the
+    front of the queue, ``alone``, once. Returns the jobs that did not run, with the reason."""
     t0, pending, running, not_run, shared = clock(), list(jobs), [], [], set()
     try:
         while pending or running:
