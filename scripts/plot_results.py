@@ -4,7 +4,8 @@
     python -m scripts.plot_results docs/results/quality_cpu/quality.json [more JSON ...]
 
 Per JSON file name (``PLOTTERS``): ``quality.json`` (quality_runs.py) -> quality_rll.png, quality_curve.png (eval
-log loss vs step, when the runs evaluated during training) and a table;
+log loss vs step, when the runs evaluated during training; a run that stopped before its end, ``unfinished``,
+dashed to its last evaluation) and a table;
 ``bench_e2e.json`` (bench_e2e_gpu.py) -> bench_e2e.png and its table; ``bench_fsdp2.json`` (bench_fsdp2_gpu.py)
 -> bench_fsdp2.png; ``ablation.json`` (the InterFormer Mods ablation) -> ablation_rll.png via plot_ablation.py.
 
@@ -227,32 +228,50 @@ def mean_curve(curves: list[list[list[float]]]) -> tuple[list[int], list[float]]
     return steps, [statistics.mean(v[s] for v in values) for s in steps]
 
 
+CURVE_STYLES = {"seed": {"lw": 0.6, "alpha": 0.4}, "mean": {"lw": 2}, "unfinished": {"lw": 1.2, "ls": "--"}}
+
+
+def eval_curve_lines(result: dict) -> dict[str, list[tuple[str, str, list[list[float]], Optional[str]]]]:
+    """The lines of the eval log loss plot, per model: (precision, kind, [[step, loss], ...], legend label or None)
+    with kind ``seed`` (each finished run), ``mean`` (over a precision's finished seeds, the steps all have) or
+    ``unfinished`` (a run that stopped before its end: its evaluations so far, ``result["unfinished"]``). A run
+    with fewer than two eval points draws nothing; a model with nothing to draw has no entry."""
+    has_curve = lambda r: len(r.get("eval_curve", [])) > 1
+    finished = [r for r in result["runs"] if has_curve(r)]
+    unfinished = [u for u in result.get("unfinished", []) if has_curve(u)]
+    lines: dict[str, list] = {}
+    for m in sorted({r["model"] for r in finished + unfinished}):
+        for p in dict.fromkeys(r["precision"] for r in result["runs"] + unfinished):
+            curves = [r["eval_curve"] for r in finished if r["model"] == m and r["precision"] == p]
+            lines.setdefault(m, []).extend((p, "seed", c, None) for c in curves)
+            steps, mean = mean_curve(curves)
+            if steps:
+                lines[m].append((p, "mean", [[x, y] for x, y in zip(steps, mean)], f"{p} (n={len(curves)})"))
+            lines[m].extend((p, "unfinished", u["eval_curve"], f"{p} seed {u['seed']}, stopped at step "
+                             f"{u['last_step']}") for u in unfinished if u["model"] == m and u["precision"] == p)
+    return lines
+
+
 def plot_quality_curves(result: dict, out_dir: Path) -> Optional[Path]:
     """Eval log loss vs step (quality_runs --eval-interval), one panel per model: per precision the mean over
-    seeds (thick) and each seed (thin). None (no file) when no run has two eval points (older JSON has none)."""
-    has_curve = lambda r: len(r.get("eval_curve", [])) > 1
-    if not any(has_curve(r) for r in result["runs"]):
+    seeds (thick), each seed (thin) and any unfinished run (dashed), ``eval_curve_lines``. None (no file) when no
+    run has two eval points (older JSON has none)."""
+    lines = eval_curve_lines(result)
+    if not lines:
         return None
     plt = pyplot()
-    models = sorted({r["model"] for r in result["runs"] if has_curve(r)})
-    precisions = list(dict.fromkeys(r["precision"] for r in result["runs"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
-    for ax, m in zip(axes[0], models):
-        for i, p in enumerate(precisions):
-            curves = [r["eval_curve"] for r in result["runs"] if r["model"] == m and r["precision"] == p
-                      and has_curve(r)]
-            if not curves:
-                continue
-            color = f"C{i}"
-            for c in curves:
-                ax.plot(*zip(*c), color=color, lw=0.6, alpha=0.4)
-            ax.plot(*mean_curve(curves), color=color, lw=2, label=f"{p} (n={len(curves)})")
+    colors = {p: f"C{i}" for i, p in enumerate(dict.fromkeys(p for ls in lines.values() for p, *_ in ls))}
+    fig, axes = plt.subplots(1, len(lines), figsize=(6 * len(lines), 4), squeeze=False)
+    for ax, (m, model_lines) in zip(axes[0], lines.items()):
+        for p, kind, curve, label in model_lines:
+            ax.plot(*zip(*curve), color=colors[p], label=label, **CURVE_STYLES[kind])
         ax.set_title(m)
         ax.set_xlabel("step")
         ax.set_ylabel("eval log loss")
         ax.legend(fontsize=8)
-    fig.suptitle("Eval log loss during training: mean over seeds (thick), each seed (thin)",
-                 fontsize=10 if len(models) == 1 else 12)
+    dashed = "\ndashed: a run that stopped before its last step, to its last evaluation" if result.get("unfinished") else ""
+    fig.suptitle(f"Eval log loss during training: mean over seeds (thick), each seed (thin){dashed}",
+                 fontsize=10 if len(lines) == 1 else 12)
     fig.tight_layout()
     path = Path(out_dir) / "quality_curve.png"
     fig.savefig(path, dpi=120)

@@ -131,6 +131,29 @@ def read_run(job: Job) -> dict:
     return record
 
 
+def unfinished_run(job: Job) -> Optional[dict]:
+    """A run that stopped before its end (no readable ``summary.json``: its time ran out, it was stopped, or it is
+    still running) but logged evaluations: model, precision, seed, its last logged step and the eval curve so far,
+    for the curve plot (the table needs final metrics). None when it logged none. Lines that are not JSON (the
+    last one of a process killed while writing it) are skipped."""
+    records = []
+    try:
+        lines = (job.run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    records = [r for r in records if isinstance(r, dict) and isinstance(r.get("step"), int)]
+    curve = [[r["step"], r["eval_logloss"]] for r in records if "eval_logloss" in r]
+    if not curve:
+        return None
+    return {"model": job.model, "precision": job.variant, "seed": job.seed,
+            "last_step": max(r["step"] for r in records), "eval_curve": curve}
+
+
 def unrecorded_runs(previous: Optional[dict], out: Path) -> list[str]:
     """The runs a quality.json written earlier (``previous``) holds whose records are not under ``out/runs/`` (a
     study published before the records were kept, or records lost): a table written now would drop them for good."""
@@ -172,10 +195,12 @@ def write_results(out: Path, meta: dict, jobs: list[Job], not_run: list[tuple[Jo
                   differing: Optional[dict[str, list[str]]] = None) -> tuple[dict, list[Path]]:
     """quality.json (atomically) and the plots from every finished run so far; a run counted although trained with
     other overrides (``differing``: run name -> the differences, ``--accept-recorded``) carries them as
-    ``differs_from_command``. Returns (result, plot files)."""
+    ``differs_from_command``; a run that logged evaluations but did not finish is in ``unfinished``
+    (``unfinished_run``: its curve is drawn, nothing of it is in the table). Returns (result, plot files)."""
     differing = differing or {}
     result = {**meta, "runs": [{**read_run(j), **({"differs_from_command": differing[j.name]}
                                                   if j.name in differing else {})} for j in jobs if j.finished()],
+              "unfinished": [u for j in jobs if not j.finished() and (u := unfinished_run(j)) is not None],
               "not_run": [{"run": j.name, "why": why} for j, why in not_run]}
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "quality.json.tmp"
@@ -321,6 +346,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     result, plots = write_results(out, meta, jobs, failed + not_run, differing)
     print(quality_table(result))
     print(f"plots: {', '.join(map(str, plots)) or 'none'}")
+    for u in result["unfinished"]:
+        print(f"{u['model']}_{u['precision']}_seed{u['seed']}: unfinished, logged to step {u['last_step']} "
+              f"(its eval curve is drawn, dashed; not in the table)")
     for entry in result["not_run"]:
         print(f"{entry['run']}: {entry['why']}")
     if failed:

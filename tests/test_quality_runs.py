@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts import plot_results
 from scripts import quality_runs as qr
 from scripts.provenance import source_digest
 from scripts.run_queue import SUMMARY_KEYS
@@ -208,6 +209,31 @@ def test_curve_plot_needs_eval_points_and_older_results_draw_none(tmp_path):
     runs = [_run(p, s, 0.5, curve=[[10, 0.6], [20, 0.55], [30, 0.5]]) for p in ("bf16", "loka") for s in (0, 1)]
     path = plot_quality_curves({"runs": runs}, tmp_path)
     assert path == tmp_path / "quality_curve.png" and path.stat().st_size > 0
+
+
+def test_a_run_that_stopped_early_draws_its_curve_so_far_dashed_and_stays_out_of_the_table(tmp_path):
+    jobs = [qr.Job("wukong", p, 0, tmp_path / "runs" / f"wukong_{p}_seed0", []) for p in ("bf16", "fp8_tensorwise")]
+    evals = [json.dumps({"step": step, "eval_logloss": loss}) for step, loss in ((10, 0.6), (20, 0.5), (30, 0.45))]
+    for job in jobs:
+        job.run_dir.mkdir(parents=True)
+    (jobs[0].run_dir / "metrics.jsonl").write_text("\n".join(evals) + "\n")
+    (jobs[0].run_dir / "summary.json").write_text(json.dumps(dict.fromkeys(SUMMARY_KEYS, 0.5)))
+    stopped = [*evals[:2], json.dumps({"step": 25, "loss": 0.4}), '{"step": 3']  # killed while writing a line
+    (jobs[1].run_dir / "metrics.jsonl").write_text("\n".join(stopped))
+    assert qr.unfinished_run(jobs[1]) == {"model": "wukong", "precision": "fp8_tensorwise", "seed": 0,
+                                          "last_step": 25, "eval_curve": [[10, 0.6], [20, 0.5]]}  # cut line skipped
+    result, plots = qr.write_results(tmp_path, {}, jobs, [])
+    assert [r["precision"] for r in result["runs"]] == ["bf16"] and len(result["unfinished"]) == 1
+    assert [row["precision"] for row in summarize(result)] == ["bf16"]  # not in the table
+    lines = plot_results.eval_curve_lines(result)["wukong"]
+    assert [(p, kind, label) for p, kind, _, label in lines] == [
+        ("bf16", "seed", None), ("bf16", "mean", "bf16 (n=1)"),
+        ("fp8_tensorwise", "unfinished", "fp8_tensorwise seed 0, stopped at step 25")]
+    assert tmp_path / "quality_curve.png" in plots
+    one_point = {**result, "unfinished": [{**result["unfinished"][0], "eval_curve": [[10, 0.6]]}]}
+    assert [kind for _, kind, _, _ in plot_results.eval_curve_lines(one_point)["wukong"]] == ["seed", "mean"]
+    (jobs[1].run_dir / "metrics.jsonl").write_text('{"step": 5, "loss": 0.6}\n')
+    assert qr.unfinished_run(jobs[1]) is None  # no evaluation logged: nothing to draw
 
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(ROOT) for p in (ROOT / "docs" / "results").rglob("quality.json")
