@@ -113,6 +113,11 @@ def build_jobs(out: Path, models: list[str], variants: list[str], seeds: list[in
 PROVENANCE_FIELDS = ("device", "torch", "finished")  # summary.json's, where the run wrote them
 
 
+def eval_curve(records: list[dict]) -> list[list[float]]:
+    """[[step, eval log loss], ...] of a run's metrics.jsonl records, in logged order."""
+    return [[r["step"], r["eval_logloss"]] for r in records if "eval_logloss" in r]
+
+
 def read_run(job: Job) -> dict:
     """A finished run's record in quality.json (train-loss trajectory, eval curve, final eval, throughput, and where
     it ran: device, torch, finish time, commit, code digest; runs written before those fields existed lack them)."""
@@ -120,7 +125,7 @@ def read_run(job: Job) -> dict:
     summary = json.loads((job.run_dir / "summary.json").read_text())
     record = {"model": job.model, "precision": job.variant, "seed": job.seed,
               "train": [[r["step"], r["loss"]] for r in records if "loss" in r],
-              "eval_curve": [[r["step"], r["eval_logloss"]] for r in records if "eval_logloss" in r],
+              "eval_curve": eval_curve(records),
               "eval": {k: summary[k] for k in ("eval_logloss", "eval_ne", "eval_auc")},
               "examples_per_s": summary["examples_per_s"]}
     record.update({k: summary[k] for k in PROVENANCE_FIELDS if k in summary})
@@ -147,7 +152,7 @@ def unfinished_run(job: Job) -> Optional[dict]:
         except ValueError:
             continue
     records = [r for r in records if isinstance(r, dict) and isinstance(r.get("step"), int)]
-    curve = [[r["step"], r["eval_logloss"]] for r in records if "eval_logloss" in r]
+    curve = eval_curve(records)
     if not curve:
         return None
     return {"model": job.model, "precision": job.variant, "seed": job.seed,
@@ -198,9 +203,11 @@ def write_results(out: Path, meta: dict, jobs: list[Job], not_run: list[tuple[Jo
     ``differs_from_command``; a run that logged evaluations but did not finish is in ``unfinished``
     (``unfinished_run``: its curve is drawn, nothing of it is in the table). Returns (result, plot files)."""
     differing = differing or {}
+    finished = [j.finished() for j in jobs]  # reads each run's records once
     result = {**meta, "runs": [{**read_run(j), **({"differs_from_command": differing[j.name]}
-                                                  if j.name in differing else {})} for j in jobs if j.finished()],
-              "unfinished": [u for j in jobs if not j.finished() and (u := unfinished_run(j)) is not None],
+                                                  if j.name in differing else {})}
+                               for j, done in zip(jobs, finished) if done],
+              "unfinished": [u for j, done in zip(jobs, finished) if not done and (u := unfinished_run(j)) is not None],
               "not_run": [{"run": j.name, "why": why} for j, why in not_run]}
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "quality.json.tmp"
