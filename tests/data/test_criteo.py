@@ -179,19 +179,22 @@ def test_eval_tail_is_disjoint_from_train_and_restartable(tsv):
     assert len(list(capped)) == 3
 
 
-def test_resume_mid_file(tsv):
-    cfg = _criteo_cfg(tsv, batch_size=30, eval_batches=0)
+def _resume_after(cfg: DataConfig, batches: int):
+    """(stream after `batches` batches and one more, a stream resumed from its state before that one, that batch)."""
     stream = build_stream(cfg, split="train", rank=0, world_size=1)
-    for _ in range(15):  # past one epoch of 400 rows
+    for _ in range(batches):
         next(stream)
     state = stream.state_dict()
     expected = next(stream)
     resumed = build_stream(cfg, split="train", rank=0, world_size=1)
     resumed.load_state_dict(state)
+    return stream, resumed, expected
+
+
+def test_resume_mid_file(tsv):
+    _, resumed, expected = _resume_after(_criteo_cfg(tsv, batch_size=30, eval_batches=0), 15)  # past 400 rows
     assert_batches_equal(next(resumed), expected)
     assert resumed.epoch == 1
-
-
 
 
 @pytest.mark.parametrize("tail", ["", "1\tbad\n"])
@@ -201,15 +204,9 @@ def test_resume_at_the_end_of_an_epoch_wraps_around(tmp_path, tsv, tail):
     path = tmp_path / "tail.txt"
     path.write_text(tsv.read_text() + tail)
     cfg = _criteo_cfg(path, batch_size=40, eval_batches=0, prefetch=2)
-    stream = build_stream(cfg, split="train", rank=0, world_size=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(10):
-            next(stream)
-        state = stream.state_dict()
-        expected = next(stream)
-        resumed = build_stream(cfg, split="train", rank=0, world_size=1)
-        resumed.load_state_dict(state)
+        stream, resumed, expected = _resume_after(cfg, 10)
         assert_batches_equal(next(resumed), expected)
     stream.close()
     resumed.close()
