@@ -28,6 +28,7 @@ import argparse
 import shlex
 import statistics
 from pathlib import Path
+from typing import Optional
 
 from loka_trainer.arg_types import non_negative_int, positive_int, writable_dir
 from scripts.plot_results import pyplot, throughput_curves
@@ -87,6 +88,14 @@ def run_variants(names: list[str], custom: list[tuple[str, str]]) -> dict[str, l
     return {name: mine[name] if name in mine else precision_overrides(name) for name in names}
 
 
+def run_flags(max_window_spread: float, data_wait_share: Optional[float]) -> list[str]:
+    """A precision's marks in the table: ``unsteady`` (a repeat's log windows spread over ``UNSTEADY``),
+    ``data-paced`` (the loop waited for its next batch over ``DATA_PACED`` of the step; None: not measured)."""
+    marks = (("unsteady", max_window_spread > UNSTEADY),
+             ("data-paced", data_wait_share is not None and data_wait_share > DATA_PACED))
+    return [flag for flag, on in marks if on]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=writable_dir, required=True)
@@ -131,8 +140,7 @@ def main() -> None:
     for name, row in result["precisions"].items():
         run = result["runs"][name]
         peak, wait, share = (run.get(k) for k in ("peak_gpu_memory_gib", "data_wait_ms", "data_wait_share"))
-        flags = [flag for flag, on in (("unsteady", row["max_window_spread"] > UNSTEADY),
-                                       ("data-paced", share is not None and share > DATA_PACED)) if on]
+        flags = run_flags(row["max_window_spread"], share)
         paced = paced or "data-paced" in flags
         waited = "n/a" if wait is None else f"{wait:.1f}" + ("" if share is None else f" ({share:.0%})")
         print(f"{name:>22}  {row['examples_per_s']:>10,.0f}  {row['ratio_to_first']:>9.3f}x  "
