@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up what is missing, then runs the tests (CPU; GPU tests skip without CUDA) on 2 pytest-xdist workers.
-#   bash scripts/test.sh                  the whole suite (what CI runs, after `ruff check .`): 14–18 min on 2 cores
+#   bash scripts/test.sh                  the whole suite (what CI runs, after `ruff check .`): 14–19 min on 2 cores
 #                                         (~20 min on one worker, `-n 0`)
 #   bash scripts/test.sh -m "not slow"    the fast tier: leaves out the tests marked slow
 #                                         (train.py subprocesses, several ranks, Triton-interpreter runs,
